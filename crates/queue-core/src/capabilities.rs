@@ -1,0 +1,46 @@
+/// The largest serialized envelope every backend accepts by default (8 MiB): small
+/// enough for MySQL's default `max_allowed_packet` and RabbitMQ's default frame limits,
+/// so a message can move between backends.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 8 * 1024 * 1024;
+
+/// What a transport can promise. The conformance suite skips a case only where a
+/// capability says the backend cannot do it, so this is the one place that lists what a
+/// backend lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Messages of one priority are delivered in publish order.
+    pub exact_fifo: bool,
+    /// Higher priority is delivered first.
+    pub priorities: bool,
+    /// Delays are exact to the database clock (not rounded to levels).
+    pub exact_delays: bool,
+    /// `extend` renews a lease.
+    pub lease_extension: bool,
+    /// Publishing an id that is already stored stores nothing new.
+    pub idempotent_publish: bool,
+    /// Several stores (tables) can live side by side in one database.
+    pub table_isolation: bool,
+    /// Publish can join the caller's own database transaction.
+    pub transactional_publish: bool,
+    /// The transport can wake an idle worker when a message arrives.
+    pub wake_signal: bool,
+    /// The largest serialized envelope accepted, in bytes.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            exact_fifo: false,
+            priorities: false,
+            exact_delays: false,
+            lease_extension: false,
+            idempotent_publish: false,
+            table_isolation: false,
+            transactional_publish: false,
+            wake_signal: false,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+}

@@ -1,0 +1,329 @@
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::names::Identifier;
+use crate::redact::{redact_url, SecretUrl};
+
+/// The lease a reservation holds unless configured otherwise.
+pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Which backend carries the messages (`QUEUE_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The SQL database named by `DATABASE_URL`.
+    Exec,
+    /// RabbitMQ at `AMQP_URL`.
+    RabbitMq,
+}
+
+impl FromStr for BackendKind {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "exec" => Ok(BackendKind::Exec),
+            "rabbitmq" => Ok(BackendKind::RabbitMq),
+            _ => Err(ConfigError::new(
+                "QUEUE_BACKEND",
+                Some(s.into()),
+                "expected exec or rabbitmq",
+            )),
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Exec => "exec",
+            BackendKind::RabbitMq => "rabbitmq",
+        })
+    }
+}
+
+/// How SQL transports claim rows (`QUEUE_CLAIM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ClaimStrategy {
+    /// Row locks skipped by competitors (`FOR UPDATE SKIP LOCKED`; on SQLite one atomic
+    /// `UPDATE … RETURNING`).
+    #[default]
+    SkipLocked,
+    /// Portable compare-and-set on a candidate row.
+    Optimistic,
+}
+
+impl FromStr for ClaimStrategy {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "skip-locked" => Ok(ClaimStrategy::SkipLocked),
+            "optimistic" => Ok(ClaimStrategy::Optimistic),
+            _ => Err(ConfigError::new(
+                "QUEUE_CLAIM",
+                Some(s.into()),
+                "expected skip-locked or optimistic",
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ClaimStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ClaimStrategy::SkipLocked => "skip-locked",
+            ClaimStrategy::Optimistic => "optimistic",
+        })
+    }
+}
+
+/// Parses a duration written `250ms`, `10s`, `5m`, `1h` or `30d`; `setting` names the
+/// variable or flag in the error.
+pub fn parse_duration(setting: &str, value: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(value.trim()).map_err(|_| {
+        ConfigError::new(
+            setting,
+            Some(value.into()),
+            "expected a duration such as 250ms, 10s, 5m, 1h or 30d",
+        )
+    })
+}
+
+/// Configuration of the contract, read from the environment (`Config::from_env`) or any
+/// lookup (the CLI layers its flags over the environment this way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Config {
+    /// `QUEUE_BACKEND`.
+    pub backend: BackendKind,
+    /// `DATABASE_URL`.
+    pub database_url: SecretUrl,
+    /// `AMQP_URL`.
+    pub amqp_url: SecretUrl,
+    /// `QUEUE_CLAIM`.
+    pub claim: ClaimStrategy,
+    /// `QUEUE_CANARY_PERCENT`: share of publishes sent to the other backend.
+    pub canary_percent: u8,
+    /// `QUEUE_VISIBILITY_TIMEOUT`: the lease of a reservation.
+    pub visibility_timeout: Duration,
+    /// `QUEUE_TABLE`.
+    pub table: Identifier,
+    /// `QUEUE_SCHEMA`.
+    pub schema: Option<Identifier>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: BackendKind::Exec,
+            database_url: SecretUrl::new(Self::DEFAULT_DATABASE_URL),
+            amqp_url: SecretUrl::new(Self::DEFAULT_AMQP_URL),
+            claim: ClaimStrategy::SkipLocked,
+            canary_percent: 0,
+            visibility_timeout: DEFAULT_VISIBILITY_TIMEOUT,
+            table: Identifier::new("QUEUE_TABLE", Self::DEFAULT_TABLE)
+                .expect("the default table name is a valid identifier"),
+            schema: None,
+        }
+    }
+}
+
+impl Config {
+    /// `DATABASE_URL` when unset: a file next to the working directory.
+    pub const DEFAULT_DATABASE_URL: &'static str = "sqlite://switchyard.db";
+    /// `AMQP_URL` when unset.
+    pub const DEFAULT_AMQP_URL: &'static str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    /// `QUEUE_TABLE` when unset.
+    pub const DEFAULT_TABLE: &'static str = "switchyard_jobs";
+
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `lookup` (variable name → value). Empty values
+    /// count as unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let mut cfg = Config::default();
+        if let Some(v) = get("QUEUE_BACKEND") {
+            cfg.backend = v.trim().parse()?;
+        }
+        if let Some(v) = get("DATABASE_URL") {
+            cfg.database_url = validate_database_url(v.trim())?;
+        }
+        if let Some(v) = get("AMQP_URL") {
+            cfg.amqp_url = validate_amqp_url(v.trim())?;
+        }
+        if let Some(v) = get("QUEUE_CLAIM") {
+            cfg.claim = v.trim().parse()?;
+        }
+        if let Some(v) = get("QUEUE_CANARY_PERCENT") {
+            cfg.canary_percent = v
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= 100)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "QUEUE_CANARY_PERCENT",
+                        Some(v.clone()),
+                        "expected a whole number from 0 to 100",
+                    )
+                })?;
+        }
+        if let Some(v) = get("QUEUE_VISIBILITY_TIMEOUT") {
+            let d = parse_duration("QUEUE_VISIBILITY_TIMEOUT", &v)?;
+            if d < Duration::from_secs(1) {
+                return Err(ConfigError::new(
+                    "QUEUE_VISIBILITY_TIMEOUT",
+                    Some(v),
+                    "expected a duration of at least 1s, such as 30s, 90s or 5m",
+                ));
+            }
+            cfg.visibility_timeout = d;
+        }
+        if let Some(v) = get("QUEUE_TABLE") {
+            cfg.table = Identifier::new("QUEUE_TABLE", v.trim())?;
+        }
+        if let Some(v) = get("QUEUE_SCHEMA") {
+            cfg.schema = Some(Identifier::new("QUEUE_SCHEMA", v.trim())?);
+        }
+        Ok(cfg)
+    }
+}
+
+const DATABASE_URL_FORMS: &str =
+    "expected sqlite://PATH (or sqlite::memory:), postgres://USER@HOST/DB or mysql://USER@HOST/DB";
+
+fn validate_database_url(url: &str) -> Result<SecretUrl, ConfigError> {
+    let bad = || ConfigError::new("DATABASE_URL", Some(redact_url(url)), DATABASE_URL_FORMS);
+    let (scheme, rest) = url.split_once(':').ok_or_else(bad)?;
+    match scheme.to_ascii_lowercase().as_str() {
+        "sqlite" => {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() || path.starts_with('?') {
+                return Err(bad());
+            }
+        }
+        "postgres" | "postgresql" | "mysql" | "mariadb" => {
+            let parsed = url::Url::parse(url).map_err(|_| bad())?;
+            if !rest.starts_with("//") || parsed.host_str().is_none_or(str::is_empty) {
+                return Err(bad());
+            }
+        }
+        _ => return Err(bad()),
+    }
+    Ok(SecretUrl::new(url))
+}
+
+fn validate_amqp_url(url: &str) -> Result<SecretUrl, ConfigError> {
+    let parsed = url::Url::parse(url).ok();
+    let ok = parsed.is_some_and(|u| {
+        matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some_and(|h| !h.is_empty())
+    });
+    if ok {
+        Ok(SecretUrl::new(url))
+    } else {
+        Err(ConfigError::new(
+            "AMQP_URL",
+            Some(redact_url(url)),
+            "expected amqp://USER:PASSWORD@HOST:PORT/VHOST or amqps://…",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn from(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let cfg = from(&[]).expect("defaults");
+        assert_eq!(cfg.backend, BackendKind::Exec);
+        assert_eq!(cfg.database_url.expose(), "sqlite://switchyard.db");
+        assert_eq!(cfg.claim, ClaimStrategy::SkipLocked);
+        assert_eq!(cfg.visibility_timeout, Duration::from_secs(90));
+        assert_eq!(cfg.table.as_str(), "switchyard_jobs");
+        assert_eq!(cfg.schema, None);
+        assert_eq!(cfg.canary_percent, 0);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let cfg = from(&[
+            ("QUEUE_BACKEND", "rabbitmq"),
+            ("DATABASE_URL", "postgres://app:pw@db:5432/prod"),
+            ("AMQP_URL", "amqp://u:p@mq:5672/vh"),
+            ("QUEUE_CLAIM", "optimistic"),
+            ("QUEUE_CANARY_PERCENT", "10"),
+            ("QUEUE_VISIBILITY_TIMEOUT", "5m"),
+            ("QUEUE_TABLE", "tenant_a_jobs"),
+            ("QUEUE_SCHEMA", "tenant_a"),
+        ])
+        .expect("valid");
+        assert_eq!(cfg.backend, BackendKind::RabbitMq);
+        assert_eq!(cfg.claim, ClaimStrategy::Optimistic);
+        assert_eq!(cfg.canary_percent, 10);
+        assert_eq!(cfg.visibility_timeout, Duration::from_secs(300));
+        assert_eq!(cfg.schema.expect("set").as_str(), "tenant_a");
+        assert!(!format!("{cfg:?}").contains("pw@"));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_the_value_and_the_accepted_values() {
+        let cases = [
+            ("QUEUE_BACKEND", "kafka", "expected exec or rabbitmq"),
+            ("QUEUE_CLAIM", "fast", "skip-locked or optimistic"),
+            ("QUEUE_CANARY_PERCENT", "101", "0 to 100"),
+            ("QUEUE_VISIBILITY_TIMEOUT", "soon", "250ms, 10s"),
+            ("QUEUE_VISIBILITY_TIMEOUT", "10ms", "at least 1s"),
+            ("QUEUE_TABLE", "jobs;drop", "bare SQL identifier"),
+            ("QUEUE_SCHEMA", "a-b", "bare SQL identifier"),
+            ("DATABASE_URL", "postgres//x", "expected sqlite://"),
+            ("DATABASE_URL", "oracle://db/x", "expected sqlite://"),
+            ("DATABASE_URL", "sqlite://", "expected sqlite://"),
+            ("AMQP_URL", "http://x", "amqp://"),
+        ];
+        for (var, value, expected) in cases {
+            let err = from(&[(var, value)]).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(var), "{text}");
+            assert!(text.contains(value), "{text}");
+            assert!(text.contains(expected), "{text}");
+        }
+    }
+
+    #[test]
+    fn database_url_errors_redact_the_password() {
+        let err = from(&[("DATABASE_URL", "oracle://u:hunter2@db/x")]).unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn durations_use_the_contract_units() {
+        for (text, secs) in [
+            ("250ms", 0.25),
+            ("10s", 10.0),
+            ("5m", 300.0),
+            ("1h", 3600.0),
+            ("30d", 2_592_000.0),
+        ] {
+            assert_eq!(
+                parse_duration("--delay", text).expect(text).as_secs_f64(),
+                secs
+            );
+        }
+        assert!(parse_duration("--delay", "5 parsecs").is_err());
+    }
+}

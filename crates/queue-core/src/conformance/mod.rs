@@ -1,0 +1,125 @@
+//! The shared conformance suite: one `pub async fn` per rule of the contract, run by
+//! every transport's tests through [`conformance_tests!`](crate::conformance_tests).
+//!
+//! Not semver-stable: it changes with the contract.
+//!
+//! A transport provides a [`Harness`] that makes fresh, isolated stores (a database
+//! file, a schema, a vhost namespace); every case uses its own store and fresh queue
+//! names, so cases run in parallel.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Result, Transport};
+
+pub mod cases;
+
+/// How a case wants a transport opened.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Table (or the backend's equivalent) for the transport's store.
+    pub table: String,
+    /// Lease length.
+    pub visibility_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            table: "switchyard_jobs".into(),
+            visibility_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Makes fresh, isolated stores for the cases.
+#[async_trait]
+pub trait Harness: Send + Sync + 'static {
+    /// A fresh store that no other case uses.
+    async fn store(&self) -> Result<Box<dyn Store>>;
+}
+
+/// One isolated store (a database file, a schema, …).
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Opens a transport over this store (runs migrations as needed).
+    async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Transport>>;
+
+    /// Opens a transport with `options` against a database that cannot be reached.
+    /// Validation errors must win over connection errors: this proves they are raised
+    /// before any SQL runs.
+    async fn open_unreachable(&self, options: OpenOptions) -> Result<Arc<dyn Transport>>;
+
+    /// Writes a message body directly into `table`, bypassing the transport's encoder
+    /// (to plant a malformed row).
+    async fn insert_raw(&self, table: &str, queue: &str, id: &str, body: &str) -> Result<()>;
+}
+
+/// Runs one case on its own runtime, panicking with the error when it fails.
+pub fn run<F, Fut>(harness: Arc<dyn Harness>, case: F)
+where
+    F: FnOnce(Arc<dyn Harness>) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the conformance case");
+    let outcome =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(300), case(harness)).await });
+    match outcome {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => panic!("conformance case failed: {err}"),
+        Err(_) => panic!("conformance case did not finish within 300 s"),
+    }
+}
+
+/// Expands to one `#[test]` per conformance case, each running against a harness made
+/// by `$harness` (an expression evaluated per test that yields `Arc<dyn Harness>`).
+///
+/// ```ignore
+/// mod skip_locked {
+///     queue_core::conformance_tests!(crate::harness(ClaimStrategy::SkipLocked));
+/// }
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@cases $harness;
+            round_trip_preserves_payload_headers_and_trace_id,
+            empty_reserve_returns_promptly,
+            fifo_within_a_priority_and_higher_priority_first,
+            delayed_message_is_invisible_until_due,
+            expired_message_is_never_delivered,
+            ack_removes_the_message,
+            release_increments_attempts_and_delays,
+            dead_letter_then_list_replay_and_purge,
+            expired_lease_is_reclaimed_and_counts_an_attempt,
+            stale_token_is_fenced_with_lease_lost,
+            extend_keeps_a_long_job_leased,
+            concurrent_workers_claim_each_message_exactly_once,
+            queues_are_isolated,
+            tables_are_isolated,
+            publishing_the_same_id_twice_stores_one_message,
+            batch_publish_and_batch_reserve,
+            ack_batch_reports_lost_leases_and_acks_the_rest,
+            one_mib_payload_round_trips,
+            over_limit_payload_is_rejected_and_nothing_is_stored,
+            malformed_row_is_quarantined_and_the_next_message_served,
+            invalid_identifiers_are_rejected_before_any_sql_runs,
+            stats_count_ready_delayed_reserved_and_dead
+        );
+    };
+    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::cases::$case);
+            }
+        )*
+    };
+}

@@ -1,0 +1,43 @@
+//! Core of switchyard: the v1 [`Envelope`], the [`Transport`] trait that every backend
+//! implements, the [`Error`] type, configuration from the environment and the shared
+//! conformance suite (feature `conformance`).
+//!
+//! Applications normally depend on the `switchyard` facade crate, which re-exports
+//! everything here and selects backends with Cargo features.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod capabilities;
+mod config;
+mod envelope;
+mod error;
+mod names;
+mod redact;
+mod transport;
+
+#[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub mod conformance;
+
+pub use capabilities::{Capabilities, DEFAULT_MAX_PAYLOAD_BYTES};
+pub use config::{parse_duration, BackendKind, ClaimStrategy, Config, DEFAULT_VISIBILITY_TIMEOUT};
+pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
+pub use error::{ConfigError, DecodeError, Error, Result};
+pub use names::{Identifier, QueueName};
+pub use redact::{redact_url, SecretUrl};
+pub use transport::{
+    AckReport, DeadLetter, DeadSelection, LeaseToken, QueueStats, Receipt, Reservation, Transport,
+};
+
+/// Dead-letter reasons written by switchyard itself.
+pub mod reason {
+    /// The stored row could not be decoded as a v1 envelope.
+    pub const MALFORMED: &str = "malformed";
+    /// The message passed its `expires_at` before it could be delivered.
+    pub const EXPIRED: &str = "expired";
+    /// No handler is registered for the message's kind.
+    pub const NO_HANDLER: &str = "no_handler";
+    /// The handler failed and the attempts ran out.
+    pub const MAX_ATTEMPTS: &str = "max_attempts";
+    /// The handler asked to fail at once.
+    pub const FAILED: &str = "failed";
+}

@@ -1,0 +1,146 @@
+use std::fmt;
+use std::ops::Deref;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// A logical queue name: 1–255 of ASCII letters, digits and `_ - . :`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct QueueName(String);
+
+/// What a queue name may contain, for error messages.
+const QUEUE_RULE: &str = "1 to 255 characters from letters, digits and _ - . :";
+
+impl QueueName {
+    /// Validates a queue name.
+    pub fn new(name: impl Into<String>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= 255
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+        if ok {
+            Ok(QueueName(name))
+        } else {
+            Err(ConfigError::new("queue name", Some(name), QUEUE_RULE))
+        }
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for QueueName {
+    type Error = ConfigError;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        QueueName::new(value)
+    }
+}
+
+impl TryFrom<&str> for QueueName {
+    type Error = ConfigError;
+    fn try_from(value: &str) -> Result<Self, Self::Error> {
+        QueueName::new(value)
+    }
+}
+
+impl From<QueueName> for String {
+    fn from(q: QueueName) -> String {
+        q.0
+    }
+}
+
+impl Deref for QueueName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A bare SQL identifier for a table or schema name: an ASCII letter or `_`, then up to
+/// 62 letters, digits or `_`. Only validated identifiers are ever spliced into SQL.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identifier(String);
+
+impl Identifier {
+    /// Validates `value` as the identifier for `setting` (named in the error).
+    pub fn new(setting: &str, value: impl Into<String>) -> Result<Self, ConfigError> {
+        let value = value.into();
+        let mut bytes = value.bytes();
+        let ok = value.len() <= 63
+            && matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+            && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if ok {
+            Ok(Identifier(value))
+        } else {
+            Err(ConfigError::new(
+                setting,
+                Some(value),
+                "a bare SQL identifier: a letter or _, then up to 62 letters, digits or _",
+            ))
+        }
+    }
+
+    /// The identifier as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Identifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names_follow_the_rule() {
+        for ok in [
+            "a",
+            "emails",
+            "tenant-1:invoices.v2",
+            "x_y",
+            &"q".repeat(255),
+        ] {
+            assert!(QueueName::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a b", "é", "q/1", "q;drop", &"q".repeat(256)] {
+            let err = QueueName::new(bad).unwrap_err();
+            assert!(err.to_string().contains("letters, digits"), "{err}");
+        }
+    }
+
+    #[test]
+    fn identifiers_are_bare_sql_names() {
+        for ok in ["switchyard_jobs", "_t", "T1", &"a".repeat(63)] {
+            assert!(Identifier::new("QUEUE_TABLE", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1t",
+            "a-b",
+            "a b",
+            "jobs;drop table x",
+            "\"q\"",
+            &"a".repeat(64),
+        ] {
+            let err = Identifier::new("QUEUE_TABLE", bad).unwrap_err();
+            assert!(err.to_string().starts_with("invalid QUEUE_TABLE="), "{err}");
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! SQLite transport for switchyard: bundled SQLite in WAL mode, safe for several
+//! processes on one database file.
+//!
+//! Not meant for direct use: enable the `sqlite` feature of the `switchyard` crate, which
+//! re-exports [`SqliteTransport`] and [`SqliteOptions`].
+
+mod error;
+mod migrate;
+mod options;
+mod sql;
+mod transport;
+
+pub use options::{SqliteOptions, SqliteSynchronous};
+pub use transport::SqliteTransport;

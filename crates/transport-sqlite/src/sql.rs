@@ -1,0 +1,183 @@
+//! Every statement of the transport, written for the default table name and specialised
+//! once per transport for its validated table name.
+
+/// SQLite's clock in integer microseconds since the epoch: the one clock every time
+/// comparison uses. `'now'` is stable within one statement.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+
+pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
+
+/// Columns returned by every claim, in the order `transport::claimed_row` reads them.
+const CLAIM_RETURNING: &str =
+    "RETURNING seq, id, priority, attempts, available_at, last_error, envelope";
+
+/// Claims up to ?4 due rows of queue ?3 in one atomic statement under SQLite's
+/// single-writer lock: the equivalent of `FOR UPDATE SKIP LOCKED`. A row whose lease ran
+/// out still carries its old token, and its reclaim counts an attempt.
+pub(crate) const CLAIM_SKIP_LOCKED: &str = "
+UPDATE switchyard_jobs
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2,
+       attempts = attempts + (token IS NOT NULL)
+ WHERE seq IN (SELECT seq FROM switchyard_jobs
+                WHERE queue = ?3 AND visible_at <= {NOW}
+                  AND (expires_at IS NULL OR expires_at > {NOW})
+                ORDER BY priority DESC, visible_at, seq
+                LIMIT ?4)
+{RETURNING}";
+
+/// The candidates of an optimistic claim, in delivery order.
+pub(crate) const CLAIM_CANDIDATES: &str = "
+SELECT seq FROM switchyard_jobs
+ WHERE queue = ?1 AND visible_at <= {NOW}
+   AND (expires_at IS NULL OR expires_at > {NOW})
+ ORDER BY priority DESC, visible_at, seq
+ LIMIT ?2";
+
+/// Compare-and-set on one candidate: claims it only if nobody holds a live lease on it.
+pub(crate) const CLAIM_OPTIMISTIC: &str = "
+UPDATE switchyard_jobs
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2,
+       attempts = attempts + (token IS NOT NULL)
+ WHERE seq = ?3 AND visible_at <= {NOW}
+   AND (expires_at IS NULL OR expires_at > {NOW})
+{RETURNING}";
+
+/// Start of a multi-row publish; rows are `(?, ?, …)` tuples appended by the caller.
+pub(crate) const INSERT_JOBS_HEAD: &str = "INSERT INTO switchyard_jobs \
+    (id, queue, kind, priority, attempts, available_at, visible_at, expires_at, last_error, created_at, envelope) ";
+
+/// End of a multi-row publish: a stored id stores nothing new.
+pub(crate) const INSERT_JOBS_TAIL: &str = " ON CONFLICT (id) DO NOTHING";
+
+pub(crate) const NOW_EXPR: &str = "{NOW}";
+
+pub(crate) const ACK: &str = "DELETE FROM switchyard_jobs WHERE id = ?1 AND token = ?2";
+
+pub(crate) const RELEASE: &str = "
+UPDATE switchyard_jobs
+   SET token = NULL, reserved_at = NULL, attempts = attempts + 1,
+       available_at = {NOW} + ?1, visible_at = {NOW} + ?1,
+       last_error = COALESCE(?2, last_error)
+ WHERE id = ?3 AND token = ?4";
+
+pub(crate) const EXTEND: &str =
+    "UPDATE switchyard_jobs SET visible_at = {NOW} + ?1 WHERE id = ?2 AND token = ?3";
+
+/// Takes a leased row out of the jobs table; the caller inserts it into the dead table in
+/// the same transaction.
+pub(crate) const TAKE_LEASED: &str = "
+DELETE FROM switchyard_jobs WHERE id = ?1 AND token = ?2
+RETURNING id, queue, kind, priority, attempts, expires_at, last_error, envelope";
+
+pub(crate) const INSERT_DEAD: &str = "
+INSERT OR REPLACE INTO switchyard_jobs_dead
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, ?9)";
+
+/// Copies unleased rows that expired by ?1 into the dead table…
+pub(crate) const COPY_EXPIRED: &str = "
+INSERT OR REPLACE INTO switchyard_jobs_dead
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, ?1, envelope
+  FROM switchyard_jobs
+ WHERE expires_at <= ?1 AND visible_at <= ?1";
+
+/// …then deletes exactly those rows (same cutoff, same transaction).
+pub(crate) const DELETE_EXPIRED: &str =
+    "DELETE FROM switchyard_jobs WHERE expires_at <= ?1 AND visible_at <= ?1";
+
+pub(crate) const STATS_JOBS: &str = "
+SELECT queue,
+       SUM(visible_at <= ?2 AND (expires_at IS NULL OR expires_at > ?2)),
+       SUM(token IS NULL AND visible_at > ?2),
+       SUM(token IS NOT NULL AND visible_at > ?2),
+       MIN(CASE WHEN visible_at <= ?2 AND (expires_at IS NULL OR expires_at > ?2)
+                THEN available_at END)
+  FROM switchyard_jobs
+ WHERE ?1 IS NULL OR queue = ?1
+ GROUP BY queue";
+
+pub(crate) const STATS_DEAD: &str = "
+SELECT queue, COUNT(*) FROM switchyard_jobs_dead
+ WHERE ?1 IS NULL OR queue = ?1
+ GROUP BY queue";
+
+pub(crate) const LIST_DEAD: &str = "
+SELECT id, queue, kind, attempts, reason, last_error, dead_at, envelope
+  FROM switchyard_jobs_dead
+ WHERE ?1 IS NULL OR queue = ?1
+ ORDER BY dead_at, id
+ LIMIT ?2";
+
+/// The selection of a replay or purge: queue ?1, id ?2, dead before ?3 (each optional).
+const DEAD_SELECTION: &str =
+    "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR id = ?2) AND (?3 IS NULL OR dead_at <= ?3)";
+
+/// Takes the selected dead letters whose id is not live again (a live copy wins, and the
+/// dead one stays where it is rather than being lost).
+pub(crate) const TAKE_DEAD: &str = "
+DELETE FROM switchyard_jobs_dead
+ WHERE {DEAD_SELECTION} AND id NOT IN (SELECT id FROM switchyard_jobs)
+RETURNING id, queue, kind, priority, expires_at, last_error, envelope";
+
+pub(crate) const PURGE_DEAD: &str = "DELETE FROM switchyard_jobs_dead WHERE {DEAD_SELECTION}";
+
+/// The statements specialised for one table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) select_now: String,
+    pub(crate) claim_skip_locked: String,
+    pub(crate) claim_candidates: String,
+    pub(crate) claim_optimistic: String,
+    pub(crate) insert_jobs_head: String,
+    pub(crate) insert_jobs_tail: String,
+    pub(crate) now: String,
+    pub(crate) ack: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) take_leased: String,
+    pub(crate) insert_dead: String,
+    pub(crate) copy_expired: String,
+    pub(crate) delete_expired: String,
+    pub(crate) stats_jobs: String,
+    pub(crate) stats_dead: String,
+    pub(crate) list_dead: String,
+    pub(crate) take_dead: String,
+    pub(crate) purge_dead: String,
+}
+
+/// Replaces the default table name with `table` (a validated identifier) and expands the
+/// shared fragments.
+pub(crate) fn specialise(sql: &str, table: &str) -> String {
+    sql.replace("{RETURNING}", CLAIM_RETURNING)
+        .replace("{DEAD_SELECTION}", DEAD_SELECTION)
+        .replace("{NOW}", NOW)
+        .replace("switchyard_jobs", table)
+}
+
+impl Statements {
+    pub(crate) fn new(table: &str) -> Self {
+        let s = |sql: &str| specialise(sql, table);
+        Statements {
+            select_now: s(SELECT_NOW),
+            claim_skip_locked: s(CLAIM_SKIP_LOCKED),
+            claim_candidates: s(CLAIM_CANDIDATES),
+            claim_optimistic: s(CLAIM_OPTIMISTIC),
+            insert_jobs_head: s(INSERT_JOBS_HEAD),
+            insert_jobs_tail: s(INSERT_JOBS_TAIL),
+            now: s(NOW_EXPR),
+            ack: s(ACK),
+            release: s(RELEASE),
+            extend: s(EXTEND),
+            take_leased: s(TAKE_LEASED),
+            insert_dead: s(INSERT_DEAD),
+            copy_expired: s(COPY_EXPIRED),
+            delete_expired: s(DELETE_EXPIRED),
+            stats_jobs: s(STATS_JOBS),
+            stats_dead: s(STATS_DEAD),
+            list_dead: s(LIST_DEAD),
+            take_dead: s(TAKE_DEAD),
+            purge_dead: s(PURGE_DEAD),
+        }
+    }
+}

@@ -1,0 +1,754 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::{
+    reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
+    Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
+};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous as SqlxSynchronous,
+};
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use tokio::sync::Mutex;
+
+use crate::error::{SqlxResultExt, TRANSPORT};
+use crate::migrate::migrate;
+use crate::options::{SqliteOptions, SqliteSynchronous};
+use crate::sql::Statements;
+
+/// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
+const INSERT_CHUNK: usize = 500;
+/// How often a transport moves expired messages to the dead-letter store.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How many rounds one reserve spends skipping malformed rows before it returns.
+const QUARANTINE_ROUNDS: usize = 16;
+
+/// A [`Transport`] over one SQLite database file.
+///
+/// All writes of one transport go through one connection, so a process never fights
+/// itself for SQLite's write lock; other processes wait on it through the busy timeout.
+/// Reads (stats, dead-letter listing, optimistic candidates) use a small separate pool.
+pub struct SqliteTransport {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    sql: Arc<Statements>,
+    options: SqliteOptions,
+    last_sweep: Mutex<Option<Instant>>,
+}
+
+impl fmt::Debug for SqliteTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteTransport")
+            .field("url", &self.options.url)
+            .field("table", &self.options.table)
+            .field("claim", &self.options.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A claimed row before decoding.
+struct ClaimedRow {
+    seq: i64,
+    id: String,
+    priority: i64,
+    attempts: i64,
+    available_at: i64,
+    last_error: Option<String>,
+    envelope: String,
+}
+
+fn claimed_row(row: &SqliteRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
+    Ok(ClaimedRow {
+        seq: row.try_get(0)?,
+        id: row.try_get(1)?,
+        priority: row.try_get(2)?,
+        attempts: row.try_get(3)?,
+        available_at: row.try_get(4)?,
+        last_error: row.try_get(5)?,
+        envelope: row.try_get(6)?,
+    })
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn to_time(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+fn attempts_u32(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+impl SqliteTransport {
+    /// Validates the options, opens (creating when missing) the database in WAL mode and
+    /// applies the schema. Configuration errors are raised before anything is opened.
+    pub async fn connect(options: SqliteOptions) -> Result<Self> {
+        let table = Identifier::new("QUEUE_TABLE (table)", options.table.clone())?;
+        if let Some(schema) = &options.schema {
+            return Err(ConfigError::new(
+                "QUEUE_SCHEMA",
+                Some(schema.clone()),
+                "SQLite has no schemas: unset QUEUE_SCHEMA and isolate tenants with QUEUE_TABLE or a separate database file",
+            )
+            .into());
+        }
+        if options.visibility_timeout < Duration::from_millis(100) {
+            return Err(ConfigError::new(
+                "QUEUE_VISIBILITY_TIMEOUT",
+                Some(format!("{:?}", options.visibility_timeout)),
+                "expected a lease of at least 100ms",
+            )
+            .into());
+        }
+        let url = options.url.expose();
+        if options.url.scheme() != "sqlite" {
+            return Err(ConfigError::new(
+                "DATABASE_URL",
+                Some(options.url.to_string()),
+                "expected sqlite://PATH or sqlite::memory: for the SQLite transport",
+            )
+            .into());
+        }
+        let connect = SqliteConnectOptions::from_str(url)
+            .map_err(|e| {
+                ConfigError::new(
+                    "DATABASE_URL",
+                    Some(options.url.to_string()),
+                    format!("expected sqlite://PATH ({e})"),
+                )
+            })?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(options.busy_timeout)
+            .synchronous(match options.synchronous {
+                SqliteSynchronous::Full => SqlxSynchronous::Full,
+                SqliteSynchronous::Normal => SqlxSynchronous::Normal,
+            });
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let writer = SqlitePoolOptions::new()
+            .min_connections(1)
+            .max_connections(1)
+            .acquire_timeout(options.busy_timeout + Duration::from_secs(30))
+            .connect_with(connect.clone())
+            .await
+            .backend()?;
+        migrate(&writer, table.as_str()).await?;
+        // An in-memory database exists once per connection: everything shares the writer.
+        let reader = if in_memory {
+            writer.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(2)
+                .connect_with(connect)
+                .await
+                .backend()?
+        };
+        tracing::debug!(url = %options.url, table = %table, claim = %options.claim, "sqlite transport ready");
+        Ok(SqliteTransport {
+            writer,
+            reader,
+            sql: Arc::new(Statements::new(table.as_str())),
+            options,
+            last_sweep: Mutex::new(None),
+        })
+    }
+
+    /// The options this transport runs with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.options
+    }
+
+    /// The pool of the write connection, for publishing inside the caller's own
+    /// transaction on the same database.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// Closes both pools.
+    pub async fn close(&self) {
+        self.writer.close().await;
+        self.reader.close().await;
+    }
+
+    async fn now(&self) -> Result<i64> {
+        sqlx::query_scalar(&self.sql.select_now)
+            .fetch_one(&self.writer)
+            .await
+            .backend()
+    }
+
+    /// Moves unleased expired rows to the dead-letter store, at most once per second.
+    async fn sweep_expired(&self) -> Result<()> {
+        {
+            let mut last = self.last_sweep.lock().await;
+            if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let cutoff: i64 = sqlx::query_scalar(&self.sql.select_now)
+            .fetch_one(&mut *tx)
+            .await
+            .backend()?;
+        let copied = sqlx::query(&self.sql.copy_expired)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await
+            .backend()?
+            .rows_affected();
+        if copied > 0 {
+            sqlx::query(&self.sql.delete_expired)
+                .bind(cutoff)
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+            tracing::info!(
+                count = copied,
+                "expired messages moved to the dead-letter store"
+            );
+        }
+        tx.commit().await.backend()
+    }
+
+    async fn claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
+        let token = token.to_string();
+        match self.options.claim {
+            queue_core::ClaimStrategy::SkipLocked => {
+                let rows = sqlx::query(&self.sql.claim_skip_locked)
+                    .bind(&token)
+                    .bind(lease)
+                    .bind(queue.as_str())
+                    .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                    .fetch_all(&self.writer)
+                    .await
+                    .backend()?;
+                rows.iter()
+                    .map(claimed_row)
+                    .collect::<Result<_, _>>()
+                    .backend()
+            }
+            queue_core::ClaimStrategy::Optimistic => {
+                self.claim_optimistic(queue, max, &token, lease).await
+            }
+        }
+    }
+
+    /// Selects candidates, then claims each with a compare-and-set. The candidates are
+    /// tried in delivery order until a competitor wins one; from then on the rest are
+    /// tried in a shuffled order so that competing workers spread over them.
+    async fn claim_optimistic(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: &str,
+        lease: i64,
+    ) -> Result<Vec<ClaimedRow>> {
+        let window = max.saturating_mul(2).max(8);
+        let mut candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+            .bind(queue.as_str())
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        let mut claimed = Vec::new();
+        let mut contended = false;
+        let mut i = 0;
+        while i < candidates.len() && claimed.len() < max {
+            let row = sqlx::query(&self.sql.claim_optimistic)
+                .bind(token)
+                .bind(lease)
+                .bind(candidates[i])
+                .fetch_optional(&self.writer)
+                .await
+                .backend()?;
+            match row {
+                Some(row) => claimed.push(claimed_row(&row).backend()?),
+                None if !contended => {
+                    contended = true;
+                    shuffle(&mut candidates[i + 1..]);
+                }
+                None => {}
+            }
+            i += 1;
+        }
+        Ok(claimed)
+    }
+
+    /// Moves a row this transport holds under `token` to the dead-letter store.
+    async fn move_to_dead(
+        &self,
+        id: &str,
+        token: LeaseToken,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let row = sqlx::query(&self.sql.take_leased)
+            .bind(id)
+            .bind(token.to_string())
+            .fetch_optional(&mut *tx)
+            .await
+            .backend()?;
+        let Some(row) = row else {
+            tx.rollback().await.backend()?;
+            return Ok(false);
+        };
+        let attempts: i64 = row.try_get(4).backend()?;
+        let last_error: Option<String> = row.try_get(6).backend()?;
+        sqlx::query(&self.sql.insert_dead)
+            .bind(row.try_get::<String, _>(0).backend()?)
+            .bind(row.try_get::<String, _>(1).backend()?)
+            .bind(row.try_get::<String, _>(2).backend()?)
+            .bind(row.try_get::<i64, _>(3).backend()?)
+            // The delivery that ends here ended without an ack.
+            .bind(attempts + 1)
+            .bind(row.try_get::<Option<i64>, _>(5).backend()?)
+            .bind(reason)
+            .bind(error.map(str::to_owned).or(last_error))
+            .bind(row.try_get::<String, _>(7).backend()?)
+            .execute(&mut *tx)
+            .await
+            .backend()?;
+        tx.commit().await.backend()?;
+        Ok(true)
+    }
+
+    fn decode(&self, row: &ClaimedRow) -> std::result::Result<Envelope, String> {
+        let mut env = Envelope::from_json(&row.envelope).map_err(|e| e.to_string())?;
+        if env.id.to_string() != row.id {
+            return Err(format!(
+                "the envelope's id {} does not match the row's id {}",
+                env.id, row.id
+            ));
+        }
+        // The columns carry the delivery state; the JSON carries the message as published.
+        env.attempts = attempts_u32(row.attempts);
+        env.available_at = to_time(row.available_at);
+        env.last_error.clone_from(&row.last_error);
+        Ok(env)
+    }
+
+    async fn insert_envelopes(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        rows: &[(Envelope, String)],
+    ) -> Result<()> {
+        for chunk in rows.chunks(INSERT_CHUNK) {
+            let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(&self.sql.insert_jobs_head);
+            qb.push_values(chunk, |mut b, (env, json)| {
+                // A due time in the future is kept as given (a schedule); anything else
+                // becomes due on the database clock, so publisher clock skew cannot
+                // delay an immediate message.
+                let due = (env.available_at > env.created_at)
+                    .then(|| env.available_at.timestamp_micros());
+                b.push_bind(env.id.to_string())
+                    .push_bind(env.queue.as_str())
+                    .push_bind(env.kind.as_str())
+                    .push_bind(i64::from(env.priority))
+                    .push_bind(i64::from(env.attempts));
+                for _ in 0..2 {
+                    b.push("COALESCE(")
+                        .push_bind_unseparated(due)
+                        .push_unseparated(", ")
+                        .push_unseparated(&self.sql.now)
+                        .push_unseparated(")");
+                }
+                b.push_bind(env.expires_at.map(|t| t.timestamp_micros()))
+                    .push_bind(env.last_error.as_deref())
+                    .push(&self.sql.now)
+                    .push_bind(json.as_str());
+            });
+            qb.push(&self.sql.insert_jobs_tail);
+            qb.build().execute(&mut *conn).await.backend()?;
+        }
+        Ok(())
+    }
+}
+
+/// A cheap shuffle seeded from a fresh UUID: fairness, not cryptography.
+fn shuffle<T>(items: &mut [T]) {
+    let mut seed = uuid::Uuid::new_v4().as_u128();
+    for i in (1..items.len()).rev() {
+        seed = seed
+            .wrapping_mul(0x2545_f491_4f6c_dd1d)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let j = usize::try_from((seed >> 64) % (i as u128 + 1)).unwrap_or(0);
+        items.swap(i, j);
+    }
+}
+
+#[async_trait]
+impl Transport for SqliteTransport {
+    fn name(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.exact_fifo = true;
+        caps.priorities = true;
+        caps.exact_delays = true;
+        caps.lease_extension = true;
+        caps.idempotent_publish = true;
+        caps.table_isolation = true;
+        caps.transactional_publish = true;
+        caps.max_payload_bytes = self.options.max_payload_bytes;
+        caps
+    }
+
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        // Validate everything before storing anything.
+        let mut rows = Vec::with_capacity(envelopes.len());
+        for env in envelopes {
+            let json = env.to_json();
+            if json.len() > self.options.max_payload_bytes {
+                env.check_size(self.options.max_payload_bytes)?;
+            }
+            rows.push((env, json));
+        }
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        self.insert_envelopes(&mut tx, &rows).await?;
+        tx.commit().await.backend()?;
+        tracing::debug!(count = rows.len(), "published");
+        Ok(())
+    }
+
+    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.sweep_expired().await?;
+        let mut out = Vec::with_capacity(max.min(1024));
+        for _ in 0..QUARANTINE_ROUNDS {
+            let token = LeaseToken::generate();
+            let mut rows = self.claim(queue, max - out.len(), token).await?;
+            if rows.is_empty() {
+                break;
+            }
+            rows.sort_by_key(|r| (-r.priority, r.available_at, r.seq));
+            let mut quarantined = 0;
+            for row in rows {
+                match self.decode(&row) {
+                    Ok(envelope) => out.push(Reservation {
+                        receipt: Receipt::new(
+                            envelope.id,
+                            token,
+                            u64::try_from(row.seq).unwrap_or(0),
+                        ),
+                        envelope,
+                    }),
+                    Err(why) => {
+                        tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
+                        self.move_to_dead(&row.id, token, reason::MALFORMED, Some(&why))
+                            .await?;
+                        quarantined += 1;
+                    }
+                }
+            }
+            if quarantined == 0 || out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        if reservations.is_empty() {
+            return Ok(report);
+        }
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        for r in reservations {
+            let done = sqlx::query(&self.sql.ack)
+                .bind(r.id().to_string())
+                .bind(r.token().to_string())
+                .execute(&mut *tx)
+                .await
+                .backend()?
+                .rows_affected();
+            if done == 1 {
+                report.acked.push(r.id());
+            } else {
+                report.lost.push(r.id());
+            }
+        }
+        tx.commit().await.backend()?;
+        Ok(report)
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        delay: Duration,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let done = sqlx::query(&self.sql.release)
+            .bind(micros(delay))
+            .bind(error)
+            .bind(reservation.id().to_string())
+            .bind(reservation.token().to_string())
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected();
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                message_id: reservation.id(),
+            })
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        reservation: &Reservation,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
+        if self
+            .move_to_dead(
+                &reservation.id().to_string(),
+                reservation.token(),
+                reason,
+                error,
+            )
+            .await?
+        {
+            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                message_id: reservation.id(),
+            })
+        }
+    }
+
+    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
+        let done = sqlx::query(&self.sql.extend)
+            .bind(micros(lease))
+            .bind(reservation.id().to_string())
+            .bind(reservation.token().to_string())
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected();
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                message_id: reservation.id(),
+            })
+        }
+    }
+
+    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
+        let now = self.now().await?;
+        let q = queue.map(QueueName::as_str);
+        let mut by_queue: HashMap<String, QueueStats> = HashMap::new();
+        let rows = sqlx::query(&self.sql.stats_jobs)
+            .bind(q)
+            .bind(now)
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        for row in rows {
+            let name: String = row.try_get(0).backend()?;
+            let count = |i: usize| -> Result<u64> {
+                let n: Option<i64> = row.try_get(i).backend()?;
+                Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
+            };
+            let oldest: Option<i64> = row.try_get(4).backend()?;
+            let s = by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name));
+            s.ready = count(1)?;
+            s.delayed = count(2)?;
+            s.reserved = count(3)?;
+            s.oldest_ready_age =
+                oldest.map(|t| Duration::from_micros(u64::try_from(now - t).unwrap_or(0)));
+        }
+        let rows = sqlx::query(&self.sql.stats_dead)
+            .bind(q)
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        for row in rows {
+            let name: String = row.try_get(0).backend()?;
+            let n: i64 = row.try_get(1).backend()?;
+            by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name))
+                .dead = u64::try_from(n).unwrap_or(0);
+        }
+        let mut out: Vec<QueueStats> = by_queue.into_values().collect();
+        out.sort_by(|a, b| a.queue.cmp(&b.queue));
+        Ok(out)
+    }
+
+    async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
+        let rows = sqlx::query(&self.sql.list_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: String = row.try_get(0).backend()?;
+            let mut d = DeadLetter::new(
+                id,
+                row.try_get::<String, _>(1).backend()?,
+                row.try_get::<String, _>(4).backend()?,
+                to_time(row.try_get(6).backend()?),
+            );
+            d.kind = row.try_get(2).backend()?;
+            d.attempts = attempts_u32(row.try_get(3).backend()?);
+            d.last_error = row.try_get(5).backend()?;
+            let body: String = row.try_get(7).backend()?;
+            match Envelope::from_json(&body) {
+                Ok(mut env) => {
+                    env.attempts = d.attempts;
+                    env.last_error.clone_from(&d.last_error);
+                    d.envelope = Some(env);
+                }
+                Err(_) => d.raw = Some(body),
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    async fn dead_replay(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let (id, before) = self.selection(&mut tx, selection).await?;
+        let rows = sqlx::query(&self.sql.take_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id.as_deref())
+            .bind(before)
+            .fetch_all(&mut *tx)
+            .await
+            .backend()?;
+        let mut back = Vec::with_capacity(rows.len());
+        let mut raw = Vec::new();
+        for row in &rows {
+            let body: String = row.try_get(6).backend()?;
+            match Envelope::from_json(&body) {
+                Ok(mut env) => {
+                    env.attempts = 0;
+                    env.last_error = row.try_get(5).backend()?;
+                    env.available_at = env.created_at;
+                    back.push((env, body));
+                }
+                // Put it back as it was: it is quarantined again, with its body intact.
+                Err(_) => raw.push(row),
+            }
+        }
+        self.insert_envelopes(&mut tx, &back).await?;
+        for row in raw {
+            sqlx::query(&format!(
+                "{}VALUES (?1, ?2, ?3, ?4, 0, {now}, {now}, ?5, ?6, {now}, ?7){}",
+                self.sql.insert_jobs_head,
+                self.sql.insert_jobs_tail,
+                now = self.sql.now
+            ))
+            .bind(row.try_get::<String, _>(0).backend()?)
+            .bind(row.try_get::<String, _>(1).backend()?)
+            .bind(row.try_get::<String, _>(2).backend()?)
+            .bind(row.try_get::<i64, _>(3).backend()?)
+            .bind(row.try_get::<Option<i64>, _>(4).backend()?)
+            .bind(row.try_get::<Option<String>, _>(5).backend()?)
+            .bind(row.try_get::<String, _>(6).backend()?)
+            .execute(&mut *tx)
+            .await
+            .backend()?;
+        }
+        tx.commit().await.backend()?;
+        let moved = rows.len() as u64;
+        if moved == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        tracing::info!(count = moved, "dead letters replayed");
+        Ok(moved)
+    }
+
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let (id, before) = self.selection(&mut tx, selection).await?;
+        let purged = sqlx::query(&self.sql.purge_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id.as_deref())
+            .bind(before)
+            .execute(&mut *tx)
+            .await
+            .backend()?
+            .rows_affected();
+        tx.commit().await.backend()?;
+        if purged == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        Ok(purged)
+    }
+}
+
+impl SqliteTransport {
+    /// The id and the dead-before cutoff (database clock) of a selection.
+    async fn selection(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        selection: &DeadSelection,
+    ) -> Result<(Option<String>, Option<i64>)> {
+        Ok(match selection {
+            DeadSelection::Id(id) => (Some(id.clone()), None),
+            DeadSelection::All => (None, None),
+            DeadSelection::OlderThan(age) => {
+                let now: i64 = sqlx::query_scalar(&self.sql.select_now)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .backend()?;
+                (None, Some(now - micros(*age)))
+            }
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "unsupported dead-letter selection {selection:?}"
+                )))
+            }
+        })
+    }
+}

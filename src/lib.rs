@@ -1,0 +1,98 @@
+//! Switchyard: durable background jobs and messages behind one [`Transport`] trait, over
+//! SQLite (the embedded default), PostgreSQL, MySQL/MariaDB and RabbitMQ.
+//!
+//! Pick backends with Cargo features (`sqlite` by default), build a transport from the
+//! environment with [`connect`], and publish, reserve and ack:
+//!
+//! ```
+//! use switchyard::{Config, Envelope, QueueName, Transport};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> switchyard::Result<()> {
+//! # let dir = tempfile::tempdir().expect("a temporary directory");
+//! # let url = format!("sqlite://{}", dir.path().join("jobs.db").display());
+//! // In production this comes from `Config::from_env()` (DATABASE_URL, QUEUE_* …).
+//! let config = Config::from_lookup(|var| (var == "DATABASE_URL").then(|| url.clone()))?;
+//! let transport = switchyard::connect(&config).await?;
+//!
+//! let invoice = Envelope::builder("invoices", "send_invoice")
+//!     .payload(&serde_json::json!({ "customer": 42, "amount_cents": 1999 }))
+//!     .build()?;
+//! transport.publish(invoice).await?;
+//!
+//! let queue = QueueName::new("invoices")?;
+//! if let Some(job) = transport.reserve(&queue).await? {
+//!     let data: serde_json::Value = job.envelope.payload_as()?;
+//!     assert_eq!(data["customer"], 42);
+//!     transport.ack(&job).await?; // done: the message is removed
+//! }
+//! # Ok(())
+//! # }
+//! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+use std::sync::Arc;
+
+pub use queue_core::{
+    parse_duration, reason, redact_url, AckReport, BackendKind, Capabilities, ClaimStrategy,
+    Config, ConfigError, DeadLetter, DeadSelection, DecodeError, Envelope, EnvelopeBuilder, Error,
+    Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, SecretUrl,
+    Transport, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
+};
+
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use transport_sqlite::{SqliteOptions, SqliteSynchronous, SqliteTransport};
+
+/// Builds the transport that `config` selects: `QUEUE_BACKEND=exec` uses the SQL
+/// database of `DATABASE_URL`, chosen by its scheme.
+///
+/// # Errors
+/// [`Error::Config`] naming the setting when the backend is not compiled into this build
+/// (with the Cargo feature that adds it), and whatever the transport's own connect
+/// reports.
+pub async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
+    match config.backend {
+        BackendKind::Exec => connect_sql(config).await,
+        BackendKind::RabbitMq => Err(missing_backend(
+            "QUEUE_BACKEND",
+            "rabbitmq",
+            "the RabbitMQ transport is not part of this build yet (Cargo feature `amqp`); use QUEUE_BACKEND=exec",
+        )),
+    }
+}
+
+async fn connect_sql(config: &Config) -> Result<Arc<dyn Transport>> {
+    let scheme = config.database_url.scheme();
+    match scheme.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(
+            SqliteTransport::connect(SqliteOptions::from_config(config)).await?,
+        )),
+        #[cfg(not(feature = "sqlite"))]
+        "sqlite" => Err(missing_backend(
+            "DATABASE_URL",
+            &config.database_url.to_string(),
+            "this build has no SQLite transport: enable the Cargo feature `sqlite`",
+        )),
+        "postgres" | "postgresql" => Err(missing_backend(
+            "DATABASE_URL",
+            &config.database_url.to_string(),
+            "the PostgreSQL transport is not part of this build yet (Cargo feature `postgres`); use sqlite://PATH",
+        )),
+        "mysql" | "mariadb" => Err(missing_backend(
+            "DATABASE_URL",
+            &config.database_url.to_string(),
+            "the MySQL transport is not part of this build yet (Cargo feature `mysql`); use sqlite://PATH",
+        )),
+        _ => Err(missing_backend(
+            "DATABASE_URL",
+            &config.database_url.to_string(),
+            "expected sqlite://PATH, postgres://… or mysql://…",
+        )),
+    }
+}
+
+fn missing_backend(setting: &str, value: &str, expected: &str) -> Error {
+    ConfigError::new(setting, Some(value.to_owned()), expected).into()
+}
