@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(cfg.claim, ClaimStrategy::Optimistic);
         assert_eq!(cfg.canary_percent, 10);
         assert_eq!(cfg.visibility_timeout, Duration::from_secs(300));
-        assert_eq!(cfg.schema.expect("set").as_str(), "tenant_a");
+        assert_eq!(cfg.schema.as_ref().map(|s| s.as_str()), Some("tenant_a"));
         assert!(!format!("{cfg:?}").contains("pw@"));
     }
 

@@ -503,12 +503,14 @@ pub async fn concurrent_workers_claim_each_message_exactly_once(h: Arc<dyn Harne
     for task in tasks {
         task.await.expect("worker task panicked")?;
     }
-    let claims = claims.lock().expect("claims lock");
-    let twice: Vec<_> = claims.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "claimed more than once: {twice:?}");
-    let missing: Vec<_> = ids.iter().filter(|id| !claims.contains_key(id)).collect();
-    assert!(missing.is_empty(), "never claimed: {missing:?}");
-    assert_eq!(claims.len(), TOTAL);
+    {
+        let claims = claims.lock().expect("claims lock");
+        let twice: Vec<_> = claims.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(twice.is_empty(), "claimed more than once: {twice:?}");
+        let missing: Vec<_> = ids.iter().filter(|id| !claims.contains_key(id)).collect();
+        assert!(missing.is_empty(), "never claimed: {missing:?}");
+        assert_eq!(claims.len(), TOTAL);
+    }
     assert!(publisher.reserve(&q).await?.is_none());
     Ok(())
 }

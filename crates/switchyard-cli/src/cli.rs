@@ -1,0 +1,165 @@
+//! The command line, as in the contract's synopsis. Global flags mirror the environment.
+
+use clap::{Args, Parser, Subcommand};
+
+/// Durable background jobs and messages over SQLite, PostgreSQL, MySQL and RabbitMQ.
+#[derive(Debug, Parser)]
+#[command(name = "switchyard", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) global: Global,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Flags that override the environment variables of the same meaning.
+#[derive(Debug, Args)]
+pub(crate) struct Global {
+    /// exec (the SQL database of DATABASE_URL) or rabbitmq [env: QUEUE_BACKEND]
+    #[arg(long, global = true)]
+    pub(crate) backend: Option<String>,
+    /// sqlite://PATH, postgres://… or mysql://… [env: DATABASE_URL]
+    #[arg(long, global = true)]
+    pub(crate) database_url: Option<String>,
+    /// amqp://USER:PASSWORD@HOST:PORT/VHOST [env: AMQP_URL]
+    #[arg(long, global = true)]
+    pub(crate) amqp_url: Option<String>,
+    /// skip-locked or optimistic [env: QUEUE_CLAIM]
+    #[arg(long, global = true)]
+    pub(crate) claim: Option<String>,
+    /// Lease of a reservation, e.g. 90s [env: QUEUE_VISIBILITY_TIMEOUT]
+    #[arg(long, global = true)]
+    pub(crate) visibility_timeout: Option<String>,
+    /// Table name [env: QUEUE_TABLE]
+    #[arg(long, global = true)]
+    pub(crate) table: Option<String>,
+    /// Schema name [env: QUEUE_SCHEMA]
+    #[arg(long, global = true)]
+    pub(crate) schema: Option<String>,
+    /// Print JSON instead of text
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create or upgrade the queue tables
+    Migrate,
+    /// Publish one message, or one per stdin line (a JSON payload each) without --payload
+    Publish(PublishArgs),
+    /// Counts per queue: ready, delayed, reserved, dead
+    Stats(StatsArgs),
+    /// Inspect, replay and purge dead letters
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+    /// A first run on the embedded default: publish and work 1,000 invoice jobs
+    Demo(DemoArgs),
+    /// Measure enqueue, drain and pickup latency
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PublishArgs {
+    /// Queue name (letters, digits, _ - . :)
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Message kind that selects the handler
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// JSON payload; without it, one payload per stdin line
+    #[arg(long)]
+    pub(crate) payload: Option<String>,
+    /// Message id (UUID); publishing the same id twice stores one message
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// Deliver after this delay, e.g. 10s, 5m
+    #[arg(long)]
+    pub(crate) delay: Option<String>,
+    /// Higher is delivered first (-32768..32767)
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) priority: Option<i16>,
+    /// Never deliver after this long, e.g. 1h
+    #[arg(long)]
+    pub(crate) expires_in: Option<String>,
+    /// Attempts before the message is dead-lettered
+    #[arg(long)]
+    pub(crate) max_attempts: Option<u32>,
+    /// Correlation id
+    #[arg(long)]
+    pub(crate) trace_id: Option<String>,
+    /// Header KEY=VALUE (repeatable)
+    #[arg(long = "header", value_name = "KEY=VALUE")]
+    pub(crate) headers: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    /// Only this queue
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadCommand {
+    /// List dead letters, oldest first
+    List {
+        /// Only this queue
+        #[arg(long)]
+        queue: Option<String>,
+        /// At most this many
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Put dead letters back on their queue with attempts reset
+    Replay {
+        /// The dead letter's id
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// Every dead letter (of --queue when given)
+        #[arg(long)]
+        all: bool,
+        /// Only this queue
+        #[arg(long)]
+        queue: Option<String>,
+    },
+    /// Delete dead letters
+    Purge {
+        /// The dead letter's id
+        #[arg(long, conflicts_with_all = ["all", "older_than"])]
+        id: Option<String>,
+        /// Every dead letter (of --queue when given)
+        #[arg(long, conflicts_with = "older_than")]
+        all: bool,
+        /// Those dead for longer than this, e.g. 30d
+        #[arg(long, required_unless_present_any = ["id", "all"])]
+        older_than: Option<String>,
+        /// Only this queue
+        #[arg(long)]
+        queue: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// How many invoice jobs to publish
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) jobs: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// Jobs per drain and batched-enqueue measurement
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) messages: usize,
+    /// Repetitions; medians are reported
+    #[arg(long, default_value_t = 3)]
+    pub(crate) runs: usize,
+    /// Drain concurrency
+    #[arg(long, default_value_t = 8)]
+    pub(crate) concurrency: usize,
+    /// Only this claim strategy (default: both)
+    #[arg(long = "only-claim")]
+    pub(crate) only_claim: Option<String>,
+}

@@ -1,0 +1,78 @@
+//! `switchyard dead list|replay|purge`.
+
+use switchyard::{parse_duration, Config, DeadSelection, Error, Result};
+
+use crate::cli::DeadCommand;
+
+pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Result<()> {
+    match command {
+        DeadCommand::List { queue, limit } => {
+            let queue = super::queue_arg(queue.as_deref())?;
+            let t = super::connect(config).await?;
+            let dead = t.dead_list(queue.as_ref(), limit).await?;
+            if json {
+                return crate::output::json_line(&dead);
+            }
+            if dead.is_empty() {
+                println!("no dead letters");
+            }
+            for d in dead {
+                println!(
+                    "{}  {}  {}  {}  attempts={}  dead_at={}",
+                    d.id,
+                    d.queue,
+                    if d.kind.is_empty() { "-" } else { &d.kind },
+                    d.reason,
+                    d.attempts,
+                    d.dead_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                );
+                if let Some(e) = &d.last_error {
+                    println!("    last error: {}", e.lines().next().unwrap_or_default());
+                }
+            }
+            Ok(())
+        }
+        DeadCommand::Replay { id, all, queue } => {
+            let selection = selection(id, all, None)?;
+            let queue = super::queue_arg(queue.as_deref())?;
+            let t = super::connect(config).await?;
+            let n = t.dead_replay(queue.as_ref(), &selection).await?;
+            report(json, "replayed", n)
+        }
+        DeadCommand::Purge {
+            id,
+            all,
+            older_than,
+            queue,
+        } => {
+            let selection = selection(id, all, older_than)?;
+            let queue = super::queue_arg(queue.as_deref())?;
+            let t = super::connect(config).await?;
+            let n = t.dead_purge(queue.as_ref(), &selection).await?;
+            report(json, "purged", n)
+        }
+    }
+}
+
+fn selection(id: Option<String>, all: bool, older_than: Option<String>) -> Result<DeadSelection> {
+    match (id, all, older_than) {
+        (Some(id), false, None) => Ok(DeadSelection::Id(id)),
+        (None, true, None) => Ok(DeadSelection::All),
+        (None, false, Some(age)) => Ok(DeadSelection::OlderThan(parse_duration(
+            "--older-than",
+            &age,
+        )?)),
+        _ => Err(Error::InvalidInput(
+            "choose exactly one of --id ID, --all or --older-than DUR".into(),
+        )),
+    }
+}
+
+fn report(json: bool, verb: &str, n: u64) -> Result<()> {
+    if json {
+        crate::output::json_line(&serde_json::json!({ verb: n }))
+    } else {
+        println!("{verb} {n} dead letter{}", if n == 1 { "" } else { "s" });
+        Ok(())
+    }
+}

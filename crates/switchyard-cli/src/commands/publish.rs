@@ -1,0 +1,165 @@
+//! `switchyard publish`: one message, or one per stdin line in batches.
+
+use std::io::BufRead;
+
+use switchyard::{parse_duration, Config, Envelope, EnvelopeBuilder, Error, Result};
+
+use crate::cli::PublishArgs;
+
+/// Messages per batch when publishing stdin lines.
+const BATCH: usize = 500;
+
+pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Result<()> {
+    // Everything is validated before the store is opened, so bad input writes nothing.
+    let template = Template::new(&args)?;
+    let envelopes = match &args.payload {
+        Some(payload) => vec![template
+            .builder()
+            .raw_payload(payload.clone())
+            .build()
+            .map_err(|e| with_context(e, "--payload"))?],
+        None => {
+            if args.id.is_some() {
+                return Err(Error::InvalidInput(
+                    "--id applies to one message: give --payload too, or drop --id for stdin lines"
+                        .into(),
+                ));
+            }
+            read_stdin(&template)?
+        }
+    };
+    if envelopes.is_empty() {
+        return Err(Error::InvalidInput(
+            "no payload: give --payload JSON, or one JSON payload per stdin line".into(),
+        ));
+    }
+    let transport = super::connect(config).await?;
+    let bar = crate::output::progress(envelopes.len() as u64, "publishing", json);
+    for chunk in envelopes.chunks(BATCH) {
+        transport.publish_batch(chunk.to_vec()).await?;
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    for env in &envelopes {
+        if json {
+            crate::output::json_line(&serde_json::json!({
+                "id": env.id, "queue": env.queue, "kind": env.kind,
+            }))?;
+        } else {
+            println!("{}", env.id);
+        }
+    }
+    Ok(())
+}
+
+/// The flags shared by every message of one call, validated once.
+struct Template {
+    queue: String,
+    kind: String,
+    id: Option<uuid::Uuid>,
+    delay: Option<std::time::Duration>,
+    expires_in: Option<std::time::Duration>,
+    priority: Option<i16>,
+    max_attempts: Option<u32>,
+    trace_id: Option<String>,
+    headers: Vec<(String, String)>,
+}
+
+impl Template {
+    fn new(args: &PublishArgs) -> Result<Self> {
+        switchyard::QueueName::new(args.queue.clone())
+            .map_err(|e| switchyard::ConfigError::new("--queue", e.value, e.expected))?;
+        let id = args
+            .id
+            .as_deref()
+            .map(|s| {
+                uuid::Uuid::parse_str(s).map_err(|_| {
+                    Error::InvalidInput(format!("invalid --id {s:?}: expected a UUID"))
+                })
+            })
+            .transpose()?;
+        let mut headers = Vec::new();
+        for h in &args.headers {
+            let (k, v) = h
+                .split_once('=')
+                .filter(|(k, _)| !k.is_empty())
+                .ok_or_else(|| {
+                    Error::InvalidInput(format!("invalid --header {h:?}: expected KEY=VALUE"))
+                })?;
+            headers.push((k.to_owned(), v.to_owned()));
+        }
+        Ok(Template {
+            queue: args.queue.clone(),
+            kind: args.kind.clone(),
+            id,
+            delay: args
+                .delay
+                .as_deref()
+                .map(|d| parse_duration("--delay", d))
+                .transpose()?,
+            expires_in: args
+                .expires_in
+                .as_deref()
+                .map(|d| parse_duration("--expires-in", d))
+                .transpose()?,
+            priority: args.priority,
+            max_attempts: args.max_attempts,
+            trace_id: args.trace_id.clone(),
+            headers,
+        })
+    }
+
+    fn builder(&self) -> EnvelopeBuilder {
+        let mut b = Envelope::builder(self.queue.clone(), self.kind.clone());
+        if let Some(id) = self.id {
+            b = b.id(id);
+        }
+        if let Some(d) = self.delay {
+            b = b.delay(d);
+        }
+        if let Some(d) = self.expires_in {
+            b = b.expires_in(d);
+        }
+        if let Some(p) = self.priority {
+            b = b.priority(p);
+        }
+        if let Some(m) = self.max_attempts {
+            b = b.max_attempts(m);
+        }
+        if let Some(t) = &self.trace_id {
+            b = b.trace_id(t.clone());
+        }
+        for (k, v) in &self.headers {
+            b = b.header(k.clone(), v.clone());
+        }
+        b
+    }
+}
+
+fn with_context(err: Error, what: &str) -> Error {
+    match err {
+        Error::InvalidInput(msg) => Error::InvalidInput(format!("{what}: {msg}")),
+        other => other,
+    }
+}
+
+/// Reads every stdin line (blank lines skipped) and builds one message per line; the
+/// first bad line stops everything before anything is published.
+fn read_stdin(template: &Template) -> Result<Vec<Envelope>> {
+    let stdin = std::io::stdin();
+    let mut out = Vec::new();
+    for (n, line) in stdin.lock().lines().enumerate() {
+        let line = line
+            .map_err(|e| Error::InvalidInput(format!("cannot read stdin line {}: {e}", n + 1)))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let env = template
+            .builder()
+            .raw_payload(line)
+            .build()
+            .map_err(|e| with_context(e, &format!("stdin line {}", n + 1)))?;
+        out.push(env);
+    }
+    Ok(out)
+}

@@ -1,0 +1,44 @@
+//! `switchyard stats`.
+
+use switchyard::{Config, Result};
+
+use crate::cli::StatsArgs;
+use crate::output::human_duration;
+
+pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<()> {
+    let queue = super::queue_arg(args.queue.as_deref())?;
+    let transport = super::connect(config).await?;
+    let stats = transport.stats(queue.as_ref()).await?;
+    if json {
+        return crate::output::json_line(&serde_json::json!({
+            "backend": transport.name(),
+            "queues": stats,
+        }));
+    }
+    if stats.is_empty() {
+        println!(
+            "no messages on {} ({})",
+            transport.name(),
+            config.database_url
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<32} {:>10} {:>10} {:>10} {:>10} {:>14}",
+        "QUEUE", "READY", "DELAYED", "RESERVED", "DEAD", "OLDEST READY"
+    );
+    for s in stats {
+        println!(
+            "{:<32} {:>10} {:>10} {:>10} {:>10} {:>14}",
+            s.queue,
+            s.ready,
+            s.delayed,
+            s.reserved,
+            s.dead,
+            s.oldest_ready_age
+                .map(human_duration)
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    Ok(())
+}

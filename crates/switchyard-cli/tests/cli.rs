@@ -1,0 +1,275 @@
+//! The `switchyard` binary end to end, on a SQLite file in a temporary directory.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        Sandbox {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    fn db(&self) -> std::path::PathBuf {
+        self.dir.path().join("jobs.db")
+    }
+
+    /// The binary, run in the sandbox with a clean queue environment.
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.args(args).current_dir(self.dir.path());
+        for var in [
+            "QUEUE_BACKEND",
+            "AMQP_URL",
+            "QUEUE_CLAIM",
+            "QUEUE_CANARY_PERCENT",
+            "QUEUE_VISIBILITY_TIMEOUT",
+            "QUEUE_TABLE",
+            "QUEUE_SCHEMA",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display()));
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run switchyard")
+    }
+
+    fn run_stdin(&self, args: &[&str], input: &str) -> Output {
+        let mut child = self
+            .cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn switchyard");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("wait for switchyard")
+    }
+
+    fn files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.path())
+            .expect("read the sandbox")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn ready(&self, queue: &str) -> u64 {
+        let out = self.run(&["stats", "--json", "--queue", queue]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+        v["queues"]
+            .as_array()
+            .and_then(|qs| qs.iter().find(|q| q["queue"] == queue))
+            .and_then(|q| q["ready"].as_u64())
+            .unwrap_or(0)
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A failed run: non-zero exit and exactly one line on stderr that contains `needles`.
+fn assert_one_line_error(out: &Output, needles: &[&str]) {
+    assert!(
+        !out.status.success(),
+        "expected a failure, got {:?}",
+        out.status
+    );
+    let err = text(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err:?}");
+    for n in needles {
+        assert!(err.contains(n), "{err:?} does not name {n:?}");
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "printed on stdout: {}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn publish_with_a_bad_backend_fails_in_one_line_and_writes_nothing() {
+    let sb = Sandbox::new();
+    let out = sb
+        .cmd(&["publish", "--queue", "q", "--kind", "k", "--payload", "{}"])
+        .env("QUEUE_BACKEND", "kafka")
+        .output()
+        .expect("run");
+    assert_one_line_error(&out, &["QUEUE_BACKEND", "kafka", "exec or rabbitmq"]);
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+}
+
+#[test]
+fn publish_with_a_malformed_database_url_fails_in_one_line_and_writes_nothing() {
+    let sb = Sandbox::new();
+    for url in [
+        "postgres//nohost",
+        "sqlite://",
+        "nonsense",
+        "postgres://user:hunter2@/db",
+    ] {
+        let out = sb
+            .cmd(&["publish", "--queue", "q", "--kind", "k", "--payload", "{}"])
+            .env("DATABASE_URL", url)
+            .output()
+            .expect("run");
+        assert_one_line_error(&out, &["DATABASE_URL", "expected sqlite://"]);
+        assert!(
+            !text(&out.stderr).contains("hunter2"),
+            "leaked the password"
+        );
+    }
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+}
+
+#[test]
+fn publish_with_an_invalid_queue_name_fails_in_one_line_and_writes_nothing() {
+    let sb = Sandbox::new();
+    let out = sb.run(&[
+        "publish",
+        "--queue",
+        "bad queue!",
+        "--kind",
+        "k",
+        "--payload",
+        "{}",
+    ]);
+    assert_one_line_error(&out, &["--queue", "bad queue!", "letters, digits"]);
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+}
+
+#[test]
+fn publish_with_a_non_json_payload_fails_in_one_line_and_writes_nothing() {
+    let sb = Sandbox::new();
+    let out = sb.run(&[
+        "publish",
+        "--queue",
+        "q",
+        "--kind",
+        "k",
+        "--payload",
+        "{not json",
+    ]);
+    assert_one_line_error(&out, &["--payload", "not valid JSON"]);
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+
+    // In bulk, one bad line stops the whole batch before anything is published.
+    assert!(sb.run(&["migrate"]).status.success());
+    let out = sb.run_stdin(
+        &["publish", "--queue", "q", "--kind", "k"],
+        "{\"a\":1}\n{\"b\":2}\noops\n",
+    );
+    assert_one_line_error(&out, &["stdin line 3", "not valid JSON"]);
+    assert_eq!(sb.ready("q"), 0, "part of a rejected batch was published");
+}
+
+#[test]
+fn publish_from_stdin_prints_one_id_per_line_and_stats_count_them() {
+    let sb = Sandbox::new();
+    let lines: String = (0..1_200).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    let out = sb.run_stdin(&["publish", "--queue", "bulk", "--kind", "k"], &lines);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    assert_eq!(ids.len(), 1_200);
+    assert!(ids.iter().all(|id| uuid::Uuid::parse_str(id).is_ok()));
+    assert_eq!(sb.ready("bulk"), 1_200);
+
+    let out = sb.run(&[
+        "publish",
+        "--queue",
+        "one",
+        "--kind",
+        "k",
+        "--payload",
+        "{\"x\":1}",
+        "--json",
+        "--priority",
+        "-2",
+        "--header",
+        "tenant=acme",
+        "--delay",
+        "1h",
+        "--trace-id",
+        "t-1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON line");
+    assert_eq!(v["queue"], "one");
+    let out = sb.run(&["stats"]);
+    let table = text(&out.stdout);
+    assert!(table.contains("bulk") && table.contains("1200"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("one ") && l.contains(" 1 ")),
+        "{table}"
+    );
+}
+
+#[test]
+fn demo_then_dead_letters_can_be_listed_replayed_and_purged() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["demo", "--jobs", "200"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let summary = text(&out.stdout);
+    assert!(summary.contains("Processed 199"), "{summary}");
+    assert!(summary.contains("dead-lettered 1"), "{summary}");
+    assert!(summary.contains("switchyard dead list"), "{summary}");
+
+    let out = sb.run(&["dead", "list", "--json", "--queue", "demo.invoices"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dead: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let dead = dead.as_array().expect("a list");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["reason"], "max_attempts");
+    assert!(dead[0]["last_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("card declined")));
+    let id = dead[0]["id"].as_str().expect("an id").to_owned();
+
+    let out = sb.run(&["dead", "replay", "--id", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "replayed 1 dead letter");
+    assert_eq!(sb.ready("demo.invoices"), 1);
+
+    let out = sb.run(&["dead", "replay", "--id", &id]);
+    assert_one_line_error(&out, &["not found", &id]);
+    let out = sb.run(&["dead", "purge", "--older-than", "soon"]);
+    assert_one_line_error(&out, &["--older-than", "soon", "30d"]);
+    let out = sb.run(&["dead", "purge", "--all", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "{\"purged\":0}");
+}
+
+#[test]
+fn migrate_is_idempotent_and_honours_the_table_flag() {
+    let sb = Sandbox::new();
+    for _ in 0..2 {
+        let out = sb.run(&["migrate", "--table", "tenant_a_jobs"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let out = sb.run(&["migrate", "--table", "jobs;drop"]);
+    assert_one_line_error(&out, &["QUEUE_TABLE", "jobs;drop", "identifier"]);
+    assert!(Path::new(&sb.db()).exists());
+}

@@ -1,0 +1,60 @@
+//! The facade: `connect` builds the configured transport, and says clearly when a build
+//! lacks the backend that the configuration asks for.
+
+use switchyard::{Config, Envelope, Error, QueueName};
+
+fn config(pairs: &[(&str, String)]) -> Config {
+    Config::from_lookup(|var| {
+        pairs
+            .iter()
+            .find(|(k, _)| *k == var)
+            .map(|(_, v)| v.clone())
+    })
+    .expect("a valid configuration")
+}
+
+#[tokio::test]
+async fn rabbitmq_without_its_transport_is_a_configuration_error_naming_the_feature() {
+    let cfg = config(&[("QUEUE_BACKEND", "rabbitmq".into())]);
+    match switchyard::connect(&cfg).await {
+        Err(Error::Config(e)) => {
+            assert_eq!(e.setting, "QUEUE_BACKEND");
+            assert!(e.to_string().contains("`amqp`"), "{e}");
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_sql_url_without_its_transport_names_the_feature_and_hides_the_password() {
+    for (url, feature) in [
+        ("postgres://app:s3cret@127.0.0.1:1/db", "`postgres`"),
+        ("mysql://app:s3cret@127.0.0.1:1/db", "`mysql`"),
+    ] {
+        let cfg = config(&[("DATABASE_URL", url.into())]);
+        let err = switchyard::connect(&cfg)
+            .await
+            .expect_err("no such transport yet");
+        let text = err.to_string();
+        assert!(text.contains(feature), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn the_default_backend_is_sqlite_and_works_end_to_end() -> switchyard::Result<()> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("facade.db").display());
+    let cfg = config(&[("DATABASE_URL", url), ("QUEUE_TABLE", "facade_jobs".into())]);
+    let t = switchyard::connect(&cfg).await?;
+    assert_eq!(t.name(), "sqlite");
+    let env = Envelope::builder("facade", "ping").build()?;
+    t.publish(env.clone()).await?;
+    let q = QueueName::new("facade")?;
+    let r = t.reserve(&q).await?.expect("the message");
+    assert_eq!(r.id(), env.id);
+    t.ack(&r).await?;
+    assert!(!format!("{t:?}").is_empty());
+    Ok(())
+}
