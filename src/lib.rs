@@ -96,3 +96,8 @@ async fn connect_sql(config: &Config) -> Result<Arc<dyn Transport>> {
 fn missing_backend(setting: &str, value: &str, expected: &str) -> Error {
     ConfigError::new(setting, Some(value.to_owned()), expected).into()
 }
+
+// The README's examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

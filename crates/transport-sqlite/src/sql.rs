@@ -8,8 +8,11 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
 
 /// Columns returned by every claim, in the order `transport::claimed_row` reads them.
-const CLAIM_RETURNING: &str =
-    "RETURNING seq, id, priority, attempts, available_at, last_error, envelope";
+/// Values are cast so that a row written by another program with odd types or bytes is
+/// still read, and then quarantined rather than failing the whole claim.
+const CLAIM_RETURNING: &str = "RETURNING seq, CAST(id AS BLOB), CAST(priority AS INTEGER), \
+    CAST(attempts AS INTEGER), CAST(available_at AS INTEGER), CAST(last_error AS BLOB), \
+    CAST(envelope AS BLOB)";
 
 /// Claims up to ?4 due rows of queue ?3 in one atomic statement under SQLite's
 /// single-writer lock: the equivalent of `FOR UPDATE SKIP LOCKED`. A row whose lease ran
@@ -33,12 +36,14 @@ SELECT seq FROM switchyard_jobs
  ORDER BY priority DESC, visible_at, seq
  LIMIT ?2";
 
-/// Compare-and-set on one candidate: claims it only if nobody holds a live lease on it.
+/// Compare-and-set on a set of candidates (a JSON array of seqs in ?3): claims exactly
+/// those that nobody holds a live lease on, in one statement and one commit. The
+/// batched form of the portable `UPDATE … WHERE id = ? AND (not leased)`.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 UPDATE switchyard_jobs
    SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2,
        attempts = attempts + (token IS NOT NULL)
- WHERE seq = ?3 AND visible_at <= {NOW}
+ WHERE seq IN (SELECT value FROM json_each(?3)) AND visible_at <= {NOW}
    AND (expires_at IS NULL OR expires_at > {NOW})
 {RETURNING}";
 
@@ -63,16 +68,17 @@ UPDATE switchyard_jobs
 pub(crate) const EXTEND: &str =
     "UPDATE switchyard_jobs SET visible_at = {NOW} + ?1 WHERE id = ?2 AND token = ?3";
 
-/// Takes a leased row out of the jobs table; the caller inserts it into the dead table in
-/// the same transaction.
-pub(crate) const TAKE_LEASED: &str = "
-DELETE FROM switchyard_jobs WHERE id = ?1 AND token = ?2
-RETURNING id, queue, kind, priority, attempts, expires_at, last_error, envelope";
-
-pub(crate) const INSERT_DEAD: &str = "
+/// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
+/// counts as an attempt)…
+pub(crate) const COPY_LEASED_TO_DEAD: &str = "
 INSERT OR REPLACE INTO switchyard_jobs_dead
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {NOW}, ?9)";
+SELECT id, queue, kind, priority, attempts + 1, expires_at, ?3, COALESCE(?4, last_error), {NOW}, envelope
+  FROM switchyard_jobs
+ WHERE seq = ?1 AND token = ?2";
+
+/// …then deletes it (same transaction).
+pub(crate) const DELETE_LEASED: &str = "DELETE FROM switchyard_jobs WHERE seq = ?1 AND token = ?2";
 
 /// Copies unleased rows that expired by ?1 into the dead table…
 pub(crate) const COPY_EXPIRED: &str = "
@@ -103,7 +109,8 @@ SELECT queue, COUNT(*) FROM switchyard_jobs_dead
  GROUP BY queue";
 
 pub(crate) const LIST_DEAD: &str = "
-SELECT id, queue, kind, attempts, reason, last_error, dead_at, envelope
+SELECT CAST(id AS BLOB), queue, kind, CAST(attempts AS INTEGER), reason,
+       CAST(last_error AS BLOB), CAST(dead_at AS INTEGER), CAST(envelope AS BLOB)
   FROM switchyard_jobs_dead
  WHERE ?1 IS NULL OR queue = ?1
  ORDER BY dead_at, id
@@ -113,12 +120,22 @@ SELECT id, queue, kind, attempts, reason, last_error, dead_at, envelope
 const DEAD_SELECTION: &str =
     "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR id = ?2) AND (?3 IS NULL OR dead_at <= ?3)";
 
-/// Takes the selected dead letters whose id is not live again (a live copy wins, and the
-/// dead one stays where it is rather than being lost).
-pub(crate) const TAKE_DEAD: &str = "
-DELETE FROM switchyard_jobs_dead
+pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM switchyard_jobs";
+
+/// Puts the selected dead letters back, byte for byte, due now with attempts reset. An
+/// id that is live again is left alone (its dead copy stays where it is, never lost).
+pub(crate) const REPLAY_DEAD: &str = "
+INSERT INTO switchyard_jobs
+    (id, queue, kind, priority, attempts, available_at, visible_at, expires_at, last_error, created_at, envelope)
+SELECT id, queue, kind, priority, 0, {NOW}, {NOW}, expires_at, last_error, {NOW}, envelope
+  FROM switchyard_jobs_dead
  WHERE {DEAD_SELECTION} AND id NOT IN (SELECT id FROM switchyard_jobs)
-RETURNING id, queue, kind, priority, expires_at, last_error, envelope";
+ ORDER BY dead_at, id";
+
+/// Deletes the dead letters that the replay just inserted (rows above the old max seq).
+pub(crate) const DELETE_REPLAYED: &str = "
+DELETE FROM switchyard_jobs_dead
+ WHERE {DEAD_SELECTION} AND id IN (SELECT id FROM switchyard_jobs WHERE seq > ?4)";
 
 pub(crate) const PURGE_DEAD: &str = "DELETE FROM switchyard_jobs_dead WHERE {DEAD_SELECTION}";
 
@@ -135,14 +152,16 @@ pub(crate) struct Statements {
     pub(crate) ack: String,
     pub(crate) release: String,
     pub(crate) extend: String,
-    pub(crate) take_leased: String,
-    pub(crate) insert_dead: String,
+    pub(crate) copy_leased_to_dead: String,
+    pub(crate) delete_leased: String,
     pub(crate) copy_expired: String,
     pub(crate) delete_expired: String,
     pub(crate) stats_jobs: String,
     pub(crate) stats_dead: String,
     pub(crate) list_dead: String,
-    pub(crate) take_dead: String,
+    pub(crate) max_seq: String,
+    pub(crate) replay_dead: String,
+    pub(crate) delete_replayed: String,
     pub(crate) purge_dead: String,
 }
 
@@ -169,14 +188,16 @@ impl Statements {
             ack: s(ACK),
             release: s(RELEASE),
             extend: s(EXTEND),
-            take_leased: s(TAKE_LEASED),
-            insert_dead: s(INSERT_DEAD),
+            copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
+            delete_leased: s(DELETE_LEASED),
             copy_expired: s(COPY_EXPIRED),
             delete_expired: s(DELETE_EXPIRED),
             stats_jobs: s(STATS_JOBS),
             stats_dead: s(STATS_DEAD),
             list_dead: s(LIST_DEAD),
-            take_dead: s(TAKE_DEAD),
+            max_seq: s(MAX_SEQ),
+            replay_dead: s(REPLAY_DEAD),
+            delete_replayed: s(DELETE_REPLAYED),
             purge_dead: s(PURGE_DEAD),
         }
     }

@@ -60,19 +60,24 @@ struct ClaimedRow {
     attempts: i64,
     available_at: i64,
     last_error: Option<String>,
-    envelope: String,
+    envelope: Vec<u8>,
 }
 
+/// Reads a claimed row as bytes and integers, so that no stored value can fail the claim.
 fn claimed_row(row: &SqliteRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
     Ok(ClaimedRow {
         seq: row.try_get(0)?,
-        id: row.try_get(1)?,
-        priority: row.try_get(2)?,
-        attempts: row.try_get(3)?,
-        available_at: row.try_get(4)?,
-        last_error: row.try_get(5)?,
-        envelope: row.try_get(6)?,
+        id: lossy(row.try_get(1)?),
+        priority: row.try_get::<Option<i64>, _>(2)?.unwrap_or(0),
+        attempts: row.try_get::<Option<i64>, _>(3)?.unwrap_or(0),
+        available_at: row.try_get::<Option<i64>, _>(4)?.unwrap_or(0),
+        last_error: row.try_get::<Option<Vec<u8>>, _>(5)?.map(lossy),
+        envelope: row.try_get::<Option<Vec<u8>>, _>(6)?.unwrap_or_default(),
     })
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 fn micros(d: Duration) -> i64 {
@@ -248,9 +253,10 @@ impl SqliteTransport {
         }
     }
 
-    /// Selects candidates, then claims each with a compare-and-set. The candidates are
-    /// tried in delivery order until a competitor wins one; from then on the rest are
-    /// tried in a shuffled order so that competing workers spread over them.
+    /// Selects twice as many candidates as wanted, then claims the first `max` of them
+    /// with one compare-and-set. When competitors won some, the rest of the window is
+    /// tried in a shuffled order, so that competing workers spread over the candidates
+    /// instead of all fighting for the oldest rows; a worker alone keeps exact FIFO.
     async fn claim_optimistic(
         &self,
         queue: &QueueName,
@@ -266,61 +272,62 @@ impl SqliteTransport {
             .await
             .backend()?;
         let mut claimed = Vec::new();
-        let mut contended = false;
-        let mut i = 0;
-        while i < candidates.len() && claimed.len() < max {
-            let row = sqlx::query(&self.sql.claim_optimistic)
+        for round in 0..3 {
+            if candidates.is_empty() || claimed.len() >= max {
+                break;
+            }
+            if round > 0 {
+                shuffle(&mut candidates);
+            }
+            let want = max - claimed.len();
+            let take: Vec<i64> = candidates.drain(..want.min(candidates.len())).collect();
+            let list =
+                serde_json::to_string(&take).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+            let rows = sqlx::query(&self.sql.claim_optimistic)
                 .bind(token)
                 .bind(lease)
-                .bind(candidates[i])
-                .fetch_optional(&self.writer)
+                .bind(list)
+                .fetch_all(&self.writer)
                 .await
                 .backend()?;
-            match row {
-                Some(row) => claimed.push(claimed_row(&row).backend()?),
-                None if !contended => {
-                    contended = true;
-                    shuffle(&mut candidates[i + 1..]);
-                }
-                None => {}
+            let won = rows.len();
+            for row in &rows {
+                claimed.push(claimed_row(row).backend()?);
             }
-            i += 1;
+            if won == take.len() {
+                break;
+            }
         }
         Ok(claimed)
     }
 
-    /// Moves a row this transport holds under `token` to the dead-letter store.
+    /// Moves the row `seq` that this transport holds under `token` to the dead-letter
+    /// store, byte for byte, in one transaction. `false` when the lease is gone.
     async fn move_to_dead(
         &self,
-        id: &str,
+        seq: i64,
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
     ) -> Result<bool> {
+        let token = token.to_string();
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        let row = sqlx::query(&self.sql.take_leased)
-            .bind(id)
-            .bind(token.to_string())
-            .fetch_optional(&mut *tx)
+        let copied = sqlx::query(&self.sql.copy_leased_to_dead)
+            .bind(seq)
+            .bind(&token)
+            .bind(reason)
+            .bind(error)
+            .execute(&mut *tx)
             .await
-            .backend()?;
-        let Some(row) = row else {
+            .backend()?
+            .rows_affected();
+        if copied == 0 {
             tx.rollback().await.backend()?;
             return Ok(false);
-        };
-        let attempts: i64 = row.try_get(4).backend()?;
-        let last_error: Option<String> = row.try_get(6).backend()?;
-        sqlx::query(&self.sql.insert_dead)
-            .bind(row.try_get::<String, _>(0).backend()?)
-            .bind(row.try_get::<String, _>(1).backend()?)
-            .bind(row.try_get::<String, _>(2).backend()?)
-            .bind(row.try_get::<i64, _>(3).backend()?)
-            // The delivery that ends here ended without an ack.
-            .bind(attempts + 1)
-            .bind(row.try_get::<Option<i64>, _>(5).backend()?)
-            .bind(reason)
-            .bind(error.map(str::to_owned).or(last_error))
-            .bind(row.try_get::<String, _>(7).backend()?)
+        }
+        sqlx::query(&self.sql.delete_leased)
+            .bind(seq)
+            .bind(&token)
             .execute(&mut *tx)
             .await
             .backend()?;
@@ -329,7 +336,9 @@ impl SqliteTransport {
     }
 
     fn decode(&self, row: &ClaimedRow) -> std::result::Result<Envelope, String> {
-        let mut env = Envelope::from_json(&row.envelope).map_err(|e| e.to_string())?;
+        let text = std::str::from_utf8(&row.envelope)
+            .map_err(|e| format!("cannot decode envelope: not UTF-8 text ({e})"))?;
+        let mut env = Envelope::from_json(text).map_err(|e| e.to_string())?;
         if env.id.to_string() != row.id {
             return Err(format!(
                 "the envelope's id {} does not match the row's id {}",
@@ -457,7 +466,7 @@ impl Transport for SqliteTransport {
                     }),
                     Err(why) => {
                         tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
-                        self.move_to_dead(&row.id, token, reason::MALFORMED, Some(&why))
+                        self.move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
                             .await?;
                         quarantined += 1;
                     }
@@ -524,13 +533,10 @@ impl Transport for SqliteTransport {
         reason: &str,
         error: Option<&str>,
     ) -> Result<()> {
+        // The receipt's tag is the row's seq; a replayed message gets a new row.
+        let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
         if self
-            .move_to_dead(
-                &reservation.id().to_string(),
-                reservation.token(),
-                reason,
-                error,
-            )
+            .move_to_dead(seq, reservation.token(), reason, error)
             .await?
         {
             tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
@@ -613,17 +619,20 @@ impl Transport for SqliteTransport {
             .backend()?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let id: String = row.try_get(0).backend()?;
             let mut d = DeadLetter::new(
-                id,
+                lossy(row.try_get(0).backend()?),
                 row.try_get::<String, _>(1).backend()?,
                 row.try_get::<String, _>(4).backend()?,
-                to_time(row.try_get(6).backend()?),
+                to_time(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
             );
             d.kind = row.try_get(2).backend()?;
-            d.attempts = attempts_u32(row.try_get(3).backend()?);
-            d.last_error = row.try_get(5).backend()?;
-            let body: String = row.try_get(7).backend()?;
+            d.attempts = attempts_u32(row.try_get::<Option<i64>, _>(3).backend()?.unwrap_or(0));
+            d.last_error = row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy);
+            let body = lossy(
+                row.try_get::<Option<Vec<u8>>, _>(7)
+                    .backend()?
+                    .unwrap_or_default(),
+            );
             match Envelope::from_json(&body) {
                 Ok(mut env) => {
                     env.attempts = d.attempts;
@@ -644,49 +653,28 @@ impl Transport for SqliteTransport {
     ) -> Result<u64> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
         let (id, before) = self.selection(&mut tx, selection).await?;
-        let rows = sqlx::query(&self.sql.take_dead)
-            .bind(queue.map(QueueName::as_str))
-            .bind(id.as_deref())
-            .bind(before)
-            .fetch_all(&mut *tx)
+        let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
+            .fetch_one(&mut *tx)
             .await
             .backend()?;
-        let mut back = Vec::with_capacity(rows.len());
-        let mut raw = Vec::new();
-        for row in &rows {
-            let body: String = row.try_get(6).backend()?;
-            match Envelope::from_json(&body) {
-                Ok(mut env) => {
-                    env.attempts = 0;
-                    env.last_error = row.try_get(5).backend()?;
-                    env.available_at = env.created_at;
-                    back.push((env, body));
-                }
-                // Put it back as it was: it is quarantined again, with its body intact.
-                Err(_) => raw.push(row),
-            }
-        }
-        self.insert_envelopes(&mut tx, &back).await?;
-        for row in raw {
-            sqlx::query(&format!(
-                "{}VALUES (?1, ?2, ?3, ?4, 0, {now}, {now}, ?5, ?6, {now}, ?7){}",
-                self.sql.insert_jobs_head,
-                self.sql.insert_jobs_tail,
-                now = self.sql.now
-            ))
-            .bind(row.try_get::<String, _>(0).backend()?)
-            .bind(row.try_get::<String, _>(1).backend()?)
-            .bind(row.try_get::<String, _>(2).backend()?)
-            .bind(row.try_get::<i64, _>(3).backend()?)
-            .bind(row.try_get::<Option<i64>, _>(4).backend()?)
-            .bind(row.try_get::<Option<String>, _>(5).backend()?)
-            .bind(row.try_get::<String, _>(6).backend()?)
+        let q = queue.map(QueueName::as_str);
+        sqlx::query(&self.sql.replay_dead)
+            .bind(q)
+            .bind(id.as_deref())
+            .bind(before)
             .execute(&mut *tx)
             .await
             .backend()?;
-        }
+        let moved = sqlx::query(&self.sql.delete_replayed)
+            .bind(q)
+            .bind(id.as_deref())
+            .bind(before)
+            .bind(max_seq)
+            .execute(&mut *tx)
+            .await
+            .backend()?
+            .rows_affected();
         tx.commit().await.backend()?;
-        let moved = rows.len() as u64;
         if moved == 0 {
             if let DeadSelection::Id(id) = selection {
                 return Err(Error::NotFound {
