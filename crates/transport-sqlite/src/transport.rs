@@ -740,3 +740,46 @@ impl SqliteTransport {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Row;
+
+    use super::*;
+
+    /// The claim must stay an index walk in delivery order: no table scan, no sort.
+    #[tokio::test]
+    async fn claim_walks_the_claim_index_without_sorting() {
+        let t = SqliteTransport::connect(SqliteOptions::new("sqlite::memory:"))
+            .await
+            .expect("connect");
+        for (name, sql) in [
+            ("skip-locked", &t.sql.claim_skip_locked),
+            ("candidates", &t.sql.claim_candidates),
+        ] {
+            let explain = format!("EXPLAIN QUERY PLAN {sql}");
+            let mut q = sqlx::query(&explain);
+            q = match name {
+                "skip-locked" => q.bind("token").bind(1_i64).bind("q").bind(16_i64),
+                _ => q.bind("q").bind(16_i64),
+            };
+            let plan: Vec<String> = q
+                .fetch_all(&t.writer)
+                .await
+                .expect("explain")
+                .iter()
+                .map(|r| r.get::<String, _>(3))
+                .collect();
+            let text = plan.join("\n");
+            assert!(
+                text.contains("USING INDEX switchyard_jobs_claim (queue=?)"),
+                "{name}:\n{text}"
+            );
+            assert!(!text.contains("TEMP B-TREE"), "{name} sorts:\n{text}");
+            assert!(
+                !text.contains("SCAN switchyard_jobs"),
+                "{name} scans:\n{text}"
+            );
+        }
+    }
+}
