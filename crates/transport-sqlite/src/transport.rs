@@ -389,6 +389,18 @@ impl SqliteTransport {
     }
 }
 
+/// `Ok` when a statement touched the reserved row; [`Error::LeaseLost`] when the lease
+/// was gone and nothing changed.
+fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
+    if touched {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost {
+            message_id: reservation.id(),
+        })
+    }
+}
+
 /// A cheap shuffle seeded from a fresh UUID: fairness, not cryptography.
 fn shuffle<T>(items: &mut [T]) {
     let mut seed = uuid::Uuid::new_v4().as_u128();
@@ -518,13 +530,7 @@ impl Transport for SqliteTransport {
             .await
             .backend()?
             .rows_affected();
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                message_id: reservation.id(),
-            })
-        }
+        fenced(done == 1, reservation)
     }
 
     async fn dead_letter(
@@ -535,17 +541,13 @@ impl Transport for SqliteTransport {
     ) -> Result<()> {
         // The receipt's tag is the row's seq; a replayed message gets a new row.
         let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
-        if self
+        let moved = self
             .move_to_dead(seq, reservation.token(), reason, error)
-            .await?
-        {
+            .await?;
+        if moved {
             tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                message_id: reservation.id(),
-            })
         }
+        fenced(moved, reservation)
     }
 
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
@@ -557,13 +559,7 @@ impl Transport for SqliteTransport {
             .await
             .backend()?
             .rows_affected();
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                message_id: reservation.id(),
-            })
-        }
+        fenced(done == 1, reservation)
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {

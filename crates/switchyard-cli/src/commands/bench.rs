@@ -40,15 +40,9 @@ struct Report {
     runs: usize,
     messages: usize,
     concurrency: usize,
-    /// Medians over the runs.
-    enqueue_single_per_s: f64,
-    enqueue_batch_per_s: f64,
-    drain_per_s: f64,
-    pickup_p50_ms: f64,
-    pickup_p99_ms: f64,
-    /// Totals over the runs: both must be 0.
-    duplicates: u64,
-    missing: u64,
+    /// Medians over the runs; duplicates and missing are totals, and both must be 0.
+    #[serde(flatten)]
+    summary: Sample,
     samples: Vec<Sample>,
 }
 
@@ -96,13 +90,13 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             "{:<8} {:<12} {:>14.0} {:>14.0} {:>12.0} {:>10.1} {:>10.1} {:>6} {:>8}",
             r.backend,
             r.claim,
-            r.enqueue_single_per_s,
-            r.enqueue_batch_per_s,
-            r.drain_per_s,
-            r.pickup_p50_ms,
-            r.pickup_p99_ms,
-            r.duplicates,
-            r.missing
+            r.summary.enqueue_single_per_s,
+            r.summary.enqueue_batch_per_s,
+            r.summary.drain_per_s,
+            r.summary.pickup_p50_ms,
+            r.summary.pickup_p99_ms,
+            r.summary.duplicates,
+            r.summary.missing
         );
     }
     println!(
@@ -308,13 +302,15 @@ fn summarise(
         runs: samples.len(),
         messages: args.messages,
         concurrency: args.concurrency,
-        enqueue_single_per_s: m(|s| s.enqueue_single_per_s),
-        enqueue_batch_per_s: m(|s| s.enqueue_batch_per_s),
-        drain_per_s: m(|s| s.drain_per_s),
-        pickup_p50_ms: m(|s| s.pickup_p50_ms),
-        pickup_p99_ms: m(|s| s.pickup_p99_ms),
-        duplicates: samples.iter().map(|s| s.duplicates).sum(),
-        missing: samples.iter().map(|s| s.missing).sum(),
+        summary: Sample {
+            enqueue_single_per_s: m(|s| s.enqueue_single_per_s),
+            enqueue_batch_per_s: m(|s| s.enqueue_batch_per_s),
+            drain_per_s: m(|s| s.drain_per_s),
+            pickup_p50_ms: m(|s| s.pickup_p50_ms),
+            pickup_p99_ms: m(|s| s.pickup_p99_ms),
+            duplicates: samples.iter().map(|s| s.duplicates).sum(),
+            missing: samples.iter().map(|s| s.missing).sum(),
+        },
         samples,
     }
 }
