@@ -19,6 +19,9 @@ pub struct Capabilities {
     pub lease_extension: bool,
     /// Publishing an id that is already stored stores nothing new.
     pub idempotent_publish: bool,
+    /// The transport itself never delivers a message past its `expires_at` (by its own
+    /// clock); otherwise the worker checks.
+    pub expiry: bool,
     /// Several stores (tables) can live side by side in one database.
     pub table_isolation: bool,
     /// Publish can join the caller's own database transaction.
@@ -37,6 +40,7 @@ impl Default for Capabilities {
             exact_delays: false,
             lease_extension: false,
             idempotent_publish: false,
+            expiry: false,
             table_isolation: false,
             transactional_publish: false,
             wake_signal: false,

@@ -13,6 +13,7 @@ mod error;
 mod names;
 mod redact;
 mod transport;
+pub mod worker;
 
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
@@ -27,6 +28,8 @@ pub use redact::{redact_url, SecretUrl};
 pub use transport::{
     AckReport, DeadLetter, DeadSelection, LeaseToken, QueueStats, Receipt, Reservation, Transport,
 };
+
+pub use tokio_util::sync::CancellationToken;
 
 /// Dead-letter reasons written by switchyard itself.
 pub mod reason {

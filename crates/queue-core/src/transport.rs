@@ -1,9 +1,11 @@
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::capabilities::Capabilities;
@@ -209,6 +211,20 @@ pub trait Transport: Send + Sync + fmt::Debug {
 
     /// What this backend can promise.
     fn capabilities(&self) -> Capabilities;
+
+    /// The lease a reservation holds; the worker's heartbeat extends by this much every
+    /// third of it.
+    fn visibility_timeout(&self) -> Duration {
+        crate::DEFAULT_VISIBILITY_TIMEOUT
+    }
+
+    /// A signal that fires when a message may have arrived on `queue`, where the backend
+    /// can tell (in-process publishes, PostgreSQL `LISTEN`). A hint only: polling stays
+    /// the truth.
+    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        let _ = queue;
+        None
+    }
 
     /// Stores one message.
     ///

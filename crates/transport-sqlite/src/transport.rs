@@ -15,7 +15,7 @@ use sqlx::sqlite::{
     SqliteSynchronous as SqlxSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
 use crate::error::{SqlxResultExt, TRANSPORT};
 use crate::migrate::migrate;
@@ -40,6 +40,8 @@ pub struct SqliteTransport {
     sql: Arc<Statements>,
     options: SqliteOptions,
     last_sweep: Mutex<Option<Instant>>,
+    /// Wakes this process's idle workers of a queue when this transport publishes to it.
+    wakers: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
 }
 
 impl fmt::Debug for SqliteTransport {
@@ -163,7 +165,25 @@ impl SqliteTransport {
             sql: Arc::new(Statements::new(table.as_str())),
             options,
             last_sweep: Mutex::new(None),
+            wakers: std::sync::Mutex::default(),
         })
+    }
+
+    /// Wakes the idle workers of these queues in this process (other processes poll).
+    fn wake<'a>(&self, queues: impl Iterator<Item = &'a str>) {
+        let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        if wakers.is_empty() {
+            return;
+        }
+        let mut last = "";
+        for q in queues {
+            if q != last {
+                if let Some(n) = wakers.get(q) {
+                    n.notify_waiters();
+                }
+                last = q;
+            }
+        }
     }
 
     /// The options this transport runs with.
@@ -277,7 +297,7 @@ impl SqliteTransport {
                 break;
             }
             if round > 0 {
-                shuffle(&mut candidates);
+                fastrand::shuffle(&mut candidates);
             }
             let want = max - claimed.len();
             let take: Vec<i64> = candidates.drain(..want.min(candidates.len())).collect();
@@ -401,18 +421,6 @@ fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
     }
 }
 
-/// A cheap shuffle seeded from a fresh UUID: fairness, not cryptography.
-fn shuffle<T>(items: &mut [T]) {
-    let mut seed = uuid::Uuid::new_v4().as_u128();
-    for i in (1..items.len()).rev() {
-        seed = seed
-            .wrapping_mul(0x2545_f491_4f6c_dd1d)
-            .wrapping_add(1_442_695_040_888_963_407);
-        let j = usize::try_from((seed >> 64) % (i as u128 + 1)).unwrap_or(0);
-        items.swap(i, j);
-    }
-}
-
 #[async_trait]
 impl Transport for SqliteTransport {
     fn name(&self) -> &'static str {
@@ -426,10 +434,20 @@ impl Transport for SqliteTransport {
         caps.exact_delays = true;
         caps.lease_extension = true;
         caps.idempotent_publish = true;
+        caps.expiry = true;
         caps.table_isolation = true;
         caps.transactional_publish = true;
         caps.max_payload_bytes = self.options.max_payload_bytes;
         caps
+    }
+
+    fn visibility_timeout(&self) -> Duration {
+        self.options.visibility_timeout
+    }
+
+    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        Some(wakers.entry(queue.as_str().to_owned()).or_default().clone())
     }
 
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
@@ -449,6 +467,7 @@ impl Transport for SqliteTransport {
         self.insert_envelopes(&mut tx, &rows).await?;
         tx.commit().await.backend()?;
         tracing::debug!(count = rows.len(), "published");
+        self.wake(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
     }
 
@@ -678,6 +697,10 @@ impl Transport for SqliteTransport {
                     id: id.clone(),
                 });
             }
+        }
+        if moved > 0 {
+            let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+            wakers.values().for_each(|n| n.notify_waiters());
         }
         tracing::info!(count = moved, "dead letters replayed");
         Ok(moved)

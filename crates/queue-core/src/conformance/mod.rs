@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use crate::{Result, Transport};
 
 pub mod cases;
+pub mod worker_cases;
 
 /// How a case wants a transport opened.
 #[derive(Debug, Clone)]
@@ -113,6 +114,27 @@ macro_rules! conformance_tests {
             invalid_identifiers_are_rejected_before_any_sql_runs,
             stats_count_ready_delayed_reserved_and_dead
         );
+        $crate::conformance_tests!(@worker $harness;
+            worker_handles_every_message_once_and_coalesces_acks,
+            worker_retries_with_backoff_then_dead_letters,
+            worker_honours_max_attempts_retry_after_and_fail,
+            worker_dead_letters_or_releases_unknown_kinds,
+            worker_never_handles_expired_messages,
+            heartbeat_keeps_a_long_job_from_being_reclaimed,
+            lost_lease_cancels_the_handler_at_once,
+            handler_timeout_cancels_and_counts_a_failure,
+            handler_panic_is_isolated_and_recorded,
+            shutdown_finishes_quick_jobs_and_releases_the_rest,
+            idle_worker_wakes_on_publish
+        );
+    };
+    (@worker $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::worker_cases::$case);
+            }
+        )*
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
         $(

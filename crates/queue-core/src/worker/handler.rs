@@ -1,0 +1,146 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::envelope::Envelope;
+use crate::transport::LeaseToken;
+
+/// What a handler gets for one delivery.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct JobContext {
+    /// The message.
+    pub envelope: Envelope,
+    /// This delivery's number, 1 for the first.
+    pub attempt: u32,
+    /// The attempt limit that applies to this message.
+    pub max_attempts: u32,
+    /// The lease token: guard downstream writes with it (store it beside what the job
+    /// writes and refuse writes under an older token) to fence a worker that lost its
+    /// lease.
+    pub lease_token: LeaseToken,
+    /// Fires when the job must stop: its lease was lost, it timed out, or the worker is
+    /// shutting down past its grace period. Long handlers should check it.
+    pub cancel: CancellationToken,
+}
+
+impl JobContext {
+    /// Deserializes the payload.
+    pub fn payload<'a, T: serde::Deserialize<'a>>(&'a self) -> crate::Result<T> {
+        self.envelope.payload_as()
+    }
+}
+
+/// How a job failed, and what the worker should do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum JobError {
+    /// Retry later: after `after` when given, else after the policy's backoff. Once the
+    /// attempts run out the message is dead-lettered with reason `max_attempts`.
+    Retry {
+        /// Recorded as the message's `last_error`.
+        message: String,
+        /// The delay the handler asks for.
+        after: Option<Duration>,
+    },
+    /// Dead-letter now with reason `failed`: retrying cannot help.
+    Fail {
+        /// Recorded as the message's `last_error`.
+        message: String,
+    },
+}
+
+impl JobError {
+    /// Retry with the policy's backoff.
+    pub fn retry(message: impl Into<String>) -> Self {
+        JobError::Retry {
+            message: message.into(),
+            after: None,
+        }
+    }
+
+    /// Retry after `after`.
+    pub fn retry_after(after: Duration, message: impl Into<String>) -> Self {
+        JobError::Retry {
+            message: message.into(),
+            after: Some(after),
+        }
+    }
+
+    /// Dead-letter now.
+    pub fn fail(message: impl Into<String>) -> Self {
+        JobError::Fail {
+            message: message.into(),
+        }
+    }
+
+    /// The error message.
+    pub fn message(&self) -> &str {
+        match self {
+            JobError::Retry { message, .. } | JobError::Fail { message } => message,
+        }
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+/// Any error converts into a retry, so handlers can use `?`.
+impl<E: std::error::Error> From<E> for JobError {
+    fn from(err: E) -> Self {
+        JobError::retry(err.to_string())
+    }
+}
+
+/// What a handler returns.
+pub type JobResult = Result<(), JobError>;
+
+/// Handles the messages of one kind.
+#[async_trait]
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one delivery.
+    ///
+    /// # Behavior
+    /// `Ok` acks the message. [`JobError::Retry`] releases it for a later attempt,
+    /// [`JobError::Fail`] dead-letters it. A panic counts as a retryable failure and never
+    /// takes the worker down. The handler may run more than once for one message
+    /// (at-least-once delivery), so it should be idempotent.
+    async fn handle(&self, ctx: JobContext) -> JobResult;
+}
+
+type BoxedFuture = Pin<Box<dyn Future<Output = JobResult> + Send>>;
+
+/// A handler made from an async closure; see [`handler_fn`].
+pub struct FnHandler<F>(F);
+
+impl<F> fmt::Debug for FnHandler<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnHandler")
+    }
+}
+
+/// Wraps an async closure `|ctx| async move { … }` as a [`Handler`].
+pub fn handler_fn<F, Fut>(f: F) -> FnHandler<impl Fn(JobContext) -> BoxedFuture + Send + Sync>
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = JobResult> + Send + 'static,
+{
+    FnHandler(move |ctx| Box::pin(f(ctx)) as BoxedFuture)
+}
+
+#[async_trait]
+impl<F> Handler for FnHandler<F>
+where
+    F: Fn(JobContext) -> BoxedFuture + Send + Sync + 'static,
+{
+    async fn handle(&self, ctx: JobContext) -> JobResult {
+        (self.0)(ctx).await
+    }
+}

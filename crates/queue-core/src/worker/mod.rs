@@ -1,0 +1,611 @@
+//! The worker runtime: reserves in batches, runs handlers concurrently, extends leases
+//! of long jobs, retries with backoff, coalesces acks, and shuts down gracefully.
+
+mod acker;
+mod handler;
+mod retry;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use handler::{handler_fn, FnHandler, Handler, JobContext, JobError, JobResult};
+pub use retry::RetryPolicy;
+
+use crate::error::{Error, Result};
+use crate::names::QueueName;
+use crate::reason;
+use crate::transport::{Reservation, Transport};
+use acker::Acker;
+
+/// What the worker does with a message whose kind has no handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum UnknownKind {
+    /// Dead-letter it with reason `no_handler` (the default).
+    #[default]
+    DeadLetter,
+    /// Release it after this delay, for a newer worker that knows the kind.
+    Release(Duration),
+}
+
+/// Options of a [`Worker`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WorkerOptions {
+    /// Handlers running at once.
+    pub concurrency: usize,
+    /// When to retry and how often.
+    pub retry: RetryPolicy,
+    /// A handler running longer is cancelled, and that counts as a failure.
+    pub timeout: Option<Duration>,
+    /// On shutdown, how long in-flight handlers may take before they are cancelled and
+    /// their messages released.
+    pub grace_period: Duration,
+    /// The first pause after an empty reserve; doubles up to `poll_max`.
+    pub poll_min: Duration,
+    /// The longest pause between polls of an empty queue.
+    pub poll_max: Duration,
+    /// The most handled-but-unacknowledged messages held in memory; acks are committed
+    /// in batches of up to this many.
+    pub ack_batch: usize,
+    /// Messages with an unknown kind.
+    pub unknown_kind: UnknownKind,
+    /// Exit once nothing is ready, delayed or reserved on the queue and nothing is in
+    /// flight here (batch use and tests).
+    pub drain: bool,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            concurrency: 8,
+            retry: RetryPolicy::default(),
+            timeout: None,
+            grace_period: Duration::from_secs(30),
+            poll_min: Duration::from_millis(20),
+            poll_max: Duration::from_secs(1),
+            ack_batch: 256,
+            unknown_kind: UnknownKind::DeadLetter,
+            drain: false,
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// Sets the concurrency (at least 1).
+    pub fn with_concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Sets the retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets the handler timeout.
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the shutdown grace period.
+    pub fn with_grace_period(mut self, grace: Duration) -> Self {
+        self.grace_period = grace;
+        self
+    }
+
+    /// Sets the polling pauses of an idle worker.
+    pub fn with_poll(mut self, min: Duration, max: Duration) -> Self {
+        self.poll_min = min;
+        self.poll_max = max.max(min);
+        self
+    }
+
+    /// Sets the ack batch.
+    pub fn with_ack_batch(mut self, n: usize) -> Self {
+        self.ack_batch = n.max(1);
+        self
+    }
+
+    /// Sets what happens to unknown kinds.
+    pub fn with_unknown_kind(mut self, unknown: UnknownKind) -> Self {
+        self.unknown_kind = unknown;
+        self
+    }
+
+    /// Exits once the queue is empty.
+    pub fn with_drain(mut self, drain: bool) -> Self {
+        self.drain = drain;
+        self
+    }
+}
+
+/// Live counts of a worker, readable while it runs (for progress bars and metrics).
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct WorkerCounters {
+    /// Messages handled and acknowledged.
+    pub succeeded: AtomicU64,
+    /// Failed deliveries released for a retry.
+    pub retried: AtomicU64,
+    /// Messages moved to the dead-letter store.
+    pub dead_lettered: AtomicU64,
+    /// Deliveries whose lease was lost (another worker has the message).
+    pub lost: AtomicU64,
+    /// Unfinished messages released at shutdown.
+    pub released_on_shutdown: AtomicU64,
+    /// Handlers running now.
+    pub in_flight: AtomicU64,
+}
+
+/// A snapshot of [`WorkerCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct WorkerReport {
+    /// Messages handled and acknowledged.
+    pub succeeded: u64,
+    /// Failed deliveries released for a retry.
+    pub retried: u64,
+    /// Messages moved to the dead-letter store.
+    pub dead_lettered: u64,
+    /// Deliveries whose lease was lost.
+    pub lost: u64,
+    /// Unfinished messages released at shutdown.
+    pub released_on_shutdown: u64,
+}
+
+impl WorkerCounters {
+    /// The counts now.
+    pub fn snapshot(&self) -> WorkerReport {
+        WorkerReport {
+            succeeded: self.succeeded.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            released_on_shutdown: self.released_on_shutdown.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Runs handlers for the messages of one queue.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use queue_core::{QueueName, Transport};
+/// use queue_core::worker::{handler_fn, JobContext, JobError, Worker, WorkerOptions};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn example(transport: Arc<dyn Transport>) -> queue_core::Result<()> {
+/// let worker = Worker::new(transport, QueueName::new("emails")?, WorkerOptions::default())
+///     .handle("send_welcome", handler_fn(|ctx: JobContext| async move {
+///         let user: u64 = ctx.payload().map_err(|e| JobError::fail(e.to_string()))?;
+///         println!("welcome, user {user}");
+///         Ok(())
+///     }));
+/// let shutdown = CancellationToken::new(); // cancel it to stop gracefully
+/// let report = worker.run(shutdown).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Worker {
+    transport: Arc<dyn Transport>,
+    queue: QueueName,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    fallback: Option<Arc<dyn Handler>>,
+    options: WorkerOptions,
+    counters: Arc<WorkerCounters>,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("transport", &self.transport)
+            .field("queue", &self.queue)
+            .field("kinds", &self.handlers.keys().collect::<Vec<_>>())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What ended one handler run.
+enum Ending {
+    Finished(JobResult),
+    Panicked(String),
+    TimedOut(Duration),
+    LeaseLost,
+    ShutDown,
+}
+
+impl Worker {
+    /// A worker for `queue` over `transport`.
+    pub fn new(transport: Arc<dyn Transport>, queue: QueueName, options: WorkerOptions) -> Self {
+        Worker {
+            transport,
+            queue,
+            handlers: HashMap::new(),
+            fallback: None,
+            options,
+            counters: Arc::default(),
+        }
+    }
+
+    /// Registers the handler of `kind`.
+    pub fn handle(mut self, kind: impl Into<String>, handler: impl Handler) -> Self {
+        self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// Registers a handler for every kind without a handler of its own.
+    pub fn handle_any(mut self, handler: impl Handler) -> Self {
+        self.fallback = Some(Arc::new(handler));
+        self
+    }
+
+    /// The live counters (clone the `Arc` before [`run`](Worker::run)).
+    pub fn counters(&self) -> Arc<WorkerCounters> {
+        self.counters.clone()
+    }
+
+    /// Runs until `shutdown` is cancelled (or, with `drain`, until the queue is empty),
+    /// then stops reserving, lets in-flight handlers finish within the grace period,
+    /// releases what is still unfinished so that it is delivered again at once, and
+    /// flushes pending acks.
+    ///
+    /// Backend errors while reserving are logged and retried with backoff; they never
+    /// stop the worker.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport> {
+        let worker = Arc::new(self);
+        let opts = &worker.options;
+        let concurrency = opts.concurrency.max(1);
+        let (acker, flusher) = Acker::spawn(
+            worker.transport.clone(),
+            opts.ack_batch,
+            worker.counters.clone(),
+        );
+        let slots = Arc::new(Semaphore::new(concurrency));
+        let hard_stop = CancellationToken::new();
+        let waker = worker.transport.waker(&worker.queue);
+        let mut tasks = JoinSet::new();
+        let mut pause = opts.poll_min;
+        tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
+
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let mut permits = vec![first];
+            while permits.len() < concurrency {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            // Register for the wake-up before reserving, so a publish in between is seen.
+            let mut notified = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            match worker
+                .transport
+                .reserve_batch(&worker.queue, permits.len())
+                .await
+            {
+                Ok(batch) if !batch.is_empty() => {
+                    pause = opts.poll_min;
+                    for (reservation, permit) in batch.into_iter().zip(permits) {
+                        let (w, stop, acker) = (worker.clone(), hard_stop.clone(), acker.clone());
+                        tasks.spawn(
+                            async move { w.run_one(reservation, permit, stop, acker).await },
+                        );
+                    }
+                }
+                Ok(_) => {
+                    drop(permits);
+                    let idle = slots.available_permits() == concurrency && acker.is_idle();
+                    if opts.drain && idle && worker.queue_is_empty().await {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = async { if let Some(n) = notified { n.await } else { std::future::pending().await } } => {}
+                    }
+                    pause = (pause * 2).min(opts.poll_max);
+                }
+                Err(err) => {
+                    drop(permits);
+                    tracing::warn!(queue = %worker.queue, error = %err, retry_in = ?pause, "reserve failed");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(opts.poll_max.max(Duration::from_secs(5)));
+                }
+            }
+        }
+
+        tracing::info!(queue = %worker.queue, in_flight = tasks.len(), "worker stopping");
+        let graceful = tokio::time::timeout(opts.grace_period, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if graceful.is_err() {
+            tracing::warn!(
+                unfinished = tasks.len(),
+                "grace period over: cancelling and releasing unfinished jobs"
+            );
+            hard_stop.cancel();
+            while tasks.join_next().await.is_some() {}
+        }
+        drop(acker);
+        if flusher.await.is_err() {
+            tracing::error!(
+                "the ack flusher panicked; unacknowledged messages will be delivered again"
+            );
+        }
+        let report = worker.counters.snapshot();
+        tracing::info!(queue = %worker.queue, ?report, "worker stopped");
+        Ok(report)
+    }
+
+    async fn queue_is_empty(&self) -> bool {
+        match self.transport.stats(Some(&self.queue)).await {
+            Ok(stats) => stats
+                .iter()
+                .filter(|s| s.queue == self.queue.as_str())
+                .all(|s| s.ready + s.delayed + s.reserved == 0),
+            Err(err) => {
+                tracing::warn!(error = %err, "stats failed while checking for an empty queue");
+                false
+            }
+        }
+    }
+
+    async fn run_one(
+        self: Arc<Self>,
+        reservation: Reservation,
+        permit: OwnedSemaphorePermit,
+        hard_stop: CancellationToken,
+        acker: Acker,
+    ) {
+        let env = &reservation.envelope;
+        let span = tracing::info_span!(
+            "job",
+            message_id = %env.id,
+            kind = %env.kind,
+            attempt = env.attempts + 1,
+            trace_id = env.trace_id.as_deref().unwrap_or(""),
+            queue = %env.queue,
+        );
+        self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.clone()
+            .deliver(reservation, hard_stop, acker)
+            .instrument(span)
+            .await;
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        drop(permit);
+    }
+
+    async fn deliver(self: Arc<Self>, r: Reservation, hard_stop: CancellationToken, acker: Acker) {
+        let env = &r.envelope;
+        let max_attempts = self.options.retry.max_attempts_for(env);
+        if !self.transport.capabilities().expiry && env.is_expired_at(chrono::Utc::now()) {
+            self.dead_letter(&r, reason::EXPIRED, "expired before it could be handled")
+                .await;
+            return;
+        }
+        if env.attempts >= max_attempts {
+            // Reclaims after lost leases count as attempts: a message that kills or hangs
+            // its worker every time ends here instead of looping forever.
+            let why = env.last_error.clone().unwrap_or_else(|| {
+                format!(
+                    "{} deliveries ended without an ack (the worker died or hung)",
+                    env.attempts
+                )
+            });
+            self.dead_letter(&r, reason::MAX_ATTEMPTS, &why).await;
+            return;
+        }
+        let Some(handler) = self
+            .handlers
+            .get(&env.kind)
+            .or(self.fallback.as_ref())
+            .cloned()
+        else {
+            let why = format!("no handler for kind {:?} on this worker", env.kind);
+            match self.options.unknown_kind {
+                UnknownKind::DeadLetter => self.dead_letter(&r, reason::NO_HANDLER, &why).await,
+                UnknownKind::Release(delay) => self.release(&r, delay, &why).await,
+            }
+            return;
+        };
+
+        let cancel = hard_stop.child_token();
+        let lost = Arc::new(AtomicBool::new(false));
+        let heartbeat = tokio::spawn(heartbeat(
+            self.transport.clone(),
+            r.clone(),
+            cancel.clone(),
+            lost.clone(),
+        ));
+        let ctx = JobContext {
+            envelope: env.clone(),
+            attempt: env.attempts + 1,
+            max_attempts,
+            lease_token: r.token(),
+            cancel: cancel.clone(),
+        };
+        let started = std::time::Instant::now();
+        let mut job = tokio::spawn(
+            async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
+        );
+        let timeout = async {
+            match self.options.timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let ending = tokio::select! {
+            joined = &mut job => match joined {
+                Ok(result) => Ending::Finished(result),
+                Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic())),
+                Err(_) => Ending::ShutDown,
+            },
+            _ = timeout => Ending::TimedOut(self.options.timeout.unwrap_or_default()),
+            _ = cancel.cancelled() => if lost.load(Ordering::SeqCst) { Ending::LeaseLost } else { Ending::ShutDown },
+        };
+        cancel.cancel();
+        job.abort();
+        heartbeat.abort();
+        // A heartbeat may have found the lease gone while the handler was finishing.
+        let ending = match ending {
+            Ending::Finished(_) if lost.load(Ordering::SeqCst) => Ending::LeaseLost,
+            other => other,
+        };
+        let elapsed = started.elapsed();
+        match ending {
+            Ending::Finished(Ok(())) => {
+                tracing::debug!(?elapsed, "handled");
+                acker.ack(r).await;
+            }
+            Ending::Finished(Err(JobError::Fail { message })) => {
+                tracing::warn!(error = %message, "handler failed for good");
+                self.dead_letter(&r, reason::FAILED, &message).await;
+            }
+            Ending::Finished(Err(JobError::Retry { message, after })) => {
+                self.failed(&r, max_attempts, &message, after).await;
+            }
+            Ending::Panicked(message) => {
+                let message = format!("handler panicked: {message}");
+                self.failed(&r, max_attempts, &message, None).await;
+            }
+            Ending::TimedOut(limit) => {
+                let message = format!("handler timed out after {limit:?}");
+                self.failed(&r, max_attempts, &message, None).await;
+            }
+            Ending::LeaseLost => {
+                self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "lease lost while handling: another worker has the message; stopped"
+                );
+            }
+            Ending::ShutDown => {
+                match self
+                    .transport
+                    .release(
+                        &r,
+                        Duration::ZERO,
+                        Some("the worker shut down before the job finished"),
+                    )
+                    .await
+                {
+                    Ok(()) => {
+                        self.counters
+                            .released_on_shutdown
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(err) => self.log_settle_error("release at shutdown", &err),
+                }
+            }
+        }
+    }
+
+    /// A failed delivery: released with backoff, or dead-lettered once the attempts ran
+    /// out.
+    async fn failed(
+        &self,
+        r: &Reservation,
+        max_attempts: u32,
+        message: &str,
+        after: Option<Duration>,
+    ) {
+        let failures = r.envelope.attempts + 1;
+        if failures >= max_attempts {
+            tracing::warn!(error = %message, failures, "attempts exhausted");
+            self.dead_letter(r, reason::MAX_ATTEMPTS, message).await;
+        } else {
+            let delay = after.unwrap_or_else(|| self.options.retry.backoff(failures));
+            tracing::info!(error = %message, retry_in = ?delay, "handler failed; will retry");
+            self.release(r, delay, message).await;
+        }
+    }
+
+    async fn release(&self, r: &Reservation, delay: Duration, message: &str) {
+        match self.transport.release(r, delay, Some(message)).await {
+            Ok(()) => {
+                self.counters.retried.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(err) => self.log_settle_error("release", &err),
+        }
+    }
+
+    async fn dead_letter(&self, r: &Reservation, why: &str, message: &str) {
+        match self.transport.dead_letter(r, why, Some(message)).await {
+            Ok(()) => {
+                self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reason = why, error = %message, "dead-lettered");
+            }
+            Err(err) => self.log_settle_error("dead-letter", &err),
+        }
+    }
+
+    fn log_settle_error(&self, what: &str, err: &Error) {
+        if err.is_lease_lost() {
+            self.counters.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("{what} refused: the lease was lost, another worker has the message");
+        } else {
+            tracing::error!(error = %err, "{what} failed; the message will be delivered again when its lease runs out");
+        }
+    }
+}
+
+/// Extends the lease every third of the visibility timeout; fires `cancel` at once when
+/// the lease turns out to be lost.
+async fn heartbeat(
+    transport: Arc<dyn Transport>,
+    r: Reservation,
+    cancel: CancellationToken,
+    lost: Arc<AtomicBool>,
+) {
+    let lease = transport.visibility_timeout();
+    let every = (lease / 3).max(Duration::from_millis(10));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        match transport.extend(&r, lease).await {
+            Ok(()) => tracing::trace!("lease extended"),
+            Err(err) if err.is_lease_lost() => {
+                tracing::warn!("heartbeat found the lease lost; cancelling the handler");
+                lost.store(true, Ordering::SeqCst);
+                cancel.cancel();
+                return;
+            }
+            Err(err) => tracing::warn!(error = %err, "heartbeat failed; retrying at the next beat"),
+        }
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".into())
+}
