@@ -52,8 +52,18 @@ pub use transport_sqlite::{SqliteOptions, SqliteSynchronous, SqliteTransport};
 /// (with the Cargo feature that adds it), and whatever the transport's own connect
 /// reports.
 pub async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
+    open(config, true).await
+}
+
+/// Like [`connect`], but a SQLite database file that does not exist is an error instead
+/// of being created: for tools that only read or manage an existing store.
+pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
+    open(config, false).await
+}
+
+async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
     match config.backend {
-        BackendKind::Exec => connect_sql(config).await,
+        BackendKind::Exec => connect_sql(config, create).await,
         BackendKind::RabbitMq => Err(missing_backend(
             "QUEUE_BACKEND",
             "rabbitmq",
@@ -62,19 +72,25 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
     }
 }
 
-async fn connect_sql(config: &Config) -> Result<Arc<dyn Transport>> {
+async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
     let scheme = config.database_url.scheme();
     match scheme.as_str() {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(
-            SqliteTransport::connect(SqliteOptions::from_config(config)).await?,
+            SqliteTransport::connect(
+                SqliteOptions::from_config(config).with_create_if_missing(create),
+            )
+            .await?,
         )),
         #[cfg(not(feature = "sqlite"))]
-        "sqlite" => Err(missing_backend(
-            "DATABASE_URL",
-            &config.database_url.to_string(),
-            "this build has no SQLite transport: enable the Cargo feature `sqlite`",
-        )),
+        "sqlite" => {
+            let _ = create;
+            Err(missing_backend(
+                "DATABASE_URL",
+                &config.database_url.to_string(),
+                "this build has no SQLite transport: enable the Cargo feature `sqlite`",
+            ))
+        }
         "postgres" | "postgresql" => Err(missing_backend(
             "DATABASE_URL",
             &config.database_url.to_string(),

@@ -184,7 +184,7 @@ impl Config {
             cfg.visibility_timeout = d;
         }
         if let Some(v) = get("QUEUE_TABLE") {
-            cfg.table = Identifier::new("QUEUE_TABLE", v.trim())?;
+            cfg.table = Identifier::table("QUEUE_TABLE", v.trim())?;
         }
         if let Some(v) = get("QUEUE_SCHEMA") {
             cfg.schema = Some(Identifier::new("QUEUE_SCHEMA", v.trim())?);

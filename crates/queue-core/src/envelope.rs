@@ -280,12 +280,12 @@ impl EnvelopeBuilder {
         let now = Utc::now();
         let available_at = match (self.available_at, self.delay) {
             (Some(at), _) => at,
-            (None, Some(d)) => now + to_chrono(d)?,
+            (None, Some(d)) => after(now, d, "delay")?,
             (None, None) => now,
         };
         let expires_at = match self.expires {
             Some(Expiry::At(at)) => Some(at),
-            Some(Expiry::In(d)) => Some(now + to_chrono(d)?),
+            Some(Expiry::In(d)) => Some(after(now, d, "expiry")?),
             None => None,
         };
         Ok(Envelope {
@@ -307,9 +307,17 @@ impl EnvelopeBuilder {
     }
 }
 
-fn to_chrono(d: Duration) -> Result<chrono::TimeDelta> {
+/// `now + d`, or a clear error when that is past the end of representable time.
+fn after(now: DateTime<Utc>, d: Duration, what: &str) -> Result<DateTime<Utc>> {
     chrono::TimeDelta::from_std(d)
-        .map_err(|_| Error::InvalidInput(format!("duration {d:?} is too long")))
+        .ok()
+        .and_then(|delta| now.checked_add_signed(delta))
+        .ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{what} of {} is too long: expected at most about 100,000 years",
+                humantime::format_duration(d)
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -363,6 +371,18 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn absurd_delays_are_errors_not_panics() {
+        let huge = Duration::from_secs(u64::MAX / 4);
+        let err = Envelope::builder("q", "k").delay(huge).build().unwrap_err();
+        assert!(err.to_string().contains("delay"), "{err}");
+        let err = Envelope::builder("q", "k")
+            .expires_in(huge)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("expiry"), "{err}");
     }
 
     #[test]

@@ -92,6 +92,24 @@ impl Identifier {
         }
     }
 
+    /// Validates `value` as the name of a queue table: an identifier short enough for
+    /// the `_dead`, `_claim` and `_due` names derived from it (57 characters, so they stay
+    /// within PostgreSQL's 63), and not itself such a derived name.
+    pub fn table(setting: &str, value: impl Into<String>) -> Result<Self, ConfigError> {
+        let id = Identifier::new(setting, value)?;
+        let derived = ["_dead", "_claim", "_due", "_expiry"]
+            .iter()
+            .find(|suffix| id.0.ends_with(*suffix));
+        if id.0.len() > 57 || derived.is_some() {
+            return Err(ConfigError::new(
+                setting,
+                Some(id.0),
+                "a bare SQL identifier of at most 57 characters that does not end in _dead, _claim, _due or _expiry (those name the tables and indexes derived from it)",
+            ));
+        }
+        Ok(id)
+    }
+
     /// The identifier as a string slice.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -141,6 +159,25 @@ mod tests {
         ] {
             let err = Identifier::new("QUEUE_TABLE", bad).unwrap_err();
             assert!(err.to_string().starts_with("invalid QUEUE_TABLE="), "{err}");
+        }
+    }
+
+    #[test]
+    fn table_names_leave_room_for_derived_names() {
+        assert!(
+            Identifier::table("QUEUE_TABLE", "select").is_ok(),
+            "keywords are quoted"
+        );
+        assert!(Identifier::table("QUEUE_TABLE", "a".repeat(57)).is_ok());
+        for bad in [
+            "jobs_dead",
+            "jobs_claim",
+            "x_due",
+            "a".repeat(58).as_str(),
+            "a b",
+        ] {
+            let err = Identifier::table("QUEUE_TABLE", bad).unwrap_err();
+            assert!(err.to_string().contains("QUEUE_TABLE"), "{err}");
         }
     }
 }

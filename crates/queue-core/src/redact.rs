@@ -1,23 +1,60 @@
 use std::fmt;
 
-/// Replaces the password (and any user info after the first `:`) of a URL with `***`, so
-/// that it can be logged. Works on text that is not a valid URL too.
+/// Query parameters whose values are secrets.
+const SECRET_PARAMS: [&str; 8] = [
+    "password",
+    "pass",
+    "passwd",
+    "pwd",
+    "secret",
+    "token",
+    "sslpassword",
+    "api_key",
+];
+
+/// Replaces the password of a URL, and the values of password-like query parameters,
+/// with `***`, so that it can be logged. Works on text that is not a valid URL too,
+/// including passwords with unescaped `/`, `?` or `#`.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+        return redact_query(url);
     };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
+    let (head, rest) = url.split_at(scheme_end + 3);
+    // The user info ends at the last `@` that is not inside a query parameter.
+    let at = rest
+        .char_indices()
+        .filter(|&(_, c)| c == '@')
+        .map(|(i, _)| i)
+        .rfind(|&i| !rest[..i].contains('='));
+    let (user_part, host_part) = match at {
+        Some(at) => {
+            let user_info = &rest[..at];
+            let user = match user_info.find(':') {
+                Some(colon) => format!("{}:***", &user_info[..colon]),
+                None => user_info.to_owned(),
+            };
+            (format!("{user}@"), &rest[at + 1..])
+        }
+        None => (String::new(), rest),
     };
-    let user_info = &authority[..at];
-    let user = match user_info.find(':') {
-        Some(colon) => format!("{}:***", &user_info[..colon]),
-        None => user_info.to_owned(),
+    format!("{head}{user_part}{}", redact_query(host_part))
+}
+
+fn redact_query(text: &str) -> String {
+    let Some(q) = text.find('?') else {
+        return text.to_owned();
     };
-    format!("{}://{}@{}", &url[..scheme_end], user, &rest[at + 1..])
+    let (base, query) = text.split_at(q + 1);
+    let params: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()) => {
+                format!("{k}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{base}{}", params.join("&"))
 }
 
 /// A connection URL whose `Debug` and `Display` never show the password.

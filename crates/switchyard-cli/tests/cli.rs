@@ -273,3 +273,60 @@ fn migrate_is_idempotent_and_honours_the_table_flag() {
     assert_one_line_error(&out, &["QUEUE_TABLE", "jobs;drop", "identifier"]);
     assert!(Path::new(&sb.db()).exists());
 }
+
+#[test]
+fn usage_mistakes_are_one_line_errors() {
+    let sb = Sandbox::new();
+    for args in [
+        &[
+            "publish",
+            "--queue",
+            "q",
+            "--kind",
+            "k",
+            "--priority",
+            "99999",
+        ][..],
+        &[
+            "publish", "--queue", "q", "--kind", "k", "--id", "a", "--id", "b",
+        ],
+        &["dead", "replay", "--id", "x", "--all"],
+        &["no-such-command"],
+    ] {
+        let out = sb.run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err:?}");
+        assert!(err.starts_with("switchyard: error: "), "{err:?}");
+    }
+    let out = sb.run(&[
+        "publish",
+        "--queue",
+        "q",
+        "--kind",
+        "k",
+        "--payload",
+        "{}",
+        "--delay",
+        "100000000000d",
+    ]);
+    assert_one_line_error(&out, &["delay", "too long"]);
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+}
+
+#[test]
+fn reading_commands_never_create_a_database() {
+    let sb = Sandbox::new();
+    for args in [
+        &["stats"][..],
+        &["dead", "list"],
+        &["dead", "purge", "--all"],
+    ] {
+        let out = sb.run(args);
+        assert_one_line_error(
+            &out,
+            &["DATABASE_URL", "does not exist", "switchyard migrate"],
+        );
+    }
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+}

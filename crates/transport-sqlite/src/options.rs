@@ -37,6 +37,9 @@ pub struct SqliteOptions {
     pub synchronous: SqliteSynchronous,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
+    /// Create the database file when it is missing (read-only tools turn this off, so a
+    /// mistyped path is an error instead of a new empty database).
+    pub create_if_missing: bool,
 }
 
 impl SqliteOptions {
@@ -51,6 +54,7 @@ impl SqliteOptions {
             busy_timeout: Duration::from_secs(30),
             synchronous: SqliteSynchronous::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            create_if_missing: true,
         }
     }
 
@@ -87,6 +91,12 @@ impl SqliteOptions {
     /// Sets how long a statement waits for another process's write lock.
     pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets whether a missing database file is created.
+    pub fn with_create_if_missing(mut self, create: bool) -> Self {
+        self.create_if_missing = create;
         self
     }
 

@@ -1,5 +1,5 @@
 //! Every statement of the transport, written for the default table name and specialised
-//! once per transport for its validated table name.
+//! once per transport for its validated table name. Identifiers are quoted.
 
 /// SQLite's clock in integer microseconds since the epoch: the one clock every time
 /// comparison uses. `'now'` is stable within one statement.
@@ -14,15 +14,25 @@ const CLAIM_RETURNING: &str = "RETURNING seq, CAST(id AS BLOB), CAST(priority AS
     CAST(attempts AS INTEGER), CAST(available_at AS INTEGER), CAST(last_error AS BLOB), \
     CAST(envelope AS BLOB)";
 
-/// Claims up to ?4 due rows of queue ?3 in one atomic statement under SQLite's
-/// single-writer lock: the equivalent of `FOR UPDATE SKIP LOCKED`. A row whose lease ran
-/// out still carries its old token, and its reclaim counts an attempt.
+/// Whether any waiting row (delayed, or leased) has become claimable: a read on the
+/// reader pool, so an idle poll takes no write lock.
+pub(crate) const ANY_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE ready = 0 AND visible_at <= {NOW})";
+
+/// Moves waiting rows whose time has come into the claim index: due delayed messages and
+/// messages whose lease ran out (they keep their old token, so their reclaim counts an
+/// attempt).
+pub(crate) const PROMOTE_DUE: &str =
+    "UPDATE \"switchyard_jobs\" SET ready = 1 WHERE ready = 0 AND visible_at <= {NOW}";
+
+/// Claims up to ?4 ready rows of queue ?3 in one atomic statement under SQLite's
+/// single-writer lock: the equivalent of `FOR UPDATE SKIP LOCKED`.
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
-UPDATE switchyard_jobs
-   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2,
+UPDATE \"switchyard_jobs\"
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0,
        attempts = attempts + (token IS NOT NULL)
- WHERE seq IN (SELECT seq FROM switchyard_jobs
-                WHERE queue = ?3 AND visible_at <= {NOW}
+ WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
+                WHERE queue = ?3 AND ready = 1
                   AND (expires_at IS NULL OR expires_at > {NOW})
                 ORDER BY priority DESC, visible_at, seq
                 LIMIT ?4)
@@ -30,119 +40,133 @@ UPDATE switchyard_jobs
 
 /// The candidates of an optimistic claim, in delivery order.
 pub(crate) const CLAIM_CANDIDATES: &str = "
-SELECT seq FROM switchyard_jobs
- WHERE queue = ?1 AND visible_at <= {NOW}
+SELECT seq FROM \"switchyard_jobs\"
+ WHERE queue = ?1 AND ready = 1
    AND (expires_at IS NULL OR expires_at > {NOW})
  ORDER BY priority DESC, visible_at, seq
  LIMIT ?2";
 
-/// Compare-and-set on a set of candidates (a JSON array of seqs in ?3): claims exactly
-/// those that nobody holds a live lease on, in one statement and one commit. The
+/// Compare-and-set on a set of candidates (a JSON array of seqs in ?3) of queue ?4:
+/// claims exactly those that are still ready, in one statement and one commit. The
 /// batched form of the portable `UPDATE … WHERE id = ? AND (not leased)`.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
-UPDATE switchyard_jobs
-   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2,
+UPDATE \"switchyard_jobs\"
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0,
        attempts = attempts + (token IS NOT NULL)
- WHERE seq IN (SELECT value FROM json_each(?3)) AND visible_at <= {NOW}
+ WHERE seq IN (SELECT value FROM json_each(?3)) AND queue = ?4 AND ready = 1
    AND (expires_at IS NULL OR expires_at > {NOW})
 {RETURNING}";
 
-/// Start of a multi-row publish; rows are `(?, ?, …)` tuples appended by the caller.
-pub(crate) const INSERT_JOBS_HEAD: &str = "INSERT INTO switchyard_jobs \
-    (id, queue, kind, priority, attempts, available_at, visible_at, expires_at, last_error, created_at, envelope) ";
+/// Start of a multi-row publish: the rows come as `VALUES (…), (…)` appended by the
+/// caller, and are filtered so that an id that is dead stores nothing new either.
+pub(crate) const INSERT_JOBS_HEAD: &str = "INSERT INTO \"switchyard_jobs\" \
+    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope) \
+    SELECT * FROM (";
 
-/// End of a multi-row publish: a stored id stores nothing new.
-pub(crate) const INSERT_JOBS_TAIL: &str = " ON CONFLICT (id) DO NOTHING";
+/// End of a multi-row publish: a stored id (live or dead) stores nothing new.
+pub(crate) const INSERT_JOBS_TAIL: &str = ") AS v \
+    WHERE v.column1 NOT IN (SELECT id FROM \"switchyard_jobs_dead\") \
+    ON CONFLICT (id) DO NOTHING";
 
 pub(crate) const NOW_EXPR: &str = "{NOW}";
 
-pub(crate) const ACK: &str = "DELETE FROM switchyard_jobs WHERE id = ?1 AND token = ?2";
+pub(crate) const ACK: &str = "DELETE FROM \"switchyard_jobs\" WHERE id = ?1 AND token = ?2";
 
+/// Gives a leased row back: due after ?1 µs, and ready at once when ?1 is 0.
 pub(crate) const RELEASE: &str = "
-UPDATE switchyard_jobs
+UPDATE \"switchyard_jobs\"
    SET token = NULL, reserved_at = NULL, attempts = attempts + 1,
-       available_at = {NOW} + ?1, visible_at = {NOW} + ?1,
+       available_at = {NOW} + ?1, visible_at = {NOW} + ?1, ready = (?1 <= 0),
        last_error = COALESCE(?2, last_error)
  WHERE id = ?3 AND token = ?4";
 
 pub(crate) const EXTEND: &str =
-    "UPDATE switchyard_jobs SET visible_at = {NOW} + ?1 WHERE id = ?2 AND token = ?3";
+    "UPDATE \"switchyard_jobs\" SET visible_at = {NOW} + ?1 WHERE id = ?2 AND token = ?3";
 
 /// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
 /// counts as an attempt)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "
-INSERT OR REPLACE INTO switchyard_jobs_dead
+INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
 SELECT id, queue, kind, priority, attempts + 1, expires_at, ?3, COALESCE(?4, last_error), {NOW}, envelope
-  FROM switchyard_jobs
+  FROM \"switchyard_jobs\"
  WHERE seq = ?1 AND token = ?2";
 
 /// …then deletes it (same transaction).
-pub(crate) const DELETE_LEASED: &str = "DELETE FROM switchyard_jobs WHERE seq = ?1 AND token = ?2";
+pub(crate) const DELETE_LEASED: &str =
+    "DELETE FROM \"switchyard_jobs\" WHERE seq = ?1 AND token = ?2";
 
 /// Copies unleased rows that expired by ?1 into the dead table…
 pub(crate) const COPY_EXPIRED: &str = "
-INSERT OR REPLACE INTO switchyard_jobs_dead
+INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
 SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, ?1, envelope
-  FROM switchyard_jobs
+  FROM \"switchyard_jobs\"
  WHERE expires_at <= ?1 AND visible_at <= ?1";
 
 /// …then deletes exactly those rows (same cutoff, same transaction).
 pub(crate) const DELETE_EXPIRED: &str =
-    "DELETE FROM switchyard_jobs WHERE expires_at <= ?1 AND visible_at <= ?1";
+    "DELETE FROM \"switchyard_jobs\" WHERE expires_at <= ?1 AND visible_at <= ?1";
 
 pub(crate) const STATS_JOBS: &str = "
-SELECT queue,
+SELECT CAST(queue AS BLOB),
        SUM(visible_at <= ?2 AND (expires_at IS NULL OR expires_at > ?2)),
        SUM(token IS NULL AND visible_at > ?2),
        SUM(token IS NOT NULL AND visible_at > ?2),
        MIN(CASE WHEN visible_at <= ?2 AND (expires_at IS NULL OR expires_at > ?2)
                 THEN available_at END)
-  FROM switchyard_jobs
+  FROM \"switchyard_jobs\"
  WHERE ?1 IS NULL OR queue = ?1
  GROUP BY queue";
 
 pub(crate) const STATS_DEAD: &str = "
-SELECT queue, COUNT(*) FROM switchyard_jobs_dead
+SELECT CAST(queue AS BLOB), COUNT(*) FROM \"switchyard_jobs_dead\"
  WHERE ?1 IS NULL OR queue = ?1
  GROUP BY queue";
 
 pub(crate) const LIST_DEAD: &str = "
-SELECT CAST(id AS BLOB), queue, kind, CAST(attempts AS INTEGER), reason,
-       CAST(last_error AS BLOB), CAST(dead_at AS INTEGER), CAST(envelope AS BLOB)
-  FROM switchyard_jobs_dead
+SELECT CAST(id AS BLOB), CAST(queue AS BLOB), CAST(kind AS BLOB), CAST(attempts AS INTEGER),
+       CAST(reason AS BLOB), CAST(last_error AS BLOB), CAST(dead_at AS INTEGER),
+       CAST(envelope AS BLOB)
+  FROM \"switchyard_jobs_dead\"
  WHERE ?1 IS NULL OR queue = ?1
  ORDER BY dead_at, id
  LIMIT ?2";
+
+pub(crate) const DEAD_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = ?1)";
 
 /// The selection of a replay or purge: queue ?1, id ?2, dead before ?3 (each optional).
 const DEAD_SELECTION: &str =
     "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR id = ?2) AND (?3 IS NULL OR dead_at <= ?3)";
 
-pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM switchyard_jobs";
+pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM \"switchyard_jobs\"";
 
-/// Puts the selected dead letters back, byte for byte, due now with attempts reset. An
-/// id that is live again is left alone (its dead copy stays where it is, never lost).
+/// Puts the selected dead letters back, byte for byte, ready now with attempts reset and
+/// no expiry (an operator who replays wants the message handled). An id that is live
+/// again is left alone: its dead copy stays where it is, never lost.
 pub(crate) const REPLAY_DEAD: &str = "
-INSERT INTO switchyard_jobs
-    (id, queue, kind, priority, attempts, available_at, visible_at, expires_at, last_error, created_at, envelope)
-SELECT id, queue, kind, priority, 0, {NOW}, {NOW}, expires_at, last_error, {NOW}, envelope
-  FROM switchyard_jobs_dead
- WHERE {DEAD_SELECTION} AND id NOT IN (SELECT id FROM switchyard_jobs)
+INSERT INTO \"switchyard_jobs\"
+    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope)
+SELECT id, queue, kind, priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope
+  FROM \"switchyard_jobs_dead\"
+ WHERE {DEAD_SELECTION} AND id NOT IN (SELECT id FROM \"switchyard_jobs\")
  ORDER BY dead_at, id";
 
-/// Deletes the dead letters that the replay just inserted (rows above the old max seq).
+/// Deletes the dead letters that the replay just inserted (seq never goes back, so they
+/// are the rows above the old maximum).
 pub(crate) const DELETE_REPLAYED: &str = "
-DELETE FROM switchyard_jobs_dead
- WHERE {DEAD_SELECTION} AND id IN (SELECT id FROM switchyard_jobs WHERE seq > ?4)";
+DELETE FROM \"switchyard_jobs_dead\"
+ WHERE {DEAD_SELECTION} AND id IN (SELECT id FROM \"switchyard_jobs\" WHERE seq > ?4)";
 
-pub(crate) const PURGE_DEAD: &str = "DELETE FROM switchyard_jobs_dead WHERE {DEAD_SELECTION}";
+pub(crate) const PURGE_DEAD: &str = "DELETE FROM \"switchyard_jobs_dead\" WHERE {DEAD_SELECTION}";
 
 /// The statements specialised for one table.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) select_now: String,
+    pub(crate) any_due: String,
+    pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
     pub(crate) claim_candidates: String,
     pub(crate) claim_optimistic: String,
@@ -159,6 +183,7 @@ pub(crate) struct Statements {
     pub(crate) stats_jobs: String,
     pub(crate) stats_dead: String,
     pub(crate) list_dead: String,
+    pub(crate) dead_exists: String,
     pub(crate) max_seq: String,
     pub(crate) replay_dead: String,
     pub(crate) delete_replayed: String,
@@ -179,6 +204,8 @@ impl Statements {
         let s = |sql: &str| specialise(sql, table);
         Statements {
             select_now: s(SELECT_NOW),
+            any_due: s(ANY_DUE),
+            promote_due: s(PROMOTE_DUE),
             claim_skip_locked: s(CLAIM_SKIP_LOCKED),
             claim_candidates: s(CLAIM_CANDIDATES),
             claim_optimistic: s(CLAIM_OPTIMISTIC),
@@ -195,6 +222,7 @@ impl Statements {
             stats_jobs: s(STATS_JOBS),
             stats_dead: s(STATS_DEAD),
             list_dead: s(LIST_DEAD),
+            dead_exists: s(DEAD_EXISTS),
             max_seq: s(MAX_SEQ),
             replay_dead: s(REPLAY_DEAD),
             delete_replayed: s(DELETE_REPLAYED),

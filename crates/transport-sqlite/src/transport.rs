@@ -1,6 +1,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,8 @@ pub struct SqliteTransport {
     sql: Arc<Statements>,
     options: SqliteOptions,
     last_sweep: Mutex<Option<Instant>>,
+    /// Whether the last optimistic claim lost candidates to competitors.
+    contended: AtomicBool,
     /// Wakes this process's idle workers of a queue when this transport publishes to it.
     wakers: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
 }
@@ -86,6 +89,13 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
+fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    (to - from)
+        .num_microseconds()
+        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
+}
+
 fn to_time(us: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
@@ -98,7 +108,7 @@ impl SqliteTransport {
     /// Validates the options, opens (creating when missing) the database in WAL mode and
     /// applies the schema. Configuration errors are raised before anything is opened.
     pub async fn connect(options: SqliteOptions) -> Result<Self> {
-        let table = Identifier::new("QUEUE_TABLE (table)", options.table.clone())?;
+        let table = Identifier::table("QUEUE_TABLE (table)", options.table.clone())?;
         if let Some(schema) = &options.schema {
             return Err(ConfigError::new(
                 "QUEUE_SCHEMA",
@@ -132,7 +142,7 @@ impl SqliteTransport {
                     format!("expected sqlite://PATH ({e})"),
                 )
             })?
-            .create_if_missing(true)
+            .create_if_missing(options.create_if_missing)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(options.busy_timeout)
             .synchronous(match options.synchronous {
@@ -140,6 +150,14 @@ impl SqliteTransport {
                 SqliteSynchronous::Normal => SqlxSynchronous::Normal,
             });
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        if !options.create_if_missing && !in_memory && !connect.get_filename().exists() {
+            return Err(ConfigError::new(
+                "DATABASE_URL",
+                Some(options.url.to_string()),
+                "an existing database file: this one does not exist (run `switchyard migrate` to create it, or check the path)",
+            )
+            .into());
+        }
         let writer = SqlitePoolOptions::new()
             .min_connections(1)
             .max_connections(1)
@@ -166,6 +184,7 @@ impl SqliteTransport {
             options,
             last_sweep: Mutex::new(None),
             wakers: std::sync::Mutex::default(),
+            contended: AtomicBool::new(false),
         })
     }
 
@@ -244,12 +263,29 @@ impl SqliteTransport {
         tx.commit().await.backend()
     }
 
+    /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
+    /// index. Checks on the reader first, so an idle poll takes no write lock.
+    async fn promote_due(&self) -> Result<()> {
+        let any: bool = sqlx::query_scalar(&self.sql.any_due)
+            .fetch_one(&self.reader)
+            .await
+            .backend()?;
+        if any {
+            sqlx::query(&self.sql.promote_due)
+                .execute(&self.writer)
+                .await
+                .backend()?;
+        }
+        Ok(())
+    }
+
     async fn claim(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
     ) -> Result<Vec<ClaimedRow>> {
+        self.promote_due().await?;
         let lease = micros(self.options.visibility_timeout);
         let token = token.to_string();
         match self.options.claim {
@@ -285,36 +321,52 @@ impl SqliteTransport {
         lease: i64,
     ) -> Result<Vec<ClaimedRow>> {
         let window = max.saturating_mul(2).max(8);
-        let mut candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-            .bind(queue.as_str())
-            .bind(i64::try_from(window).unwrap_or(i64::MAX))
-            .fetch_all(&self.reader)
-            .await
-            .backend()?;
         let mut claimed = Vec::new();
-        for round in 0..3 {
-            if candidates.is_empty() || claimed.len() >= max {
-                break;
-            }
-            if round > 0 {
-                fastrand::shuffle(&mut candidates);
-            }
-            let want = max - claimed.len();
-            let take: Vec<i64> = candidates.drain(..want.min(candidates.len())).collect();
-            let list =
-                serde_json::to_string(&take).map_err(|e| Error::backend(TRANSPORT, false, e))?;
-            let rows = sqlx::query(&self.sql.claim_optimistic)
-                .bind(token)
-                .bind(lease)
-                .bind(list)
-                .fetch_all(&self.writer)
+        // Fresh candidates when competitors took all of them, so a reserve does not come
+        // back empty while rows are ready.
+        for _ in 0..4 {
+            let mut candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+                .bind(queue.as_str())
+                .bind(i64::try_from(window).unwrap_or(i64::MAX))
+                .fetch_all(&self.reader)
                 .await
                 .backend()?;
-            let won = rows.len();
-            for row in &rows {
-                claimed.push(claimed_row(row).backend()?);
+            if candidates.is_empty() {
+                break;
             }
-            if won == take.len() {
+            for round in 0.. {
+                if candidates.is_empty() || claimed.len() >= max {
+                    break;
+                }
+                // A transport that met competitors lately starts spread out; one that
+                // works alone keeps exact FIFO.
+                if round > 0 || self.contended.load(Ordering::Relaxed) {
+                    fastrand::shuffle(&mut candidates);
+                }
+                let want = max - claimed.len();
+                let take: Vec<i64> = candidates.drain(..want.min(candidates.len())).collect();
+                let list = serde_json::to_string(&take)
+                    .map_err(|e| Error::backend(TRANSPORT, false, e))?;
+                let rows = sqlx::query(&self.sql.claim_optimistic)
+                    .bind(token)
+                    .bind(lease)
+                    .bind(list)
+                    .bind(queue.as_str())
+                    .fetch_all(&self.writer)
+                    .await
+                    .backend()?;
+                for row in &rows {
+                    claimed.push(claimed_row(row).backend()?);
+                }
+                let lost_some = rows.len() < take.len();
+                if round == 0 {
+                    self.contended.store(lost_some, Ordering::Relaxed);
+                }
+                if !lost_some {
+                    break;
+                }
+            }
+            if !claimed.is_empty() {
                 break;
             }
         }
@@ -377,28 +429,27 @@ impl SqliteTransport {
         conn: &mut sqlx::SqliteConnection,
         rows: &[(Envelope, String)],
     ) -> Result<()> {
+        let local_now = Utc::now();
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(&self.sql.insert_jobs_head);
             qb.push_values(chunk, |mut b, (env, json)| {
-                // A due time in the future is kept as given (a schedule); anything else
-                // becomes due on the database clock, so publisher clock skew cannot
-                // delay an immediate message.
-                let due = (env.available_at > env.created_at)
-                    .then(|| env.available_at.timestamp_micros());
+                // Delay and expiry become offsets from the publisher's clock, applied to
+                // SQLite's: the publisher's clock skew cannot shift them, and a due
+                // time carried over from another backend keeps its place.
+                let due = micros_between(local_now, env.available_at).max(0);
+                let expires = env.expires_at.map(|t| micros_between(local_now, t));
                 b.push_bind(env.id.to_string())
                     .push_bind(env.queue.as_str())
                     .push_bind(env.kind.as_str())
                     .push_bind(i64::from(env.priority))
-                    .push_bind(i64::from(env.attempts));
-                for _ in 0..2 {
-                    b.push("COALESCE(")
-                        .push_bind_unseparated(due)
-                        .push_unseparated(", ")
-                        .push_unseparated(&self.sql.now)
-                        .push_unseparated(")");
+                    .push_bind(i64::from(env.attempts))
+                    .push_bind(i64::from(due == 0));
+                for offset in [Some(due), Some(due), expires] {
+                    b.push(&self.sql.now)
+                        .push_unseparated(" + ")
+                        .push_bind_unseparated(offset);
                 }
-                b.push_bind(env.expires_at.map(|t| t.timestamp_micros()))
-                    .push_bind(env.last_error.as_deref())
+                b.push_bind(env.last_error.as_deref())
                     .push(&self.sql.now)
                     .push_bind(json.as_str());
             });
@@ -475,15 +526,25 @@ impl Transport for SqliteTransport {
         if max == 0 {
             return Ok(Vec::new());
         }
-        self.sweep_expired().await?;
+        if let Err(err) = self.sweep_expired().await {
+            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+        }
         let mut out = Vec::with_capacity(max.min(1024));
         for _ in 0..QUARANTINE_ROUNDS {
             let token = LeaseToken::generate();
-            let mut rows = self.claim(queue, max - out.len(), token).await?;
+            let mut rows = match self.claim(queue, max - out.len(), token).await {
+                Ok(rows) => rows,
+                // What was claimed in an earlier round is returned, never left leased.
+                Err(err) if !out.is_empty() => {
+                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                    break;
+                }
+                Err(err) => return Err(err),
+            };
             if rows.is_empty() {
                 break;
             }
-            rows.sort_by_key(|r| (-r.priority, r.available_at, r.seq));
+            rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
             let mut quarantined = 0;
             for row in rows {
                 match self.decode(&row) {
@@ -497,9 +558,17 @@ impl Transport for SqliteTransport {
                     }),
                     Err(why) => {
                         tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
-                        self.move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
-                            .await?;
-                        quarantined += 1;
+                        // If the move fails the row stays leased and is quarantined again
+                        // when its lease runs out; the good rows are still returned.
+                        match self
+                            .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
+                            .await
+                        {
+                            Ok(_) => quarantined += 1,
+                            Err(err) => {
+                                tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
+                            }
+                        }
                     }
                 }
             }
@@ -592,7 +661,7 @@ impl Transport for SqliteTransport {
             .await
             .backend()?;
         for row in rows {
-            let name: String = row.try_get(0).backend()?;
+            let name = lossy(row.try_get(0).backend()?);
             let count = |i: usize| -> Result<u64> {
                 let n: Option<i64> = row.try_get(i).backend()?;
                 Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
@@ -604,8 +673,8 @@ impl Transport for SqliteTransport {
             s.ready = count(1)?;
             s.delayed = count(2)?;
             s.reserved = count(3)?;
-            s.oldest_ready_age =
-                oldest.map(|t| Duration::from_micros(u64::try_from(now - t).unwrap_or(0)));
+            s.oldest_ready_age = oldest
+                .map(|t| Duration::from_micros(u64::try_from(now.saturating_sub(t)).unwrap_or(0)));
         }
         let rows = sqlx::query(&self.sql.stats_dead)
             .bind(q)
@@ -613,7 +682,7 @@ impl Transport for SqliteTransport {
             .await
             .backend()?;
         for row in rows {
-            let name: String = row.try_get(0).backend()?;
+            let name = lossy(row.try_get(0).backend()?);
             let n: i64 = row.try_get(1).backend()?;
             by_queue
                 .entry(name.clone())
@@ -634,20 +703,23 @@ impl Transport for SqliteTransport {
             .backend()?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
+            let text = |i: usize| -> Result<String> {
+                Ok(lossy(
+                    row.try_get::<Option<Vec<u8>>, _>(i)
+                        .backend()?
+                        .unwrap_or_default(),
+                ))
+            };
             let mut d = DeadLetter::new(
-                lossy(row.try_get(0).backend()?),
-                row.try_get::<String, _>(1).backend()?,
-                row.try_get::<String, _>(4).backend()?,
+                text(0)?,
+                text(1)?,
+                text(4)?,
                 to_time(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
             );
-            d.kind = row.try_get(2).backend()?;
+            d.kind = text(2)?;
             d.attempts = attempts_u32(row.try_get::<Option<i64>, _>(3).backend()?.unwrap_or(0));
             d.last_error = row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy);
-            let body = lossy(
-                row.try_get::<Option<Vec<u8>>, _>(7)
-                    .backend()?
-                    .unwrap_or_default(),
-            );
+            let body = text(7)?;
             match Envelope::from_json(&body) {
                 Ok(mut env) => {
                     env.attempts = d.attempts;
@@ -692,9 +764,20 @@ impl Transport for SqliteTransport {
         tx.commit().await.backend()?;
         if moved == 0 {
             if let DeadSelection::Id(id) = selection {
-                return Err(Error::NotFound {
-                    what: "dead letter",
-                    id: id.clone(),
+                let exists: bool = sqlx::query_scalar(&self.sql.dead_exists)
+                    .bind(id)
+                    .fetch_one(&self.reader)
+                    .await
+                    .backend()?;
+                return Err(if exists {
+                    Error::InvalidInput(format!(
+                        "dead letter {id} was not replayed: a live message has the same id"
+                    ))
+                } else {
+                    Error::NotFound {
+                        what: "dead letter",
+                        id: id.clone(),
+                    }
                 });
             }
         }

@@ -62,3 +62,64 @@ async fn rows_with_foreign_bytes_and_types_are_quarantined_and_the_queue_goes_on
             .expect("the stored body");
     assert_eq!(bytes, b"{\"v:1\xff");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_kind_or_queue_never_breaks_dead_list_or_stats() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("q.db").display());
+    let t = SqliteTransport::connect(SqliteOptions::new(url.clone()))
+        .await
+        .expect("connect");
+    let mut raw = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("raw connection");
+    let now = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+    sqlx::query(&format!(
+        "INSERT INTO switchyard_jobs (id, queue, kind, priority, available_at, visible_at, created_at, envelope) \
+         VALUES ('x1', 'foreign', X'FF', -9223372036854775808, {now}, {now}, {now}, 'garbage')"
+    ))
+    .execute(&mut raw)
+    .await
+    .expect("insert a foreign row");
+    let q = QueueName::new("foreign").expect("queue");
+    assert!(t.reserve(&q).await.expect("reserve").is_none());
+    let dead = t
+        .dead_list(None, 10)
+        .await
+        .expect("dead list survives foreign bytes");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].kind, "\u{fffd}");
+    assert_eq!(dead[0].reason, reason::MALFORMED);
+    let stats = t.stats(None).await.expect("stats survive foreign bytes");
+    assert_eq!(stats.iter().map(|s| s.dead).sum::<u64>(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_numbers_are_never_reused_and_keywords_work_as_table_names() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("q.db").display());
+    let t = SqliteTransport::connect(SqliteOptions::new(url.clone()).with_table("select"))
+        .await
+        .expect("a keyword is a fine table name once quoted");
+    let q = QueueName::new("seq").expect("queue");
+    for _ in 0..2 {
+        t.publish(Envelope::builder("seq", "k").build().expect("envelope"))
+            .await
+            .expect("publish");
+    }
+    let all = t.reserve_batch(&q, 2).await.expect("reserve");
+    let top = all.iter().map(|r| r.receipt.tag()).max().expect("two rows");
+    t.ack_batch(&all).await.expect("ack");
+    t.publish(Envelope::builder("seq", "k").build().expect("envelope"))
+        .await
+        .expect("publish");
+    let next = t
+        .reserve(&q)
+        .await
+        .expect("reserve")
+        .expect("the third message");
+    assert!(
+        next.receipt.tag() > top,
+        "a deleted row's number was reused"
+    );
+}

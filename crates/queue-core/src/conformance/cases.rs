@@ -429,18 +429,20 @@ pub async fn stale_token_is_fenced_with_lease_lost(h: Arc<dyn Harness>) -> Resul
 
 /// Extending the lease keeps a long job reserved past the visibility timeout.
 pub async fn extend_keeps_a_long_job_leased(h: Arc<dyn Harness>) -> Result<()> {
+    let lease = Duration::from_secs(2);
     let store = h.store().await?;
-    let t = store.open(with_lease(Duration::from_secs(1))).await?;
+    let t = store.open(with_lease(lease)).await?;
     if !t.capabilities().lease_extension {
         return Ok(());
     }
-    let other = store.open(with_lease(Duration::from_secs(1))).await?;
+    let other = store.open(with_lease(lease)).await?;
     let q = fresh_queue();
     t.publish(message(&q, "long")).await?;
     let r = t.reserve(&q).await?.expect("a message");
+    // Three seconds in all, past the two-second lease, renewed every half second.
     for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        t.extend(&r, Duration::from_secs(1)).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        t.extend(&r, lease).await?;
         assert!(
             other.reserve(&q).await?.is_none(),
             "claimed while the lease was extended"
@@ -448,7 +450,7 @@ pub async fn extend_keeps_a_long_job_leased(h: Arc<dyn Harness>) -> Result<()> {
     }
     t.ack(&r).await?;
     assert!(matches!(
-        t.extend(&r, Duration::from_secs(1)).await,
+        t.extend(&r, lease).await,
         Err(Error::LeaseLost { .. })
     ));
     Ok(())
@@ -528,6 +530,62 @@ pub async fn queues_are_isolated(h: Arc<dyn Harness>) -> Result<()> {
     assert!(t.dead_list(Some(&b), 10).await?.is_empty());
     assert_eq!(t.dead_replay(Some(&b), &DeadSelection::All).await?, 0);
     assert_eq!(t.dead_list(Some(&a), 10).await?.len(), 1);
+    Ok(())
+}
+
+/// Under concurrent publishing, claiming and acking on two queues, no worker ever gets a
+/// message of the other queue.
+pub async fn queues_stay_isolated_under_concurrent_churn(h: Arc<dyn Harness>) -> Result<()> {
+    const PER_QUEUE: usize = 400;
+    let store = h.store().await?;
+    let queues = [fresh_queue(), fresh_queue()];
+    let mut tasks = Vec::new();
+    for q in &queues {
+        let publisher = store.open(OpenOptions::default()).await?;
+        let q2 = q.clone();
+        tasks.push(tokio::spawn(async move {
+            for chunk in 0..(PER_QUEUE / 20) {
+                let batch = (0..20)
+                    .map(|i| message(&q2, &format!("m{chunk}-{i}")))
+                    .collect();
+                publisher.publish_batch(batch).await?;
+                tokio::task::yield_now().await;
+            }
+            Ok::<usize, Error>(0)
+        }));
+        for _ in 0..2 {
+            let t = store.open(OpenOptions::default()).await?;
+            let q = q.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut handled = 0;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut idle = 0;
+                while idle < 40 && Instant::now() < deadline {
+                    let batch = t.reserve_batch(&q, 7).await?;
+                    if batch.is_empty() {
+                        idle += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    idle = 0;
+                    for r in &batch {
+                        assert_eq!(
+                            r.envelope.queue, q,
+                            "a worker of {q} got a message of another queue"
+                        );
+                    }
+                    handled += batch.len();
+                    t.ack_batch(&batch).await?;
+                }
+                Ok(handled)
+            }));
+        }
+    }
+    let mut handled = 0;
+    for task in tasks {
+        handled += task.await.expect("a churn task panicked")?;
+    }
+    assert_eq!(handled, 2 * PER_QUEUE, "every message handled once");
     Ok(())
 }
 

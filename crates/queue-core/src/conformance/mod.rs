@@ -104,6 +104,7 @@ macro_rules! conformance_tests {
             extend_keeps_a_long_job_leased,
             concurrent_workers_claim_each_message_exactly_once,
             queues_are_isolated,
+            queues_stay_isolated_under_concurrent_churn,
             tables_are_isolated,
             publishing_the_same_id_twice_stores_one_message,
             batch_publish_and_batch_reserve,

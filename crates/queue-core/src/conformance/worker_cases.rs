@@ -300,13 +300,14 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
 /// The heartbeat keeps a job that runs longer than the visibility timeout leased: no
 /// other worker gets it, and it is handled once.
 pub async fn heartbeat_keeps_a_long_job_from_being_reclaimed(h: Arc<dyn Harness>) -> Result<()> {
-    let (store, t) = open(&h, Duration::from_secs(1)).await?;
+    let lease = Duration::from_millis(1500);
+    let (store, t) = open(&h, lease).await?;
     if !t.capabilities().lease_extension {
         return Ok(());
     }
     let rival = store
         .open(OpenOptions {
-            visibility_timeout: Duration::from_secs(1),
+            visibility_timeout: lease,
             ..OpenOptions::default()
         })
         .await?;
@@ -319,8 +320,8 @@ pub async fn heartbeat_keeps_a_long_job_from_being_reclaimed(h: Arc<dyn Harness>
         handler_fn(move |ctx: JobContext| {
             let (q, stolen, rival) = (q2.clone(), s2.clone(), r2.clone());
             async move {
-                // Three visibility timeouts, with a rival trying to reserve throughout.
-                let until = Instant::now() + Duration::from_millis(3_000);
+                // Nearly three visibility timeouts, with a rival trying to reserve throughout.
+                let until = Instant::now() + Duration::from_millis(4_000);
                 while Instant::now() < until {
                     if rival
                         .reserve(&q)

@@ -71,3 +71,8 @@ fn queue_arg(queue: Option<&str>) -> Result<Option<QueueName>> {
 async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
     switchyard::connect(config).await
 }
+
+/// For commands that only read or manage a store: a missing SQLite file is an error.
+async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
+    switchyard::connect_existing(config).await
+}
