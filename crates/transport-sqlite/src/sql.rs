@@ -46,15 +46,19 @@ SELECT seq FROM \"switchyard_jobs\"
  ORDER BY priority DESC, visible_at, seq
  LIMIT ?2";
 
-/// Compare-and-set on a set of candidates (a JSON array of seqs in ?3) of queue ?4:
-/// claims exactly those that are still ready, in one statement and one commit. The
-/// batched form of the portable `UPDATE … WHERE id = ? AND (not leased)`.
+/// Compare-and-set on a set of candidates (a JSON array of seqs in ?3) of queue ?4: claims
+/// up to ?5 of those that are still ready, oldest first, in one statement and one commit.
+/// The batched form of the portable `UPDATE … WHERE id = ? AND (not leased)`: a
+/// candidate a competitor took is skipped instead of fought over.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 UPDATE \"switchyard_jobs\"
    SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0,
        attempts = attempts + (token IS NOT NULL)
- WHERE seq IN (SELECT value FROM json_each(?3)) AND queue = ?4 AND ready = 1
-   AND (expires_at IS NULL OR expires_at > {NOW})
+ WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
+                WHERE seq IN (SELECT value FROM json_each(?3)) AND queue = ?4 AND ready = 1
+                  AND (expires_at IS NULL OR expires_at > {NOW})
+                ORDER BY priority DESC, visible_at, seq
+                LIMIT ?5)
 {RETURNING}";
 
 /// Start of a multi-row publish: the rows come as `VALUES (…), (…)` appended by the

@@ -1,7 +1,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,8 +40,6 @@ pub struct SqliteTransport {
     sql: Arc<Statements>,
     options: SqliteOptions,
     last_sweep: Mutex<Option<Instant>>,
-    /// Whether the last optimistic claim lost candidates to competitors.
-    contended: AtomicBool,
     /// Wakes this process's idle workers of a queue when this transport publishes to it.
     wakers: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
 }
@@ -184,7 +181,6 @@ impl SqliteTransport {
             options,
             last_sweep: Mutex::new(None),
             wakers: std::sync::Mutex::default(),
-            contended: AtomicBool::new(false),
         })
     }
 
@@ -309,10 +305,10 @@ impl SqliteTransport {
         }
     }
 
-    /// Selects twice as many candidates as wanted, then claims the first `max` of them
-    /// with one compare-and-set. When competitors won some, the rest of the window is
-    /// tried in a shuffled order, so that competing workers spread over the candidates
-    /// instead of all fighting for the oldest rows; a worker alone keeps exact FIFO.
+    /// Reads eight times as many candidates as wanted without any lock, then claims up to `max`
+    /// of those that are still ready with one compare-and-set. When competitors took
+    /// some in between, fresh candidates are read (a few times at most), so a reserve
+    /// does not come back short while rows are ready.
     async fn claim_optimistic(
         &self,
         queue: &QueueName,
@@ -320,53 +316,34 @@ impl SqliteTransport {
         token: &str,
         lease: i64,
     ) -> Result<Vec<ClaimedRow>> {
-        let window = max.saturating_mul(2).max(8);
         let mut claimed = Vec::new();
-        // Fresh candidates when competitors took all of them, so a reserve does not come
-        // back empty while rows are ready.
         for _ in 0..4 {
-            let mut candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+            let want = max - claimed.len();
+            // A wide window lets competitors that read the same candidates each find
+            // rows still free; the claim itself still takes the oldest ones.
+            let window = want.saturating_mul(8).clamp(64, 4096);
+            let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
                 .bind(queue.as_str())
                 .bind(i64::try_from(window).unwrap_or(i64::MAX))
                 .fetch_all(&self.reader)
                 .await
                 .backend()?;
-            if candidates.is_empty() {
-                break;
+            let list = serde_json::to_string(&candidates)
+                .map_err(|e| Error::backend(TRANSPORT, false, e))?;
+            let rows = sqlx::query(&self.sql.claim_optimistic)
+                .bind(token)
+                .bind(lease)
+                .bind(list)
+                .bind(queue.as_str())
+                .bind(i64::try_from(want).unwrap_or(i64::MAX))
+                .fetch_all(&self.writer)
+                .await
+                .backend()?;
+            for row in &rows {
+                claimed.push(claimed_row(row).backend()?);
             }
-            for round in 0.. {
-                if candidates.is_empty() || claimed.len() >= max {
-                    break;
-                }
-                // A transport that met competitors lately starts spread out; one that
-                // works alone keeps exact FIFO.
-                if round > 0 || self.contended.load(Ordering::Relaxed) {
-                    fastrand::shuffle(&mut candidates);
-                }
-                let want = max - claimed.len();
-                let take: Vec<i64> = candidates.drain(..want.min(candidates.len())).collect();
-                let list = serde_json::to_string(&take)
-                    .map_err(|e| Error::backend(TRANSPORT, false, e))?;
-                let rows = sqlx::query(&self.sql.claim_optimistic)
-                    .bind(token)
-                    .bind(lease)
-                    .bind(list)
-                    .bind(queue.as_str())
-                    .fetch_all(&self.writer)
-                    .await
-                    .backend()?;
-                for row in &rows {
-                    claimed.push(claimed_row(row).backend()?);
-                }
-                let lost_some = rows.len() < take.len();
-                if round == 0 {
-                    self.contended.store(lost_some, Ordering::Relaxed);
-                }
-                if !lost_some {
-                    break;
-                }
-            }
-            if !claimed.is_empty() {
+            // Done when we got what we asked for, or the queue had no more to give.
+            if claimed.len() >= max || candidates.len() < window {
                 break;
             }
         }
