@@ -33,11 +33,14 @@
 
 use std::sync::Arc;
 
+/// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
+pub use queue_core::worker;
 pub use queue_core::{
-    parse_duration, reason, redact_url, AckReport, BackendKind, Capabilities, ClaimStrategy,
-    Config, ConfigError, DeadLetter, DeadSelection, DecodeError, Envelope, EnvelopeBuilder, Error,
-    Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, SecretUrl,
-    Transport, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
+    parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
+    ClaimStrategy, Config, ConfigError, DeadLetter, DeadSelection, DecodeError, Envelope,
+    EnvelopeBuilder, Error, Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation,
+    Result, SecretUrl, Transport, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT,
+    ENVELOPE_VERSION,
 };
 
 #[cfg(feature = "sqlite")]

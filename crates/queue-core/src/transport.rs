@@ -285,6 +285,13 @@ pub trait Transport: Send + Sync + fmt::Debug {
         error: Option<&str>,
     ) -> Result<()>;
 
+    /// Gives back a message that was reserved but never handed to a handler (a worker's
+    /// prefetch at shutdown): due at once and, where the backend can tell, without
+    /// counting an attempt. By default the same as `release` with no delay.
+    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
+        self.release(reservation, Duration::ZERO, None).await
+    }
+
     /// Moves a message to the dead-letter store with `reason`, atomically.
     async fn dead_letter(
         &self,

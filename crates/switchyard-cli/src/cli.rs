@@ -47,6 +47,8 @@ pub(crate) enum Command {
     Migrate,
     /// Publish one message, or one per stdin line (a JSON payload each) without --payload
     Publish(PublishArgs),
+    /// Run a command once per message (any language): envelope on stdin
+    Work(WorkArgs),
     /// Counts per queue: ready, delayed, reserved, dead
     Stats(StatsArgs),
     /// Inspect, replay and purge dead letters
@@ -92,6 +94,40 @@ pub(crate) struct PublishArgs {
     /// Header KEY=VALUE (repeatable)
     #[arg(long = "header", value_name = "KEY=VALUE")]
     pub(crate) headers: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkArgs {
+    /// Queue to work
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Shell command run once per message: the envelope JSON on stdin; SWITCHYARD_MESSAGE_ID,
+    /// SWITCHYARD_KIND and SWITCHYARD_ATTEMPT in its environment; exit 0 acks, any other
+    /// exit retries with backoff
+    #[arg(long, value_name = "CMD")]
+    pub(crate) exec: String,
+    /// Messages handled at once
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub(crate) concurrency: u16,
+    /// Kill a handler that runs longer than this, e.g. 10m (counts as a failure)
+    #[arg(long)]
+    pub(crate) timeout: Option<String>,
+    /// Exit once nothing is ready, delayed or reserved on the queue
+    #[arg(long)]
+    pub(crate) drain: bool,
+    /// Deliveries before a message is dead-lettered (a message's own max_attempts wins)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_attempts: u32,
+    /// First retry's backoff ceiling, doubling per attempt (full jitter)
+    #[arg(long, default_value = "5s")]
+    pub(crate) backoff_base: String,
+    /// Largest backoff ceiling
+    #[arg(long, default_value = "300s")]
+    pub(crate) backoff_max: String,
+    /// On SIGTERM/SIGINT, how long running handlers may finish before they are killed
+    /// and their messages released
+    #[arg(long, default_value = "30s")]
+    pub(crate) grace: String,
 }
 
 #[derive(Debug, Args)]

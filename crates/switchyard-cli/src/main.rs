@@ -41,12 +41,16 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
+    // The demo and the benchmark report on their own; their expected failures would
+    // only clutter the screen. RUST_LOG overrides.
+    let quiet = matches!(cli.command, cli::Command::Demo(_) | cli::Command::Bench(_));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(if quiet { "error" } else { "warn" })
+            }),
         )
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -74,7 +74,14 @@ pub(crate) const INSERT_JOBS_TAIL: &str = ") AS v \
 
 pub(crate) const NOW_EXPR: &str = "{NOW}";
 
-pub(crate) const ACK: &str = "DELETE FROM \"switchyard_jobs\" WHERE id = ?1 AND token = ?2";
+/// Acks a batch in one statement: ?1 is a JSON array of `[id, token]` pairs; the join is
+/// driven from the pairs and looks each row up by id, so it never scans the table.
+pub(crate) const ACK_BATCH: &str = "
+DELETE FROM \"switchyard_jobs\"
+ WHERE seq IN (SELECT j.seq FROM json_each(?1) AS p
+                 JOIN \"switchyard_jobs\" AS j
+                   ON j.id = p.value ->> 0 AND j.token = p.value ->> 1)
+RETURNING id";
 
 /// Gives a leased row back: due after ?1 µs, and ready at once when ?1 is 0.
 pub(crate) const RELEASE: &str = "
@@ -83,6 +90,13 @@ UPDATE \"switchyard_jobs\"
        available_at = {NOW} + ?1, visible_at = {NOW} + ?1, ready = (?1 <= 0),
        last_error = COALESCE(?2, last_error)
  WHERE id = ?3 AND token = ?4";
+
+/// Gives back a row that was claimed but never handled: ready at once, and no attempt
+/// counted (the token is cleared, so the next claim is not a reclaim).
+pub(crate) const ABANDON: &str = "
+UPDATE \"switchyard_jobs\"
+   SET token = NULL, reserved_at = NULL, visible_at = {NOW}, ready = 1
+ WHERE id = ?1 AND token = ?2";
 
 pub(crate) const EXTEND: &str =
     "UPDATE \"switchyard_jobs\" SET visible_at = {NOW} + ?1 WHERE id = ?2 AND token = ?3";
@@ -177,9 +191,10 @@ pub(crate) struct Statements {
     pub(crate) insert_jobs_head: String,
     pub(crate) insert_jobs_tail: String,
     pub(crate) now: String,
-    pub(crate) ack: String,
+    pub(crate) ack_batch: String,
     pub(crate) release: String,
     pub(crate) extend: String,
+    pub(crate) abandon: String,
     pub(crate) copy_leased_to_dead: String,
     pub(crate) delete_leased: String,
     pub(crate) copy_expired: String,
@@ -216,9 +231,10 @@ impl Statements {
             insert_jobs_head: s(INSERT_JOBS_HEAD),
             insert_jobs_tail: s(INSERT_JOBS_TAIL),
             now: s(NOW_EXPR),
-            ack: s(ACK),
+            ack_batch: s(ACK_BATCH),
             release: s(RELEASE),
             extend: s(EXTEND),
+            abandon: s(ABANDON),
             copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
             delete_leased: s(DELETE_LEASED),
             copy_expired: s(COPY_EXPIRED),

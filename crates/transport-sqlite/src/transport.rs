@@ -26,6 +26,8 @@ use crate::sql::Statements;
 const INSERT_CHUNK: usize = 500;
 /// How often a transport moves expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long a promotion of due rows counts as fresh.
+const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 /// How many rounds one reserve spends skipping malformed rows before it returns.
 const QUARANTINE_ROUNDS: usize = 16;
 
@@ -40,6 +42,7 @@ pub struct SqliteTransport {
     sql: Arc<Statements>,
     options: SqliteOptions,
     last_sweep: Mutex<Option<Instant>>,
+    last_promote: std::sync::Mutex<Option<Instant>>,
     /// Wakes this process's idle workers of a queue when this transport publishes to it.
     wakers: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
 }
@@ -180,6 +183,7 @@ impl SqliteTransport {
             sql: Arc::new(Statements::new(table.as_str())),
             options,
             last_sweep: Mutex::new(None),
+            last_promote: std::sync::Mutex::new(None),
             wakers: std::sync::Mutex::default(),
         })
     }
@@ -260,28 +264,55 @@ impl SqliteTransport {
     }
 
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
-    /// index. Checks on the reader first, so an idle poll takes no write lock.
-    async fn promote_due(&self) -> Result<()> {
+    /// index, returning how many. Checks on the reader first, so an idle poll takes no
+    /// write lock.
+    async fn promote_due(&self) -> Result<u64> {
+        *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         let any: bool = sqlx::query_scalar(&self.sql.any_due)
             .fetch_one(&self.reader)
             .await
             .backend()?;
-        if any {
-            sqlx::query(&self.sql.promote_due)
-                .execute(&self.writer)
-                .await
-                .backend()?;
+        if !any {
+            return Ok(0);
         }
-        Ok(())
+        Ok(sqlx::query(&self.sql.promote_due)
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected())
     }
 
+    /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
+    /// few milliseconds; then it runs only when the claim comes back short, so a busy
+    /// drain does not pay for it on every batch and an idle queue still sees due rows at
+    /// once.
     async fn claim(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
     ) -> Result<Vec<ClaimedRow>> {
-        self.promote_due().await?;
+        let recent = self
+            .last_promote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY);
+        if !recent {
+            self.promote_due().await?;
+        }
+        let mut rows = self.claim_ready(queue, max, token).await?;
+        if rows.len() < max && recent && self.promote_due().await? > 0 {
+            rows.extend(self.claim_ready(queue, max - rows.len(), token).await?);
+        }
+        Ok(rows)
+    }
+
+    async fn claim_ready(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+    ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         let token = token.to_string();
         match self.options.claim {
@@ -491,9 +522,15 @@ impl Transport for SqliteTransport {
             }
             rows.push((env, json));
         }
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        self.insert_envelopes(&mut tx, &rows).await?;
-        tx.commit().await.backend()?;
+        if rows.len() <= INSERT_CHUNK {
+            // One statement is atomic on its own: no explicit transaction needed.
+            let mut conn = self.writer.acquire().await.backend()?;
+            self.insert_envelopes(&mut conn, &rows).await?;
+        } else {
+            let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+            self.insert_envelopes(&mut tx, &rows).await?;
+            tx.commit().await.backend()?;
+        }
         tracing::debug!(count = rows.len(), "published");
         self.wake(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
@@ -561,22 +598,25 @@ impl Transport for SqliteTransport {
         if reservations.is_empty() {
             return Ok(report);
         }
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let pairs: Vec<[String; 2]> = reservations
+            .iter()
+            .map(|r| [r.id().to_string(), r.token().to_string()])
+            .collect();
+        let pairs =
+            serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+        let deleted: Vec<String> = sqlx::query_scalar(&self.sql.ack_batch)
+            .bind(pairs)
+            .fetch_all(&self.writer)
+            .await
+            .backend()?;
+        let deleted: std::collections::HashSet<String> = deleted.into_iter().collect();
         for r in reservations {
-            let done = sqlx::query(&self.sql.ack)
-                .bind(r.id().to_string())
-                .bind(r.token().to_string())
-                .execute(&mut *tx)
-                .await
-                .backend()?
-                .rows_affected();
-            if done == 1 {
+            if deleted.contains(&r.id().to_string()) {
                 report.acked.push(r.id());
             } else {
                 report.lost.push(r.id());
             }
         }
-        tx.commit().await.backend()?;
         Ok(report)
     }
 
@@ -613,6 +653,17 @@ impl Transport for SqliteTransport {
             tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
         }
         fenced(moved, reservation)
+    }
+
+    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
+        let done = sqlx::query(&self.sql.abandon)
+            .bind(reservation.id().to_string())
+            .bind(reservation.token().to_string())
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected();
+        fenced(done == 1, reservation)
     }
 
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {

@@ -7,12 +7,12 @@ mod retry;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -43,6 +43,10 @@ pub enum UnknownKind {
 pub struct WorkerOptions {
     /// Handlers running at once.
     pub concurrency: usize,
+    /// Messages claimed ahead of free handlers while handlers are fast (under 10 ms on
+    /// average), so that one commit claims many messages. While handlers are slow the
+    /// worker claims only for free handlers, leaving the rest to other workers.
+    pub prefetch: usize,
     /// When to retry and how often.
     pub retry: RetryPolicy,
     /// A handler running longer is cancelled, and that counts as a failure.
@@ -68,6 +72,7 @@ impl Default for WorkerOptions {
     fn default() -> Self {
         WorkerOptions {
             concurrency: 8,
+            prefetch: 64,
             retry: RetryPolicy::default(),
             timeout: None,
             grace_period: Duration::from_secs(30),
@@ -84,6 +89,12 @@ impl WorkerOptions {
     /// Sets the concurrency (at least 1).
     pub fn with_concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
+        self
+    }
+
+    /// Sets how many messages may be claimed ahead of free handlers.
+    pub fn with_prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
         self
     }
 
@@ -147,6 +158,35 @@ pub struct WorkerCounters {
     pub released_on_shutdown: AtomicU64,
     /// Handlers running now.
     pub in_flight: AtomicU64,
+    /// Moving average of handler run time, in microseconds.
+    handler_micros: AtomicU64,
+}
+
+/// How long a cancelled handler may take to notice its token before it is aborted.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+
+/// Above this average run time handlers count as slow and nothing is prefetched.
+const FAST_HANDLER: Duration = Duration::from_millis(10);
+
+impl WorkerCounters {
+    fn record_duration(&self, d: Duration) {
+        let sample = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+        let old = self.handler_micros.load(Ordering::Relaxed);
+        // An exponential moving average over about eight jobs.
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.handler_micros.store(new, Ordering::Relaxed);
+    }
+
+    /// Until the first job has finished, handlers count as slow: nothing is prefetched
+    /// for jobs that may take minutes.
+    fn handlers_are_fast(&self) -> bool {
+        let avg = self.handler_micros.load(Ordering::Relaxed);
+        avg > 0 && u128::from(avg) < FAST_HANDLER.as_micros()
+    }
 }
 
 /// A snapshot of [`WorkerCounters`].
@@ -275,73 +315,84 @@ impl Worker {
         );
         let slots = Arc::new(Semaphore::new(concurrency));
         let hard_stop = CancellationToken::new();
-        let waker = worker.transport.waker(&worker.queue);
+        // Claims come in batches of at least `concurrency` into a buffer of twice that,
+        // so a handler that finishes finds its next message waiting and one commit
+        // claims many messages.
+        let (tx, mut rx) = mpsc::channel::<Fetched>(concurrency + opts.prefetch);
+        let finished = Arc::new(tokio::sync::Notify::new());
+        let fetcher = tokio::spawn(fetch_loop(
+            worker.clone(),
+            tx,
+            shutdown.clone(),
+            slots.clone(),
+            acker.clone(),
+            finished.clone(),
+        ));
         let mut tasks = JoinSet::new();
-        let mut pause = opts.poll_min;
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
 
         loop {
             while tasks.try_join_next().is_some() {}
-            let first = tokio::select! {
+            // Take the message first: a slot held while waiting would make an idle worker
+            // look busy to the drain check.
+            let Fetched { reservation, at } = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                r = rx.recv() => match r {
+                    Some(r) => r,
+                    // The fetcher ended: the queue is drained, or it was told to stop.
+                    None => break,
+                },
+            };
+            let permit = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {
+                    // Never started: back at once, without counting an attempt.
+                    if let Err(err) = worker.transport.abandon(&reservation).await {
+                        worker.log_settle_error("give back", &err);
+                    }
+                    break;
+                }
                 permit = slots.clone().acquire_owned() => match permit {
                     Ok(p) => p,
                     Err(_) => break,
                 },
             };
-            let mut permits = vec![first];
-            while permits.len() < concurrency {
-                match slots.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
+            // A message that waited in the buffer for a good part of its lease is renewed
+            // before it starts, so no other worker can have taken it meanwhile.
+            let lease = worker.transport.visibility_timeout();
+            if at.elapsed() >= lease / 3 {
+                match worker.transport.extend(&reservation, lease).await {
+                    Ok(()) => {}
+                    Err(err) => {
+                        worker.log_settle_error("renew a buffered lease", &err);
+                        continue;
+                    }
                 }
             }
-            // Register for the wake-up before reserving, so a publish in between is seen.
-            let mut notified = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));
-            if let Some(n) = notified.as_mut() {
-                n.as_mut().enable();
-            }
-            match worker
-                .transport
-                .reserve_batch(&worker.queue, permits.len())
-                .await
-            {
-                Ok(batch) if !batch.is_empty() => {
-                    pause = opts.poll_min;
-                    for (reservation, permit) in batch.into_iter().zip(permits) {
-                        let (w, stop, acker) = (worker.clone(), hard_stop.clone(), acker.clone());
-                        tasks.spawn(
-                            async move { w.run_one(reservation, permit, stop, acker).await },
-                        );
-                    }
-                }
-                Ok(_) => {
-                    drop(permits);
-                    let idle = slots.available_permits() == concurrency && acker.is_idle();
-                    if opts.drain && idle && worker.queue_is_empty().await {
-                        break;
-                    }
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = async { if let Some(n) = notified { n.await } else { std::future::pending().await } } => {}
-                    }
-                    pause = (pause * 2).min(opts.poll_max);
-                }
-                Err(err) => {
-                    drop(permits);
-                    tracing::warn!(queue = %worker.queue, error = %err, retry_in = ?pause, "reserve failed");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                    pause = (pause * 2).min(opts.poll_max.max(Duration::from_secs(5)));
-                }
-            }
+            let (w, stop, acker, done) = (
+                worker.clone(),
+                hard_stop.clone(),
+                acker.clone(),
+                finished.clone(),
+            );
+            tasks.spawn(async move {
+                w.run_one(reservation, permit, stop, acker).await;
+                done.notify_one();
+            });
         }
 
         tracing::info!(queue = %worker.queue, in_flight = tasks.len(), "worker stopping");
+        // Messages claimed but never started go back at once, without counting an attempt.
+        rx.close();
+        if fetcher.await.is_err() {
+            tracing::error!("the fetcher panicked");
+        }
+        while let Some(Fetched { reservation: r, .. }) = rx.recv().await {
+            if let Err(err) = worker.transport.abandon(&r).await {
+                worker.log_settle_error("give back", &err);
+            }
+        }
         let graceful = tokio::time::timeout(opts.grace_period, async {
             while tasks.join_next().await.is_some() {}
         })
@@ -386,7 +437,8 @@ impl Worker {
         acker: Acker,
     ) {
         let env = &reservation.envelope;
-        let span = tracing::info_span!(
+        // At WARN so that the message's fields reach even a warnings-only log.
+        let span = tracing::warn_span!(
             "job",
             message_id = %env.id,
             kind = %env.kind,
@@ -438,13 +490,6 @@ impl Worker {
         };
 
         let cancel = hard_stop.child_token();
-        let lost = Arc::new(AtomicBool::new(false));
-        let heartbeat = tokio::spawn(heartbeat(
-            self.transport.clone(),
-            r.clone(),
-            cancel.clone(),
-            lost.clone(),
-        ));
         let ctx = JobContext {
             envelope: env.clone(),
             attempt: env.attempts + 1,
@@ -453,33 +498,46 @@ impl Worker {
             cancel: cancel.clone(),
         };
         let started = std::time::Instant::now();
+        // Its own task, so that a panic is caught as a JoinError.
         let mut job = tokio::spawn(
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
         );
-        let timeout = async {
-            match self.options.timeout {
-                Some(t) => tokio::time::sleep(t).await,
-                None => std::future::pending().await,
+        let lease = self.transport.visibility_timeout();
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let deadline = self
+            .options
+            .timeout
+            .map(|t| tokio::time::Instant::now() + t);
+        let ending = loop {
+            tokio::select! {
+                joined = &mut job => break match joined {
+                    Ok(result) => Ending::Finished(result),
+                    Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic())),
+                    Err(_) => Ending::ShutDown,
+                },
+                _ = sleep_until(deadline) => break Ending::TimedOut(self.options.timeout.unwrap_or_default()),
+                _ = cancel.cancelled() => break Ending::ShutDown,
+                // The heartbeat: only jobs that outlive a third of the lease pay for it.
+                _ = beat.tick() => match self.transport.extend(&r, lease).await {
+                    Ok(()) => tracing::trace!("lease extended"),
+                    Err(err) if err.is_lease_lost() => {
+                        tracing::warn!("heartbeat found the lease lost; cancelling the handler");
+                        break Ending::LeaseLost;
+                    }
+                    Err(err) => tracing::warn!(error = %err, "heartbeat failed; retrying at the next beat"),
+                },
             }
         };
-        let ending = tokio::select! {
-            joined = &mut job => match joined {
-                Ok(result) => Ending::Finished(result),
-                Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic())),
-                Err(_) => Ending::ShutDown,
-            },
-            _ = timeout => Ending::TimedOut(self.options.timeout.unwrap_or_default()),
-            _ = cancel.cancelled() => if lost.load(Ordering::SeqCst) { Ending::LeaseLost } else { Ending::ShutDown },
-        };
+        // The token fires first; a handler that watches it gets a moment to stop cleanly
+        // before it is aborted.
         cancel.cancel();
-        job.abort();
-        heartbeat.abort();
-        // A heartbeat may have found the lease gone while the handler was finishing.
-        let ending = match ending {
-            Ending::Finished(_) if lost.load(Ordering::SeqCst) => Ending::LeaseLost,
-            other => other,
-        };
+        if !job.is_finished() {
+            let _ = tokio::time::timeout(CANCEL_GRACE, &mut job).await;
+            job.abort();
+        }
         let elapsed = started.elapsed();
+        self.counters.record_duration(elapsed);
         match ending {
             Ending::Finished(Ok(())) => {
                 tracing::debug!(?elapsed, "handled");
@@ -538,7 +596,7 @@ impl Worker {
     ) {
         let failures = r.envelope.attempts + 1;
         if failures >= max_attempts {
-            tracing::warn!(error = %message, failures, "attempts exhausted");
+            tracing::info!(error = %message, failures, "attempts exhausted");
             self.dead_letter(r, reason::MAX_ATTEMPTS, message).await;
         } else {
             let delay = after.unwrap_or_else(|| self.options.retry.backoff(failures));
@@ -576,28 +634,102 @@ impl Worker {
     }
 }
 
-/// Extends the lease every third of the visibility timeout; fires `cancel` at once when
-/// the lease turns out to be lost.
-async fn heartbeat(
-    transport: Arc<dyn Transport>,
-    r: Reservation,
-    cancel: CancellationToken,
-    lost: Arc<AtomicBool>,
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A claimed message waiting in the buffer, and when it was claimed.
+struct Fetched {
+    reservation: Reservation,
+    at: std::time::Instant,
+}
+
+/// Claims batches into the buffer while there is room; backs off while the queue is
+/// empty and wakes at once on the transport's signal. Ends on shutdown, or in drain
+/// mode once the queue is empty and nothing is in flight.
+async fn fetch_loop(
+    worker: Arc<Worker>,
+    tx: mpsc::Sender<Fetched>,
+    shutdown: CancellationToken,
+    slots: Arc<Semaphore>,
+    acker: Acker,
+    finished: Arc<tokio::sync::Notify>,
 ) {
-    let lease = transport.visibility_timeout();
-    let every = (lease / 3).max(Duration::from_millis(10));
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let opts = &worker.options;
+    let concurrency = opts.concurrency.max(1);
+    let waker = worker.transport.waker(&worker.queue);
+    let mut pause = opts.poll_min;
     loop {
-        tick.tick().await;
-        match transport.extend(&r, lease).await {
-            Ok(()) => tracing::trace!("lease extended"),
-            Err(err) if err.is_lease_lost() => {
-                tracing::warn!("heartbeat found the lease lost; cancelling the handler");
-                lost.store(true, Ordering::SeqCst);
-                cancel.cancel();
-                return;
+        // How many to claim: while handlers are fast, a whole batch into the buffer;
+        // while they are slow, only what free handlers can start now.
+        let room = loop {
+            let buffered = tx.max_capacity() - tx.capacity();
+            let want = if worker.counters.handlers_are_fast() {
+                let room = tx.capacity();
+                if room >= concurrency.min(tx.max_capacity()) {
+                    room
+                } else {
+                    0
+                }
+            } else {
+                slots
+                    .available_permits()
+                    .saturating_sub(buffered)
+                    .min(tx.capacity())
+            };
+            if want > 0 {
+                break want;
             }
-            Err(err) => tracing::warn!(error = %err, "heartbeat failed; retrying at the next beat"),
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = finished.notified() => {}
+                // The buffer drains without a job finishing when jobs are started.
+                _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))) => {}
+            }
+        };
+        let Ok(permits) = tx.try_reserve_many(room) else {
+            continue;
+        };
+        // Register for the wake-up before reserving, so a publish in between is seen.
+        let mut notified = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));
+        if let Some(n) = notified.as_mut() {
+            n.as_mut().enable();
+        }
+        match worker.transport.reserve_batch(&worker.queue, room).await {
+            Ok(batch) if !batch.is_empty() => {
+                pause = opts.poll_min;
+                let at = std::time::Instant::now();
+                for (reservation, permit) in batch.into_iter().zip(permits) {
+                    permit.send(Fetched { reservation, at });
+                }
+            }
+            Ok(_) => {
+                drop(permits);
+                let idle = slots.available_permits() == concurrency
+                    && tx.capacity() == tx.max_capacity()
+                    && acker.is_idle();
+                if opts.drain && idle && worker.queue_is_empty().await {
+                    return;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = async { if let Some(n) = notified { n.await } else { std::future::pending().await } } => {}
+                }
+                pause = (pause * 2).min(opts.poll_max);
+            }
+            Err(err) => {
+                drop(permits);
+                tracing::warn!(queue = %worker.queue, error = %err, retry_in = ?pause, "reserve failed");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(opts.poll_max.max(Duration::from_secs(5)));
+            }
         }
     }
 }

@@ -7,13 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use switchyard::{ClaimStrategy, Config, Envelope, Error, QueueName, Result, Transport};
+use switchyard::worker::{handler_fn, JobContext, Worker, WorkerOptions};
+use switchyard::{
+    CancellationToken, ClaimStrategy, Config, Envelope, Error, QueueName, Result, Transport,
+};
 use uuid::Uuid;
 
 use crate::cli::BenchArgs;
 
-/// Messages reserved per call by each drain consumer.
-const DRAIN_BATCH: usize = 16;
 /// Messages per batched publish.
 const PUBLISH_BATCH: usize = 100;
 /// Pickup latency: messages published at a fixed rate to an idle consumer.
@@ -190,6 +191,7 @@ async fn measure(t: &Arc<dyn Transport>, args: &BenchArgs) -> Result<Sample> {
     })
 }
 
+/// Drains with the worker runtime (batched claims, coalesced acks) and a no-op handler.
 async fn drain(
     t: &Arc<dyn Transport>,
     q: &QueueName,
@@ -197,32 +199,22 @@ async fn drain(
     concurrency: usize,
 ) -> Result<(f64, u64, u64)> {
     let seen: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency.max(1) {
-        let (t, q, seen) = (t.clone(), q.clone(), seen.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let batch = t.reserve_batch(&q, DRAIN_BATCH).await?;
-                if batch.is_empty() {
-                    return Ok::<(), Error>(());
-                }
-                {
-                    let mut seen = seen
-                        .lock()
-                        .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?;
-                    for r in &batch {
-                        *seen.entry(r.id()).or_default() += 1;
-                    }
-                }
-                t.ack_batch(&batch).await?;
+    let record = seen.clone();
+    let options = WorkerOptions::default()
+        .with_concurrency(concurrency)
+        .with_poll(Duration::from_millis(1), Duration::from_millis(10))
+        .with_drain(true);
+    let worker = Worker::new(t.clone(), q.clone(), options).handle(
+        "noop",
+        handler_fn(move |ctx: JobContext| {
+            if let Ok(mut seen) = record.lock() {
+                *seen.entry(ctx.envelope.id).or_default() += 1;
             }
-        }));
-    }
-    for task in tasks {
-        task.await
-            .map_err(|e| Error::InvalidInput(format!("a bench consumer failed: {e}")))??;
-    }
+            async { Ok(()) }
+        }),
+    );
+    let started = Instant::now();
+    worker.run(CancellationToken::new()).await?;
     let elapsed = started.elapsed();
     let seen = seen
         .lock()

@@ -1,20 +1,21 @@
 //! `switchyard demo`: the newcomer's first run. Publishes a realistic batch of invoice
 //! jobs, works them with a live progress bar, and ends with a short summary.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use switchyard::{reason, Config, Envelope, QueueName, Reservation, Result, Transport};
+use switchyard::worker::{
+    handler_fn, JobContext, JobError, JobResult, RetryPolicy, Worker, WorkerOptions,
+};
+use switchyard::{CancellationToken, Config, Envelope, QueueName, Result};
 
 use crate::cli::DemoArgs;
 
 const QUEUE: &str = "demo.invoices";
-const CONSUMERS: usize = 4;
+const CONCURRENCY: usize = 8;
 const MAX_ATTEMPTS: u32 = 3;
-/// Short backoff so the demo finishes in seconds; real workers use seconds to minutes.
-const BACKOFF_BASE: Duration = Duration::from_millis(40);
+const BACKOFF_BASE: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_millis(200);
 
 #[derive(Deserialize)]
 struct Invoice {
@@ -24,13 +25,6 @@ struct Invoice {
     /// How many deliveries fail before this invoice goes through (the demo's stand-in
     /// for a flaky payment provider).
     fail_first: u32,
-}
-
-#[derive(Default)]
-struct Tally {
-    processed: AtomicU64,
-    retried: AtomicU64,
-    dead: AtomicU64,
 }
 
 pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<()> {
@@ -71,34 +65,32 @@ pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
     bar.finish_and_clear();
     let published_in = started.elapsed();
 
-    let tally = Arc::new(Tally::default());
+    // Short backoff so the demo finishes in seconds; real workers use seconds to minutes.
+    let options = WorkerOptions::default()
+        .with_concurrency(CONCURRENCY)
+        .with_retry(RetryPolicy::new(BACKOFF_BASE, BACKOFF_MAX, MAX_ATTEMPTS))
+        .with_poll(Duration::from_millis(5), Duration::from_millis(50))
+        .with_drain(true);
+    let worker = Worker::new(transport.clone(), queue, options)
+        .handle("send_invoice", handler_fn(send_invoice));
+    let counters = worker.counters();
     let bar = crate::output::progress(jobs as u64, "invoicing", json);
     let work_started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..CONSUMERS {
-        let (t, q, tally, bar, run) = (
-            transport.clone(),
-            queue.clone(),
-            tally.clone(),
-            bar.clone(),
-            run.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            consume(t.as_ref(), &q, &tally, &bar, &run, jobs as u64).await
-        }));
-    }
-    for task in tasks {
-        task.await.map_err(|e| {
-            switchyard::Error::InvalidInput(format!("a demo consumer failed: {e}"))
-        })??;
-    }
+    let progress = {
+        let (bar, counters) = (bar.clone(), counters.clone());
+        tokio::spawn(async move {
+            loop {
+                let now = counters.snapshot();
+                bar.set_position(now.succeeded + now.dead_lettered);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let report = worker.run(CancellationToken::new()).await?;
+    progress.abort();
     bar.finish_and_clear();
     let worked_in = work_started.elapsed();
-    let (processed, retried, dead) = (
-        tally.processed.load(Ordering::SeqCst),
-        tally.retried.load(Ordering::SeqCst),
-        tally.dead.load(Ordering::SeqCst),
-    );
+    let (processed, retried, dead) = (report.succeeded, report.retried, report.dead_lettered);
     let rate = (processed + dead) as f64 / worked_in.as_secs_f64().max(1e-6);
     if json {
         return crate::output::json_line(&serde_json::json!({
@@ -131,63 +123,23 @@ pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
     Ok(())
 }
 
-async fn consume(
-    t: &dyn Transport,
-    queue: &QueueName,
-    tally: &Tally,
-    bar: &indicatif::ProgressBar,
-    run: &str,
-    total: u64,
-) -> Result<()> {
-    let finished =
-        || tally.processed.load(Ordering::SeqCst) + tally.dead.load(Ordering::SeqCst) >= total;
-    while !finished() {
-        let batch = t.reserve_batch(queue, 25).await?;
-        if batch.is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        }
-        let mut done: Vec<Reservation> = Vec::with_capacity(batch.len());
-        let mut ours_done = 0;
-        for r in batch {
-            let invoice: Option<Invoice> = r.envelope.payload_as().ok();
-            let ours = invoice.as_ref().is_some_and(|i| i.run == run);
-            let attempt = r.envelope.attempts;
-            match invoice {
-                Some(inv) if attempt < inv.fail_first => {
-                    let error = if inv.fail_first == u32::MAX {
-                        format!(
-                            "card declined: customer {} has no valid payment method ({})",
-                            inv.customer, inv.invoice
-                        )
-                    } else {
-                        format!("payment provider timed out (HTTP 504) for {}", inv.invoice)
-                    };
-                    let limit = r.envelope.max_attempts.unwrap_or(MAX_ATTEMPTS);
-                    if attempt + 1 >= limit {
-                        t.dead_letter(&r, reason::MAX_ATTEMPTS, Some(&error))
-                            .await?;
-                        if ours {
-                            tally.dead.fetch_add(1, Ordering::SeqCst);
-                            bar.inc(1);
-                        }
-                    } else {
-                        t.release(&r, BACKOFF_BASE * 2u32.pow(attempt), Some(&error))
-                            .await?;
-                        if ours {
-                            tally.retried.fetch_add(1, Ordering::SeqCst);
-                        }
-                    }
-                }
-                _ => {
-                    ours_done += u64::from(ours);
-                    done.push(r);
-                }
-            }
-        }
-        t.ack_batch(&done).await?;
-        tally.processed.fetch_add(ours_done, Ordering::SeqCst);
-        bar.inc(ours_done);
+/// The demo's handler: "charges" an invoice; a few fail transiently, one for good.
+async fn send_invoice(ctx: JobContext) -> JobResult {
+    let inv: Invoice = ctx
+        .payload()
+        .map_err(|e| JobError::fail(format!("not an invoice: {e}")))?;
+    if ctx.attempt <= inv.fail_first {
+        return Err(if inv.fail_first == u32::MAX {
+            JobError::retry(format!(
+                "card declined: customer {} has no valid payment method ({})",
+                inv.customer, inv.invoice
+            ))
+        } else {
+            JobError::retry(format!(
+                "payment provider timed out (HTTP 504) for {} of run {}",
+                inv.invoice, inv.run
+            ))
+        });
     }
     Ok(())
 }

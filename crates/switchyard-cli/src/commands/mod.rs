@@ -5,6 +5,7 @@ mod dead;
 mod demo;
 mod publish;
 mod stats;
+mod work;
 
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Publish(args) => publish::run(&config, args, json).await,
+        Command::Work(args) => work::run(&config, args, json).await,
         Command::Stats(args) => stats::run(&config, args, json).await,
         Command::Dead { command } => dead::run(&config, command, json).await,
         Command::Demo(args) => demo::run(&config, args, json).await,

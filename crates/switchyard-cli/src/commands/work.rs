@@ -1,0 +1,226 @@
+//! `switchyard work --exec CMD`: runs a command once per message, in any language.
+
+use std::process::Stdio;
+
+use async_trait::async_trait;
+use switchyard::worker::{
+    Handler, JobContext, JobError, JobResult, RetryPolicy, Worker, WorkerOptions,
+};
+use switchyard::{parse_duration, CancellationToken, Config, QueueName, Result};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use crate::cli::WorkArgs;
+
+/// How much of a failing handler's stderr becomes `last_error` (its end, where the
+/// error usually is).
+const STDERR_KEPT: usize = 4 * 1024;
+/// How much stdout is kept as the job's result.
+const STDOUT_KEPT: usize = 1024 * 1024;
+
+pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<()> {
+    let queue = QueueName::new(args.queue.clone())
+        .map_err(|e| switchyard::ConfigError::new("--queue", e.value, e.expected))?;
+    let timeout = args
+        .timeout
+        .as_deref()
+        .map(|t| parse_duration("--timeout", t))
+        .transpose()?;
+    let retry = RetryPolicy::new(
+        parse_duration("--backoff-base", &args.backoff_base)?,
+        parse_duration("--backoff-max", &args.backoff_max)?,
+        args.max_attempts,
+    );
+    let options = WorkerOptions::default()
+        .with_concurrency(usize::from(args.concurrency))
+        .with_retry(retry)
+        .with_timeout(timeout)
+        .with_grace_period(parse_duration("--grace", &args.grace)?)
+        .with_drain(args.drain);
+    let transport = super::connect(config).await?;
+    let worker = Worker::new(transport, queue, options).handle_any(ExecHandler {
+        command: args.exec.clone(),
+    });
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())?;
+    let report = worker.run(shutdown).await?;
+    if json {
+        crate::output::json_line(&report)
+    } else {
+        println!(
+            "handled {}, retried {}, dead-lettered {}, lost {}, released at shutdown {}",
+            report.succeeded,
+            report.retried,
+            report.dead_lettered,
+            report.lost,
+            report.released_on_shutdown
+        );
+        Ok(())
+    }
+}
+
+/// SIGTERM or SIGINT starts a graceful shutdown; a second one is left to the default
+/// behaviour of the shell (the grace period bounds the wait anyway).
+fn spawn_signal_handler(shutdown: CancellationToken) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let io = |e: std::io::Error| {
+        switchyard::Error::InvalidInput(format!("cannot listen for signals: {e}"))
+    };
+    let mut term = signal(SignalKind::terminate()).map_err(io)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+/// Runs `sh -c CMD` per message.
+#[derive(Debug)]
+struct ExecHandler {
+    command: String,
+}
+
+#[async_trait]
+impl Handler for ExecHandler {
+    async fn handle(&self, ctx: JobContext) -> JobResult {
+        let env = &ctx.envelope;
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(&self.command)
+            .env("SWITCHYARD_MESSAGE_ID", env.id.to_string())
+            .env("SWITCHYARD_KIND", &env.kind)
+            .env("SWITCHYARD_ATTEMPT", ctx.attempt.to_string())
+            .env("SWITCHYARD_MAX_ATTEMPTS", ctx.max_attempts.to_string())
+            .env("SWITCHYARD_QUEUE", env.queue.as_str())
+            .env("SWITCHYARD_LEASE_TOKEN", ctx.lease_token.to_string())
+            .env("SWITCHYARD_TRACE_ID", env.trace_id.as_deref().unwrap_or(""))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own process group, so that a timeout or shutdown kills the whole
+            // command (pipelines included) and a terminal's Ctrl-C reaches only the worker.
+            .process_group(0)
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| JobError::retry(format!("cannot start `sh -c {}`: {e}", self.command)))?;
+        let group = child.id().map(KillGroupOnDrop);
+        let body = env.to_json();
+        let stdin = child.stdin.take();
+        let feed = async move {
+            if let Some(mut stdin) = stdin {
+                // A command that does not read its stdin closes the pipe early: not an error.
+                let _ = stdin.write_all(body.as_bytes()).await;
+                let _ = stdin.shutdown().await;
+            }
+        };
+        let stdout = child.stdout.take();
+        let stderr = child.stderr.take();
+        let (_, out, err, status) = tokio::join!(
+            feed,
+            read_tail(stdout, STDOUT_KEPT),
+            read_tail(stderr, STDERR_KEPT),
+            child.wait()
+        );
+        let status =
+            status.map_err(|e| JobError::retry(format!("waiting for the command failed: {e}")))?;
+        if let Some(mut g) = group {
+            g.disarm();
+        }
+        if status.success() {
+            tracing::debug!(stdout_bytes = out.len(), "command succeeded");
+            return Ok(());
+        }
+        let how = match (
+            status.code(),
+            std::os::unix::process::ExitStatusExt::signal(&status),
+        ) {
+            (Some(code), _) => format!("exit status {code}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            (None, None) => "failed".to_owned(),
+        };
+        let stderr = String::from_utf8_lossy(&err);
+        let stderr = stderr.trim();
+        Err(JobError::retry(if stderr.is_empty() {
+            format!("command {how}")
+        } else {
+            format!("command {how}: {stderr}")
+        }))
+    }
+}
+
+/// Kills the command's whole process group if the handler is dropped before it ends
+/// (timeout, lost lease, shutdown past the grace period).
+struct KillGroupOnDrop(u32);
+
+impl KillGroupOnDrop {
+    fn disarm(&mut self) {
+        self.0 = 0;
+    }
+}
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0) {
+            if pid > 0 {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+/// Reads a pipe to its end, keeping only the last `limit` bytes, so a chatty command
+/// neither blocks on a full pipe nor fills the worker's memory.
+async fn read_tail(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8> {
+    let Some(mut pipe) = pipe else {
+        return Vec::new();
+    };
+    let mut kept: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    let mut truncated = false;
+    loop {
+        match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                kept.extend_from_slice(&chunk[..n]);
+                if kept.len() > limit * 2 {
+                    kept.drain(..kept.len() - limit);
+                    truncated = true;
+                }
+            }
+        }
+    }
+    if kept.len() > limit {
+        kept.drain(..kept.len() - limit);
+        truncated = true;
+    }
+    if truncated {
+        let mut marked = b"...".to_vec();
+        marked.extend_from_slice(&kept);
+        return marked;
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn read_tail_keeps_the_end_of_long_output() {
+        let data: Vec<u8> = (0..100_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let kept = read_tail(Some(&data[..]), 1000).await;
+        assert!(kept.starts_with(b"..."));
+        assert_eq!(&kept[3..], &data[data.len() - 1000..]);
+        let short = read_tail(Some(&b"short"[..]), 1000).await;
+        assert_eq!(short, b"short");
+    }
+}
