@@ -1,0 +1,136 @@
+//! Shared helpers of the CLI tests: a sandbox directory with its own SQLite database,
+//! and the `switchyard` binary run in it.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        Sandbox {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    pub fn db(&self) -> std::path::PathBuf {
+        self.dir.path().join("jobs.db")
+    }
+
+    /// The binary, run in the sandbox with a clean queue environment.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+        cmd.args(args).current_dir(self.dir.path());
+        for var in [
+            "QUEUE_BACKEND",
+            "AMQP_URL",
+            "QUEUE_CLAIM",
+            "QUEUE_CANARY_PERCENT",
+            "QUEUE_VISIBILITY_TIMEOUT",
+            "QUEUE_TABLE",
+            "QUEUE_SCHEMA",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display()));
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run switchyard")
+    }
+
+    pub fn run_stdin(&self, args: &[&str], input: &str) -> Output {
+        let mut child = self
+            .cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn switchyard");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("wait for switchyard")
+    }
+
+    pub fn files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.path())
+            .expect("read the sandbox")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The `stats --json` counts of `queue` (zeros when it has none).
+    pub fn stats(&self, queue: &str) -> serde_json::Value {
+        let out = self.run(&["stats", "--json", "--queue", queue]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+        v["queues"]
+            .as_array()
+            .and_then(|qs| qs.iter().find(|q| q["queue"] == queue).cloned())
+            .unwrap_or_else(
+                || serde_json::json!({"ready": 0, "delayed": 0, "reserved": 0, "dead": 0}),
+            )
+    }
+
+    pub fn ready(&self, queue: &str) -> u64 {
+        self.stats(queue)["ready"].as_u64().unwrap_or(0)
+    }
+
+    /// The dead letters of `queue`, as `dead list --json` prints them.
+    pub fn dead(&self, queue: &str) -> Vec<serde_json::Value> {
+        let out = self.run(&[
+            "dead", "list", "--json", "--queue", queue, "--limit", "1000",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("dead list JSON")
+    }
+
+    /// Publishes one message per payload line and returns the ids.
+    pub fn publish_lines(&self, queue: &str, kind: &str, lines: &str) -> Vec<String> {
+        let out = self.run_stdin(&["publish", "--queue", queue, "--kind", kind], lines);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).lines().map(str::to_owned).collect()
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A failed run: non-zero exit and exactly one line on stderr that contains `needles`.
+pub fn assert_one_line_error(out: &Output, needles: &[&str]) {
+    assert!(
+        !out.status.success(),
+        "expected a failure, got {:?}",
+        out.status
+    );
+    let err = text(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err:?}");
+    for n in needles {
+        assert!(err.contains(n), "{err:?} does not name {n:?}");
+    }
+    assert!(
+        out.stdout.is_empty(),
+        "printed on stdout: {}",
+        text(&out.stdout)
+    );
+}

@@ -1,0 +1,393 @@
+//! `switchyard work --exec` end to end: the command contract, failures, timeouts,
+//! signals, and workers killed in the middle of a drain.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use support::{text, Sandbox};
+
+fn signal(child: &Child, sig: Signal) {
+    let pid = Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+    let _ = kill(pid, sig);
+}
+
+/// Lines of a log written by the handlers, counted.
+fn counts(path: &std::path::Path) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    if let Ok(text) = std::fs::read_to_string(path) {
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            *seen.entry(line.to_owned()).or_default() += 1;
+        }
+    }
+    seen
+}
+
+#[test]
+fn exec_gets_the_envelope_on_stdin_and_the_message_in_its_environment() {
+    let sb = Sandbox::new();
+    let out = sb.run(&[
+        "publish",
+        "--queue",
+        "exec",
+        "--kind",
+        "greet",
+        "--payload",
+        "{\"name\": \"Ada\"}",
+        "--trace-id",
+        "t-42",
+        "--header",
+        "tenant=acme",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_owned();
+    let cmd = "cat > \"got-$SWITCHYARD_MESSAGE_ID.json\"; env | grep '^SWITCHYARD_' | sort > \"got-$SWITCHYARD_MESSAGE_ID.env\"";
+    let out = sb.run(&[
+        "work", "--queue", "exec", "--exec", cmd, "--drain", "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["succeeded"], 1);
+
+    let body =
+        std::fs::read_to_string(sb.path(&format!("got-{id}.json"))).expect("stdin was saved");
+    let env: serde_json::Value = serde_json::from_str(&body).expect("the envelope is JSON");
+    assert_eq!(env["id"], id.as_str());
+    assert_eq!(env["v"], 1);
+    assert_eq!(env["kind"], "greet");
+    assert_eq!(env["payload"]["name"], "Ada");
+    assert_eq!(env["trace_id"], "t-42");
+    assert_eq!(env["headers"]["tenant"], "acme");
+    let vars = std::fs::read_to_string(sb.path(&format!("got-{id}.env"))).expect("env was saved");
+    for expected in [
+        format!("SWITCHYARD_MESSAGE_ID={id}"),
+        "SWITCHYARD_KIND=greet".to_owned(),
+        "SWITCHYARD_ATTEMPT=1".to_owned(),
+    ] {
+        assert!(
+            vars.lines().any(|l| l == expected),
+            "{expected} missing from:\n{vars}"
+        );
+    }
+    assert_eq!(sb.stats("exec")["ready"], 0);
+}
+
+#[test]
+fn a_failing_command_is_retried_then_dead_lettered_with_the_end_of_its_stderr() {
+    let sb = Sandbox::new();
+    sb.publish_lines("fail", "charge", "{}\n");
+    // 10,000 bytes of stderr: the end is kept, where the error usually is.
+    let cmd = "echo \"attempt $SWITCHYARD_ATTEMPT\" >> attempts.log; \
+               head -c 10000 /dev/zero | tr '\\0' x >&2; echo ' card declined' >&2; exit 7";
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "fail",
+        "--exec",
+        cmd,
+        "--drain",
+        "--max-attempts",
+        "3",
+        "--backoff-base",
+        "50ms",
+        "--backoff-max",
+        "100ms",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let attempts = std::fs::read_to_string(sb.path("attempts.log")).expect("the command ran");
+    assert_eq!(attempts, "attempt 1\nattempt 2\nattempt 3\n");
+    let dead = sb.dead("fail");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["reason"], "max_attempts");
+    assert_eq!(dead[0]["attempts"], 3);
+    let error = dead[0]["last_error"].as_str().expect("the last error");
+    assert!(
+        error.starts_with("command exit status 7: ..."),
+        "{:.80}",
+        error
+    );
+    assert!(error.ends_with("xxx card declined"), "{error:.80}");
+    assert!(
+        error.len() < 4_200,
+        "stderr was not truncated: {} bytes",
+        error.len()
+    );
+}
+
+#[test]
+fn a_command_past_its_timeout_is_killed_with_its_children() {
+    let sb = Sandbox::new();
+    sb.publish_lines("slow", "hang", "{}\n");
+    let cmd = "sleep 30 & echo $! > child.pid; wait";
+    let started = Instant::now();
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "slow",
+        "--exec",
+        cmd,
+        "--drain",
+        "--timeout",
+        "500ms",
+        "--max-attempts",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the timeout did not stop the command"
+    );
+    let dead = sb.dead("slow");
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("timed out")),
+        "{dead:?}"
+    );
+    let pid: i32 = std::fs::read_to_string(sb.path("child.pid"))
+        .expect("the child's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while kill(Pid::from_raw(pid), None).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the command's child {pid} outlived the timeout"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigterm_lets_quick_jobs_finish_and_releases_the_rest_at_once() {
+    let sb = Sandbox::new();
+    sb.publish_lines("term", "quick", "{}\n");
+    sb.publish_lines("term", "stuck", "{}\n");
+    let cmd = "touch \"started-$SWITCHYARD_KIND\"; \
+               if [ \"$SWITCHYARD_KIND\" = quick ]; then sleep 1; echo done > quick.done; else sleep 60; fi";
+    let mut worker = sb
+        .cmd(&[
+            "work",
+            "--queue",
+            "term",
+            "--exec",
+            cmd,
+            "--concurrency",
+            "2",
+            "--grace",
+            "2s",
+            "--json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a worker");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(sb.path("started-quick").exists() && sb.path("started-stuck").exists()) {
+        assert!(Instant::now() < deadline, "the jobs did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopping = Instant::now();
+    signal(&worker, Signal::SIGTERM);
+    let out = worker_output(&mut worker, Duration::from_secs(20));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        stopping.elapsed()
+    );
+    assert!(
+        sb.path("quick.done").exists(),
+        "the quick job was not allowed to finish"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["succeeded"], 1, "{report}");
+    assert_eq!(report["released_on_shutdown"], 1, "{report}");
+    // The stuck job is due again now, not after its 90 s lease.
+    let stats = sb.stats("term");
+    assert_eq!(
+        (stats["ready"].as_u64(), stats["reserved"].as_u64()),
+        (Some(1), Some(0)),
+        "{stats}"
+    );
+}
+
+fn worker_output(child: &mut Child, within: Duration) -> std::process::Output {
+    let deadline = Instant::now() + within;
+    while child.try_wait().expect("poll the worker").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the worker did not stop within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = std::process::Output {
+        status: child.wait().expect("the worker's status"),
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    use std::io::Read;
+    if let Some(mut s) = child.stdout.take() {
+        let _ = s.read_to_end(&mut out.stdout);
+    }
+    if let Some(mut s) = child.stderr.take() {
+        let _ = s.read_to_end(&mut out.stderr);
+    }
+    out
+}
+
+/// Four workers drain 5,000 messages while one of them, chosen at random, is killed with
+/// SIGKILL every few hundred milliseconds and replaced. Every message is handled at least
+/// once, none is left or dead, and the duplicates stay within what the killed workers
+/// could have held: their running handlers plus their unflushed acks.
+#[test]
+fn workers_killed_mid_drain_lose_nothing() {
+    const MESSAGES: usize = 5_000;
+    const WORKERS: usize = 4;
+    const CONCURRENCY: usize = 4;
+    const ACK_BATCH: usize = 256; // the worker's default ack batch
+    let sb = Sandbox::new();
+    let lines: String = (0..MESSAGES).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    let ids = sb.publish_lines("crash", "job", &lines);
+    assert_eq!(ids.len(), MESSAGES);
+    let start_worker = || {
+        sb.cmd(&[
+            "work",
+            "--queue",
+            "crash",
+            "--exec",
+            "echo \"$SWITCHYARD_MESSAGE_ID\" >> handled.log",
+            "--concurrency",
+            &CONCURRENCY.to_string(),
+            "--visibility-timeout",
+            "2s",
+            "--max-attempts",
+            "100",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a worker")
+    };
+    let mut workers: Vec<Child> = (0..WORKERS).map(|_| start_worker()).collect();
+    let log = sb.path("handled.log");
+    let mut kills = 0;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        std::thread::sleep(Duration::from_millis(fastrand::u64(200..500)));
+        let handled = counts(&log).len();
+        if handled >= MESSAGES * 9 / 10 || kills >= 30 {
+            break;
+        }
+        let victim = fastrand::usize(..WORKERS);
+        let _ = workers[victim].kill(); // SIGKILL
+        let _ = workers[victim].wait();
+        kills += 1;
+        workers[victim] = start_worker();
+        assert!(Instant::now() < deadline, "the drain made no progress");
+    }
+    // Let the survivors finish: every message handled and the queue empty.
+    loop {
+        let handled = counts(&log).len();
+        let stats = sb.stats("crash");
+        let left = ["ready", "delayed", "reserved"]
+            .iter()
+            .map(|k| stats[k].as_u64().unwrap_or(0))
+            .sum::<u64>();
+        if handled == MESSAGES && left == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{handled} of {MESSAGES} handled, {left} left: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for w in &mut workers {
+        signal(w, Signal::SIGTERM);
+    }
+    for w in &mut workers {
+        let status = w.wait().expect("a worker's status");
+        assert!(status.success(), "a worker failed at shutdown: {status}");
+    }
+    let seen = counts(&log);
+    let missing = ids.iter().filter(|id| !seen.contains_key(*id)).count();
+    assert_eq!(missing, 0, "messages never handled");
+    assert!(sb.dead("crash").is_empty(), "messages were dead-lettered");
+    let duplicates: usize = seen.values().map(|n| n - 1).sum();
+    let bound = kills * (CONCURRENCY + ACK_BATCH);
+    assert!(kills > 0, "no worker was killed");
+    assert!(
+        duplicates <= bound,
+        "{duplicates} duplicates after {kills} kills (bound {bound})"
+    );
+    eprintln!("{kills} kills, {duplicates} duplicates (bound {bound})");
+}
+
+/// A message whose handler kills its own worker every time ends in the dead-letter store
+/// after max_attempts reclaims, and the rest of the queue is processed.
+#[test]
+fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store() {
+    let sb = Sandbox::new();
+    let good = sb.publish_lines("poison", "fine", &"{}\n".repeat(20));
+    let poison = sb.publish_lines("poison", "poison", "{}\n");
+    let cmd = "if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; fi; \
+               echo \"$SWITCHYARD_MESSAGE_ID\" >> handled.log";
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(
+            runs <= 10,
+            "the poison message was not contained after {runs} worker runs"
+        );
+        let out = sb.run(&[
+            "work",
+            "--queue",
+            "poison",
+            "--exec",
+            cmd,
+            "--drain",
+            "--concurrency",
+            "1",
+            "--max-attempts",
+            "3",
+            "--visibility-timeout",
+            "1s",
+        ]);
+        if out.status.success() {
+            break;
+        }
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&out.status),
+            Some(9),
+            "the worker failed other than by the poison: {}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(
+        runs, 4,
+        "three deliveries killed the worker, the fourth run drained the queue"
+    );
+    let dead = sb.dead("poison");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["id"], poison[0].as_str());
+    assert_eq!(dead[0]["reason"], "max_attempts");
+    let seen = counts(&sb.path("handled.log"));
+    assert!(
+        good.iter().all(|id| seen.contains_key(id)),
+        "the rest of the queue was not processed"
+    );
+    assert!(!seen.contains_key(&poison[0]));
+    let stats = sb.stats("poison");
+    assert_eq!(
+        (stats["ready"].as_u64(), stats["reserved"].as_u64()),
+        (Some(0), Some(0)),
+        "{stats}"
+    );
+}
