@@ -126,6 +126,7 @@ macro_rules! conformance_tests {
             handler_timeout_cancels_and_counts_a_failure,
             handler_panic_is_isolated_and_recorded,
             shutdown_finishes_quick_jobs_and_releases_the_rest,
+            shutdown_is_prompt_at_any_moment,
             idle_worker_wakes_on_publish
         );
     };

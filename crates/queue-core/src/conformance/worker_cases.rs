@@ -543,6 +543,40 @@ pub async fn shutdown_finishes_quick_jobs_and_releases_the_rest(h: Arc<dyn Harne
     Ok(())
 }
 
+/// Shutdown returns promptly whatever the worker is doing when it comes: idle, claiming,
+/// dispatching or flushing acks.
+pub async fn shutdown_is_prompt_at_any_moment(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h, Duration::from_secs(30)).await?;
+    let q = fresh_queue();
+    for round in 0..12 {
+        t.publish_batch((0..150).map(|_| job(&q, "fast")).collect())
+            .await?;
+        let worker = Worker::new(t.clone(), q.clone(), fast().with_drain(false))
+            .handle_any(handler_fn(|_ctx: JobContext| async { Ok(()) }));
+        let stop = CancellationToken::new();
+        let run = tokio::spawn(worker.run(stop.clone()));
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(0..40))).await;
+        stop.cancel();
+        match tokio::time::timeout(Duration::from_secs(10), run).await {
+            Ok(joined) => {
+                joined.map_err(|e| Error::InvalidInput(e.to_string()))??;
+            }
+            Err(_) => panic!("round {round}: the worker did not stop within 10 s of its shutdown"),
+        }
+    }
+    // Whatever was claimed and not handled went back: the queue drains completely.
+    let worker = Worker::new(t.clone(), q.clone(), fast())
+        .handle_any(handler_fn(|_ctx: JobContext| async { Ok(()) }));
+    drain(worker).await?;
+    let s = stats_of(t.as_ref(), &q).await?;
+    assert_eq!(
+        (s.ready, s.delayed, s.reserved, s.dead),
+        (0, 0, 0, 0),
+        "{s:?}"
+    );
+    Ok(())
+}
+
 /// An idle worker wakes when a message arrives, if the transport offers a wake-up signal,
 /// rather than after its longest poll pause.
 pub async fn idle_worker_wakes_on_publish(h: Arc<dyn Harness>) -> Result<()> {

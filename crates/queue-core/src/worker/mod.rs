@@ -663,6 +663,9 @@ async fn fetch_loop(
     let waker = worker.transport.waker(&worker.queue);
     let mut pause = opts.poll_min;
     loop {
+        if shutdown.is_cancelled() || tx.is_closed() {
+            return;
+        }
         // How many to claim: while handlers are fast, a whole batch into the buffer;
         // while they are slow, only what free handlers can start now.
         let room = loop {
@@ -690,8 +693,14 @@ async fn fetch_loop(
                 _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))) => {}
             }
         };
-        let Ok(permits) = tx.try_reserve_many(room) else {
-            continue;
+        let permits = match tx.try_reserve_many(room) {
+            Ok(permits) => permits,
+            // The dispatcher stopped taking messages: the worker is shutting down.
+            Err(mpsc::error::TrySendError::Closed(())) => return,
+            Err(mpsc::error::TrySendError::Full(())) => {
+                tokio::task::yield_now().await;
+                continue;
+            }
         };
         // Register for the wake-up before reserving, so a publish in between is seen.
         let mut notified = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));

@@ -20,8 +20,6 @@ const PUBLISH_BATCH: usize = 100;
 /// Pickup latency: messages published at a fixed rate to an idle consumer.
 const PICKUP_MESSAGES: usize = 200;
 const PICKUP_INTERVAL: Duration = Duration::from_millis(10);
-/// How long the idle consumer sleeps when the queue is empty (no wake-up signal yet).
-const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Clone, Serialize)]
 struct Sample {
@@ -34,10 +32,21 @@ struct Sample {
     missing: u64,
 }
 
+/// What wakes an idle worker on `t`, for the report.
+fn wake_source(t: &dyn Transport) -> &'static str {
+    let probe = QueueName::new("probe").ok();
+    match probe.and_then(|q| t.waker(&q)) {
+        Some(_) => "in-process publish signal, polling 20 ms-1 s otherwise",
+        None => "polling, 20 ms-1 s backoff",
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     backend: String,
     claim: String,
+    /// What woke the idle worker in the pickup measurement.
+    wake: String,
     runs: usize,
     messages: usize,
     concurrency: usize,
@@ -56,10 +65,12 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
     for claim in claims {
         let mut samples = Vec::new();
         let mut backend = String::new();
+        let mut wake = String::new();
         for run in 0..args.runs.max(1) {
             let target = Target::new(config, claim)?;
             let t = target.open().await?;
             backend = t.name().to_owned();
+            wake = wake_source(t.as_ref()).to_owned();
             if !json {
                 eprintln!(
                     "bench: {backend} {claim} run {}/{}",
@@ -69,7 +80,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             }
             samples.push(measure(&t, &args).await?);
         }
-        reports.push(summarise(backend, claim, &args, samples));
+        reports.push(summarise(backend, wake, claim, &args, samples));
     }
     if json {
         return crate::output::json_line(&serde_json::json!({ "results": reports }));
@@ -101,10 +112,11 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         );
     }
     println!(
-        "medians of {} runs; drain of {} jobs at concurrency {}",
+        "medians of {} runs; drain of {} jobs at concurrency {}; pickup woken by {}",
         args.runs.max(1),
         args.messages,
-        args.concurrency
+        args.concurrency,
+        reports.first().map_or("-", |r| r.wake.as_str())
     );
     Ok(())
 }
@@ -228,34 +240,28 @@ async fn drain(
     ))
 }
 
-/// Publishes at a fixed rate to an idle polling consumer and measures publish → reserve.
+/// Publishes at a fixed rate to an idle worker (default polling, plus the transport's
+/// wake-up signal where it has one) and measures publish → handler start.
 async fn pickup(t: &Arc<dyn Transport>) -> Result<(f64, f64)> {
     let q = queue("pickup")?;
     let sent: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
-    let consumer = {
-        let (t, q, sent) = (t.clone(), q.clone(), sent.clone());
-        tokio::spawn(async move {
-            let mut latencies = Vec::with_capacity(PICKUP_MESSAGES);
-            while latencies.len() < PICKUP_MESSAGES {
-                match t.reserve(&q).await? {
-                    Some(r) => {
-                        let at = Instant::now();
-                        let start = sent
-                            .lock()
-                            .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
-                            .get(&r.id())
-                            .copied();
-                        if let Some(start) = start {
-                            latencies.push(at.duration_since(start));
-                        }
-                        t.ack(&r).await?;
-                    }
-                    None => tokio::time::sleep(POLL_INTERVAL).await,
-                }
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let (s, l) = (sent.clone(), latencies.clone());
+    let worker = Worker::new(t.clone(), q.clone(), WorkerOptions::default()).handle(
+        "noop",
+        handler_fn(move |ctx: JobContext| {
+            let at = Instant::now();
+            let start = s.lock().ok().and_then(|m| m.get(&ctx.envelope.id).copied());
+            if let (Some(start), Ok(mut l)) = (start, l.lock()) {
+                l.push(at.duration_since(start));
             }
-            Ok::<_, Error>(latencies)
-        })
-    };
+            async { Ok(()) }
+        }),
+    );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    // Let the worker fall idle first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut tick = tokio::time::interval(PICKUP_INTERVAL);
     for env in jobs(&q, PICKUP_MESSAGES)? {
         tick.tick().await;
@@ -264,10 +270,23 @@ async fn pickup(t: &Arc<dyn Transport>) -> Result<(f64, f64)> {
             .insert(env.id, Instant::now());
         t.publish(env).await?;
     }
-    let mut latencies = tokio::time::timeout(Duration::from_secs(60), consumer)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while latencies.lock().map(|l| l.len()).unwrap_or(0) < PICKUP_MESSAGES {
+        if Instant::now() > deadline {
+            return Err(Error::InvalidInput(
+                "pickup: messages not handled within 60 s".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    running
         .await
-        .map_err(|_| Error::InvalidInput("pickup consumer did not finish in 60 s".into()))?
-        .map_err(|e| Error::InvalidInput(format!("pickup consumer failed: {e}")))??;
+        .map_err(|e| Error::InvalidInput(format!("pickup worker failed: {e}")))??;
+    let mut latencies = latencies
+        .lock()
+        .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
+        .clone();
     latencies.sort();
     let pct = |p: f64| {
         let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
@@ -283,6 +302,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn summarise(
     backend: String,
+    wake: String,
     claim: ClaimStrategy,
     args: &BenchArgs,
     samples: Vec<Sample>,
@@ -291,6 +311,7 @@ fn summarise(
     Report {
         backend,
         claim: claim.to_string(),
+        wake,
         runs: samples.len(),
         messages: args.messages,
         concurrency: args.concurrency,
