@@ -205,6 +205,17 @@ impl SqliteTransport {
         }
     }
 
+    /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
+    /// nothing.
+    async fn on_lease<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        reservation: &Reservation,
+    ) -> Result<()> {
+        let done = query.execute(&self.writer).await.backend()?.rows_affected();
+        fenced(done == 1, reservation)
+    }
+
     /// The options this transport runs with.
     pub fn options(&self) -> &SqliteOptions {
         &self.options
@@ -626,16 +637,12 @@ impl Transport for SqliteTransport {
         delay: Duration,
         error: Option<&str>,
     ) -> Result<()> {
-        let done = sqlx::query(&self.sql.release)
+        let query = sqlx::query(&self.sql.release)
             .bind(micros(delay))
             .bind(error)
             .bind(reservation.id().to_string())
-            .bind(reservation.token().to_string())
-            .execute(&self.writer)
-            .await
-            .backend()?
-            .rows_affected();
-        fenced(done == 1, reservation)
+            .bind(reservation.token().to_string());
+        self.on_lease(query, reservation).await
     }
 
     async fn dead_letter(
@@ -656,26 +663,18 @@ impl Transport for SqliteTransport {
     }
 
     async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        let done = sqlx::query(&self.sql.abandon)
+        let query = sqlx::query(&self.sql.abandon)
             .bind(reservation.id().to_string())
-            .bind(reservation.token().to_string())
-            .execute(&self.writer)
-            .await
-            .backend()?
-            .rows_affected();
-        fenced(done == 1, reservation)
+            .bind(reservation.token().to_string());
+        self.on_lease(query, reservation).await
     }
 
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
-        let done = sqlx::query(&self.sql.extend)
+        let query = sqlx::query(&self.sql.extend)
             .bind(micros(lease))
             .bind(reservation.id().to_string())
-            .bind(reservation.token().to_string())
-            .execute(&self.writer)
-            .await
-            .backend()?
-            .rows_affected();
-        fenced(done == 1, reservation)
+            .bind(reservation.token().to_string());
+        self.on_lease(query, reservation).await
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {

@@ -71,6 +71,17 @@ async fn stats_of(t: &dyn Transport, q: &QueueName) -> Result<QueueStats> {
         .unwrap_or_else(|| QueueStats::new(q.as_str())))
 }
 
+/// Nothing ready, delayed, reserved or dead is left on `q`.
+async fn assert_nothing_left(t: &dyn Transport, q: &QueueName) -> Result<()> {
+    let s = stats_of(t, q).await?;
+    assert_eq!(
+        (s.ready, s.delayed, s.reserved, s.dead),
+        (0, 0, 0, 0),
+        "left on {q}: {s:?}"
+    );
+    Ok(())
+}
+
 async fn only_dead(t: &dyn Transport, q: &QueueName) -> Result<DeadLetter> {
     let mut dead = t.dead_list(Some(q), 10).await?;
     assert_eq!(dead.len(), 1, "{dead:?}");
@@ -122,12 +133,7 @@ pub async fn worker_handles_every_message_once_and_coalesces_acks(
         acks <= 500,
         "{acks} ack round trips for 1,000 messages: acks are not coalesced"
     );
-    let s = stats_of(t.as_ref(), &q).await?;
-    assert_eq!(
-        (s.ready, s.delayed, s.reserved, s.dead),
-        (0, 0, 0, 0),
-        "{s:?}"
-    );
+    assert_nothing_left(t.as_ref(), &q).await?;
     Ok(())
 }
 
@@ -568,12 +574,7 @@ pub async fn shutdown_is_prompt_at_any_moment(h: Arc<dyn Harness>) -> Result<()>
     let worker = Worker::new(t.clone(), q.clone(), fast())
         .handle_any(handler_fn(|_ctx: JobContext| async { Ok(()) }));
     drain(worker).await?;
-    let s = stats_of(t.as_ref(), &q).await?;
-    assert_eq!(
-        (s.ready, s.delayed, s.reserved, s.dead),
-        (0, 0, 0, 0),
-        "{s:?}"
-    );
+    assert_nothing_left(t.as_ref(), &q).await?;
     Ok(())
 }
 
