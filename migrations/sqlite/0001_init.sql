@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs" (
     priority     INTEGER NOT NULL DEFAULT 0,
     attempts     INTEGER NOT NULL DEFAULT 0,
     ready        INTEGER NOT NULL DEFAULT 0, -- 1: due and free, in the claim index; 0: delayed or leased
+    started      INTEGER NOT NULL DEFAULT 0, -- 1 once a handler began the current lease: only then does a lapsed lease count an attempt
     available_at INTEGER NOT NULL,         -- due time
     visible_at   INTEGER NOT NULL,         -- claimable from: the due time, or the lease end while reserved
     expires_at   INTEGER,

@@ -255,6 +255,14 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// `malformed` and are not returned.
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>>;
 
+    /// Claims up to `max` messages like [`reserve_batch`](Transport::reserve_batch), but
+    /// only ahead of use: until [`start_batch`](Transport::start_batch) marks them, a
+    /// lapsed lease on them counts no attempt. Workers use it to prefetch. By default the
+    /// same as `reserve_batch`.
+    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.reserve_batch(queue, max).await
+    }
+
     /// Removes a processed message.
     ///
     /// # Behavior
@@ -284,6 +292,21 @@ pub trait Transport: Send + Sync + fmt::Debug {
         delay: Duration,
         error: Option<&str>,
     ) -> Result<()>;
+
+    /// Tells the backend that handlers are about to start these messages, and renews their
+    /// leases. From then on a lapsed lease counts an attempt; before, it does not, so
+    /// messages a worker claimed ahead and never started are not charged when the worker
+    /// dies. Messages whose lease was lost are reported in [`AckReport::lost`] (read
+    /// "acked" as "started") and must not be started.
+    ///
+    /// By default a no-op that reports every message started (backends that count
+    /// every delivery).
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        Ok(AckReport {
+            acked: reservations.iter().map(Reservation::id).collect(),
+            lost: Vec::new(),
+        })
+    }
 
     /// Gives back a message that was reserved but never handed to a handler (a worker's
     /// prefetch at shutdown): due at once and, where the backend can tell, without

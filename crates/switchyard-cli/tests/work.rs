@@ -391,3 +391,115 @@ fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store() {
         "{stats}"
     );
 }
+
+/// With the default attempts, a poison message amid healthy ones is the only one that
+/// ends dead: the healthy messages a crashed worker had claimed but not started are not
+/// charged for the crash.
+#[test]
+fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it() {
+    let sb = Sandbox::new();
+    let before = sb.publish_lines("amid", "fine", &"{}\n".repeat(10));
+    let poison = sb.publish_lines("amid", "poison", "{}\n");
+    let after = sb.publish_lines("amid", "fine", &"{}\n".repeat(200));
+    let cmd = "if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; fi; \
+               echo \"$SWITCHYARD_MESSAGE_ID\" >> handled.log";
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs <= 10, "not contained after {runs} runs");
+        let out = sb.run(&[
+            "work",
+            "--queue",
+            "amid",
+            "--exec",
+            cmd,
+            "--drain",
+            "--concurrency",
+            "1",
+            "--visibility-timeout",
+            "1s",
+        ]);
+        if out.status.success() {
+            break;
+        }
+    }
+    let dead = sb.dead("amid");
+    let dead_ids: Vec<&str> = dead.iter().filter_map(|d| d["id"].as_str()).collect();
+    assert_eq!(
+        dead_ids,
+        [poison[0].as_str()],
+        "bystanders were dead-lettered: {dead:?}"
+    );
+    let seen = counts(&sb.path("handled.log"));
+    let missing = before
+        .iter()
+        .chain(&after)
+        .filter(|id| !seen.contains_key(*id))
+        .count();
+    assert_eq!(missing, 0, "healthy messages were not processed");
+}
+
+#[test]
+fn a_second_signal_cuts_the_grace_period_short() {
+    let sb = Sandbox::new();
+    sb.publish_lines("twice", "long", "{}\n");
+    let mut worker = sb
+        .cmd(&[
+            "work",
+            "--queue",
+            "twice",
+            "--exec",
+            "touch started; sleep 60",
+            "--grace",
+            "60s",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a worker");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sb.path("started").exists() {
+        assert!(Instant::now() < deadline, "the job did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopping = Instant::now();
+    signal(&worker, Signal::SIGINT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&worker, Signal::SIGINT);
+    let out = worker_output(&mut worker, Duration::from_secs(20));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        stopping.elapsed()
+    );
+    let stats = sb.stats("twice");
+    assert_eq!(
+        stats["ready"].as_u64(),
+        Some(1),
+        "the job was not released: {stats}"
+    );
+}
+
+#[test]
+fn a_command_that_leaves_a_background_process_finishes_when_it_exits() {
+    let sb = Sandbox::new();
+    sb.publish_lines("bg", "spawn", "{}\n");
+    let started = Instant::now();
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "bg",
+        "--exec",
+        "sleep 30 & echo spawned",
+        "--drain",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "waited for the background process"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["succeeded"], 1, "{report}");
+}

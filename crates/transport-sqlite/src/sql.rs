@@ -26,11 +26,13 @@ pub(crate) const PROMOTE_DUE: &str =
     "UPDATE \"switchyard_jobs\" SET ready = 1 WHERE ready = 0 AND visible_at <= {NOW}";
 
 /// Claims up to ?4 ready rows of queue ?3 in one atomic statement under SQLite's
-/// single-writer lock: the equivalent of `FOR UPDATE SKIP LOCKED`.
+/// single-writer lock: the equivalent of `FOR UPDATE SKIP LOCKED`. A reclaim (the old
+/// token is still there) counts an attempt only if the message had been started; ?5 says
+/// whether this claim starts it (a plain reserve) or only claims it ahead (a prefetch).
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0,
-       attempts = attempts + (token IS NOT NULL)
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, started = ?5,
+       attempts = attempts + (token IS NOT NULL AND started = 1)
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE queue = ?3 AND ready = 1
                   AND (expires_at IS NULL OR expires_at > {NOW})
@@ -52,8 +54,8 @@ SELECT seq FROM \"switchyard_jobs\"
 /// candidate a competitor took is skipped instead of fought over.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0,
-       attempts = attempts + (token IS NOT NULL)
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, started = ?6,
+       attempts = attempts + (token IS NOT NULL AND started = 1)
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE seq IN (SELECT value FROM json_each(?3)) AND queue = ?4 AND ready = 1
                   AND (expires_at IS NULL OR expires_at > {NOW})
@@ -98,15 +100,26 @@ UPDATE \"switchyard_jobs\"
    SET token = NULL, reserved_at = NULL, visible_at = {NOW}, ready = 1
  WHERE id = ?1 AND token = ?2";
 
+/// Renews a lease. A lapsed lease may already have been promoted into the claim index;
+/// while the token still matches nobody has reclaimed it, so it is hidden again.
 pub(crate) const EXTEND: &str =
-    "UPDATE \"switchyard_jobs\" SET visible_at = {NOW} + ?1 WHERE id = ?2 AND token = ?3";
+    "UPDATE \"switchyard_jobs\" SET visible_at = {NOW} + ?1, ready = 0 WHERE id = ?2 AND token = ?3";
+
+/// Marks a batch as started (?1: JSON `[id, token]` pairs) and renews their leases by ?2:
+/// from now on a lapsed lease counts an attempt.
+pub(crate) const START_BATCH: &str = "
+UPDATE \"switchyard_jobs\" SET started = 1, ready = 0, visible_at = {NOW} + ?2
+ WHERE seq IN (SELECT j.seq FROM json_each(?1) AS p
+                 JOIN \"switchyard_jobs\" AS j
+                   ON j.id = p.value ->> 0 AND j.token = p.value ->> 1)
+RETURNING id";
 
 /// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
-/// counts as an attempt)…
+/// counts as an attempt if a handler started it)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "
 INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts + 1, expires_at, ?3, COALESCE(?4, last_error), {NOW}, envelope
+SELECT id, queue, kind, priority, attempts + started, expires_at, ?3, COALESCE(?4, last_error), {NOW}, envelope
   FROM \"switchyard_jobs\"
  WHERE seq = ?1 AND token = ?2";
 
@@ -128,7 +141,7 @@ pub(crate) const DELETE_EXPIRED: &str =
 
 pub(crate) const STATS_JOBS: &str = "
 SELECT CAST(queue AS BLOB),
-       SUM(visible_at <= ?2 AND (expires_at IS NULL OR expires_at > ?2)),
+       SUM(visible_at <= ?2),
        SUM(token IS NULL AND visible_at > ?2),
        SUM(token IS NOT NULL AND visible_at > ?2),
        MIN(CASE WHEN visible_at <= ?2 AND (expires_at IS NULL OR expires_at > ?2)
@@ -195,6 +208,7 @@ pub(crate) struct Statements {
     pub(crate) release: String,
     pub(crate) extend: String,
     pub(crate) abandon: String,
+    pub(crate) start_batch: String,
     pub(crate) copy_leased_to_dead: String,
     pub(crate) delete_leased: String,
     pub(crate) copy_expired: String,
@@ -235,6 +249,7 @@ impl Statements {
             release: s(RELEASE),
             extend: s(EXTEND),
             abandon: s(ABANDON),
+            start_batch: s(START_BATCH),
             copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
             delete_leased: s(DELETE_LEASED),
             copy_expired: s(COPY_EXPIRED),

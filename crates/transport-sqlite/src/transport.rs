@@ -205,6 +205,104 @@ impl SqliteTransport {
         }
     }
 
+    /// Claims up to `max` messages; `started` says whether they count as started (a plain
+    /// reserve) or are only claimed ahead (a worker's prefetch).
+    async fn reserve_inner(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        started: bool,
+    ) -> Result<Vec<Reservation>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        if let Err(err) = self.sweep_expired().await {
+            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+        }
+        let mut out = Vec::with_capacity(max.min(1024));
+        for _ in 0..QUARANTINE_ROUNDS {
+            let token = LeaseToken::generate();
+            let mut rows = match self.claim(queue, max - out.len(), token, started).await {
+                Ok(rows) => rows,
+                // What was claimed in an earlier round is returned, never left leased.
+                Err(err) if !out.is_empty() => {
+                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                    break;
+                }
+                Err(err) => return Err(err),
+            };
+            if rows.is_empty() {
+                break;
+            }
+            rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
+            let mut quarantined = 0;
+            for row in rows {
+                match self.decode(&row) {
+                    Ok(envelope) => out.push(Reservation {
+                        receipt: Receipt::new(
+                            envelope.id,
+                            token,
+                            u64::try_from(row.seq).unwrap_or(0),
+                        ),
+                        envelope,
+                    }),
+                    Err(why) => {
+                        tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
+                        // If the move fails the row stays leased and is quarantined again
+                        // when its lease runs out; the good rows are still returned.
+                        match self
+                            .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
+                            .await
+                        {
+                            Ok(_) => quarantined += 1,
+                            Err(err) => {
+                                tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
+                            }
+                        }
+                    }
+                }
+            }
+            if quarantined == 0 || out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs a batch statement over `[id, token]` pairs (and an optional second
+    /// parameter) that returns the ids it touched; the others lost their lease.
+    async fn by_pairs(
+        &self,
+        sql: &str,
+        reservations: &[Reservation],
+        second: Option<i64>,
+    ) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        if reservations.is_empty() {
+            return Ok(report);
+        }
+        let pairs: Vec<[String; 2]> = reservations
+            .iter()
+            .map(|r| [r.id().to_string(), r.token().to_string()])
+            .collect();
+        let pairs =
+            serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+        let mut query = sqlx::query_scalar(sql).bind(pairs);
+        if let Some(second) = second {
+            query = query.bind(second);
+        }
+        let touched: Vec<String> = query.fetch_all(&self.writer).await.backend()?;
+        let touched: std::collections::HashSet<String> = touched.into_iter().collect();
+        for r in reservations {
+            if touched.contains(&r.id().to_string()) {
+                report.acked.push(r.id());
+            } else {
+                report.lost.push(r.id());
+            }
+        }
+        Ok(report)
+    }
+
     /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
     /// nothing.
     async fn on_lease<'q>(
@@ -302,6 +400,7 @@ impl SqliteTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
+        started: bool,
     ) -> Result<Vec<ClaimedRow>> {
         let recent = self
             .last_promote
@@ -311,9 +410,12 @@ impl SqliteTransport {
         if !recent {
             self.promote_due().await?;
         }
-        let mut rows = self.claim_ready(queue, max, token).await?;
+        let mut rows = self.claim_ready(queue, max, token, started).await?;
         if rows.len() < max && recent && self.promote_due().await? > 0 {
-            rows.extend(self.claim_ready(queue, max - rows.len(), token).await?);
+            rows.extend(
+                self.claim_ready(queue, max - rows.len(), token, started)
+                    .await?,
+            );
         }
         Ok(rows)
     }
@@ -323,6 +425,7 @@ impl SqliteTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
+        started: bool,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         let token = token.to_string();
@@ -333,6 +436,7 @@ impl SqliteTransport {
                     .bind(lease)
                     .bind(queue.as_str())
                     .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                    .bind(i64::from(started))
                     .fetch_all(&self.writer)
                     .await
                     .backend()?;
@@ -342,7 +446,8 @@ impl SqliteTransport {
                     .backend()
             }
             queue_core::ClaimStrategy::Optimistic => {
-                self.claim_optimistic(queue, max, &token, lease).await
+                self.claim_optimistic(queue, max, &token, lease, started)
+                    .await
             }
         }
     }
@@ -357,6 +462,7 @@ impl SqliteTransport {
         max: usize,
         token: &str,
         lease: i64,
+        started: bool,
     ) -> Result<Vec<ClaimedRow>> {
         let mut claimed = Vec::new();
         for _ in 0..4 {
@@ -378,6 +484,7 @@ impl SqliteTransport {
                 .bind(list)
                 .bind(queue.as_str())
                 .bind(i64::try_from(want).unwrap_or(i64::MAX))
+                .bind(i64::from(started))
                 .fetch_all(&self.writer)
                 .await
                 .backend()?;
@@ -548,87 +655,21 @@ impl Transport for SqliteTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        if let Err(err) = self.sweep_expired().await {
-            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
-        }
-        let mut out = Vec::with_capacity(max.min(1024));
-        for _ in 0..QUARANTINE_ROUNDS {
-            let token = LeaseToken::generate();
-            let mut rows = match self.claim(queue, max - out.len(), token).await {
-                Ok(rows) => rows,
-                // What was claimed in an earlier round is returned, never left leased.
-                Err(err) if !out.is_empty() => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
-                Err(err) => return Err(err),
-            };
-            if rows.is_empty() {
-                break;
-            }
-            rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
-            let mut quarantined = 0;
-            for row in rows {
-                match self.decode(&row) {
-                    Ok(envelope) => out.push(Reservation {
-                        receipt: Receipt::new(
-                            envelope.id,
-                            token,
-                            u64::try_from(row.seq).unwrap_or(0),
-                        ),
-                        envelope,
-                    }),
-                    Err(why) => {
-                        tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
-                        // If the move fails the row stays leased and is quarantined again
-                        // when its lease runs out; the good rows are still returned.
-                        match self
-                            .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
-                            .await
-                        {
-                            Ok(_) => quarantined += 1,
-                            Err(err) => {
-                                tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
-                            }
-                        }
-                    }
-                }
-            }
-            if quarantined == 0 || out.len() >= max {
-                break;
-            }
-        }
-        Ok(out)
+        self.reserve_inner(queue, max, true).await
+    }
+
+    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.reserve_inner(queue, max, false).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        let mut report = AckReport::default();
-        if reservations.is_empty() {
-            return Ok(report);
-        }
-        let pairs: Vec<[String; 2]> = reservations
-            .iter()
-            .map(|r| [r.id().to_string(), r.token().to_string()])
-            .collect();
-        let pairs =
-            serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
-        let deleted: Vec<String> = sqlx::query_scalar(&self.sql.ack_batch)
-            .bind(pairs)
-            .fetch_all(&self.writer)
+        self.by_pairs(&self.sql.ack_batch, reservations, None).await
+    }
+
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let lease = micros(self.options.visibility_timeout);
+        self.by_pairs(&self.sql.start_batch, reservations, Some(lease))
             .await
-            .backend()?;
-        let deleted: std::collections::HashSet<String> = deleted.into_iter().collect();
-        for r in reservations {
-            if deleted.contains(&r.id().to_string()) {
-                report.acked.push(r.id());
-            } else {
-                report.lost.push(r.id());
-            }
-        }
-        Ok(report)
     }
 
     async fn release(

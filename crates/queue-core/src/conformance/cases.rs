@@ -456,6 +456,30 @@ pub async fn extend_keeps_a_long_job_leased(h: Arc<dyn Harness>) -> Result<()> {
     Ok(())
 }
 
+/// A lease that lapsed but was extended before anyone reclaimed the message is held
+/// again: no rival can reserve it afterwards.
+pub async fn extending_a_lapsed_lease_before_a_reclaim_holds_it_again(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let store = h.store().await?;
+    let t = store.open(with_lease(Duration::from_secs(1))).await?;
+    if !t.capabilities().lease_extension {
+        return Ok(());
+    }
+    let q = fresh_queue();
+    t.publish(message(&q, "slow")).await?;
+    let r = t.reserve(&q).await?.expect("a message");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    // Any reserve, even on another queue, may move lapsed leases back into play.
+    assert!(t.reserve(&fresh_queue()).await?.is_none());
+    t.extend(&r, Duration::from_secs(30)).await?;
+    assert!(
+        t.reserve(&q).await?.is_none(),
+        "a rival reserved a message whose lease was renewed"
+    );
+    t.ack(&r).await
+}
+
 /// Eight workers drain 2,000 messages: every message claimed exactly once, none lost.
 pub async fn concurrent_workers_claim_each_message_exactly_once(h: Arc<dyn Harness>) -> Result<()> {
     const TOTAL: usize = 2_000;

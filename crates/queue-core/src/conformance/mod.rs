@@ -102,6 +102,7 @@ macro_rules! conformance_tests {
             expired_lease_is_reclaimed_and_counts_an_attempt,
             stale_token_is_fenced_with_lease_lost,
             extend_keeps_a_long_job_leased,
+            extending_a_lapsed_lease_before_a_reclaim_holds_it_again,
             concurrent_workers_claim_each_message_exactly_once,
             queues_are_isolated,
             queues_stay_isolated_under_concurrent_churn,

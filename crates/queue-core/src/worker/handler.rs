@@ -24,8 +24,12 @@ pub struct JobContext {
     /// lease.
     pub lease_token: LeaseToken,
     /// Fires when the job must stop: its lease was lost, it timed out, or the worker is
-    /// shutting down past its grace period. Long handlers should check it.
+    /// shutting down past its grace period. Long handlers should check it; half a second
+    /// later the handler is aborted.
     pub cancel: CancellationToken,
+    /// Fires when the worker starts shutting down: finish or checkpoint within the grace
+    /// period.
+    pub shutdown: CancellationToken,
 }
 
 impl JobContext {

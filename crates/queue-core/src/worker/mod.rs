@@ -7,7 +7,7 @@ mod retry;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,8 +44,10 @@ pub struct WorkerOptions {
     /// Handlers running at once.
     pub concurrency: usize,
     /// Messages claimed ahead of free handlers while handlers are fast (under 10 ms on
-    /// average), so that one commit claims many messages. While handlers are slow the
-    /// worker claims only for free handlers, leaving the rest to other workers.
+    /// average), so that one commit claims many messages. Claimed-ahead messages are
+    /// not charged an attempt if the worker dies before starting them (see
+    /// [`Transport::start_batch`]). While handlers are slow nothing is prefetched, leaving
+    /// the rest to other workers.
     pub prefetch: usize,
     /// When to retry and how often.
     pub retry: RetryPolicy,
@@ -161,6 +163,9 @@ pub struct WorkerCounters {
     /// Moving average of handler run time, in microseconds.
     handler_micros: AtomicU64,
 }
+
+/// Start marks are written for up to this many times `concurrency` messages at once.
+const START_GROUP: usize = 4;
 
 /// How long a cancelled handler may take to notice its token before it is aborted.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
@@ -305,6 +310,16 @@ impl Worker {
     /// Backend errors while reserving are logged and retried with backoff; they never
     /// stop the worker.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport> {
+        self.run_until(shutdown, CancellationToken::new()).await
+    }
+
+    /// Like [`run`](Worker::run), and cancelling `abort` (a second Ctrl-C) cuts the
+    /// grace period short: running handlers are cancelled and released at once.
+    pub async fn run_until(
+        self,
+        shutdown: CancellationToken,
+        abort: CancellationToken,
+    ) -> Result<WorkerReport> {
         let worker = Arc::new(self);
         let opts = &worker.options;
         let concurrency = opts.concurrency.max(1);
@@ -320,6 +335,8 @@ impl Worker {
         // claims many messages.
         let (tx, mut rx) = mpsc::channel::<Fetched>(concurrency + opts.prefetch);
         let finished = Arc::new(tokio::sync::Notify::new());
+        // Set while the dispatcher holds a free slot and waits for a message.
+        let waiting = Arc::new(AtomicBool::new(false));
         let fetcher = tokio::spawn(fetch_loop(
             worker.clone(),
             tx,
@@ -327,57 +344,105 @@ impl Worker {
             slots.clone(),
             acker.clone(),
             finished.clone(),
+            waiting.clone(),
         ));
         let mut tasks = JoinSet::new();
+        let mut next: std::collections::VecDeque<Reservation> = std::collections::VecDeque::new();
+        let mut held: Option<Reservation> = None;
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
 
         loop {
             while tasks.try_join_next().is_some() {}
-            // Take the message first: a slot held while waiting would make an idle worker
-            // look busy to the drain check.
-            let Fetched { reservation, at } = tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => break,
-                r = rx.recv() => match r {
-                    Some(r) => r,
-                    // The fetcher ended: the queue is drained, or it was told to stop.
-                    None => break,
-                },
-            };
+            // A slot first, then the message: nothing is marked started before a slot is
+            // free for it, so a job that kills the process charges no bystander that had
+            // not begun. The drain check knows about the slot held while waiting.
             let permit = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => {
-                    // Never started: back at once, without counting an attempt.
-                    if let Err(err) = worker.transport.abandon(&reservation).await {
-                        worker.log_settle_error("give back", &err);
-                    }
-                    break;
-                }
+                _ = shutdown.cancelled() => break,
                 permit = slots.clone().acquire_owned() => match permit {
                     Ok(p) => p,
                     Err(_) => break,
                 },
             };
-            // A message that waited in the buffer for a good part of its lease is renewed
-            // before it starts, so no other worker can have taken it meanwhile.
-            let lease = worker.transport.visibility_timeout();
-            if at.elapsed() >= lease / 3 {
-                match worker.transport.extend(&reservation, lease).await {
-                    Ok(()) => {}
-                    Err(err) => {
-                        worker.log_settle_error("renew a buffered lease", &err);
-                        continue;
+            if next.is_empty() {
+                let first = match held.take() {
+                    Some(r) => r,
+                    None => {
+                        waiting.store(true, Ordering::SeqCst);
+                        let first = tokio::select! {
+                            biased;
+                            _ = shutdown.cancelled() => None,
+                            // None: the fetcher ended (queue drained, or told to stop).
+                            r = rx.recv() => r,
+                        };
+                        waiting.store(false, Ordering::SeqCst);
+                        let Some(first) = first else { break };
+                        first.reservation
+                    }
+                };
+                // Start marks for a group at a time, so that one commit covers many
+                // starts while handlers are fast. A message that failed or was reclaimed
+                // before (a possible poison) is always marked alone.
+                let group = if worker.counters.handlers_are_fast() {
+                    START_GROUP * concurrency
+                } else {
+                    slots.available_permits() + 1
+                };
+                let mut batch = vec![first];
+                while batch.len() < group && batch[0].envelope.attempts == 0 {
+                    match rx.try_recv() {
+                        Ok(f) if f.reservation.envelope.attempts == 0 => batch.push(f.reservation),
+                        // Kept for the next round, where it is marked alone.
+                        Ok(f) => {
+                            held = Some(f.reservation);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let mut runnable = Vec::with_capacity(batch.len());
+                for r in batch {
+                    if !worker.settle_on_arrival(&r).await {
+                        runnable.push(r);
+                    }
+                }
+                // Mark them started (from now on a lapsed lease counts an attempt) and
+                // renew their leases, which may have aged in the buffer.
+                if !runnable.is_empty() {
+                    match worker.transport.start_batch(&runnable).await {
+                        Ok(report) => {
+                            for r in runnable {
+                                if report.lost.contains(&r.id()) {
+                                    worker.counters.lost.fetch_add(1, Ordering::Relaxed);
+                                    tracing::warn!(message_id = %r.id(), "lease lost before the job started; skipped");
+                                } else {
+                                    next.push_back(r);
+                                }
+                            }
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, count = runnable.len(), "could not start a batch; giving it back");
+                            for r in &runnable {
+                                if let Err(err) = worker.transport.abandon(r).await {
+                                    worker.log_settle_error("give back", &err);
+                                }
+                            }
+                        }
                     }
                 }
             }
-            let (w, stop, acker, done) = (
+            let Some(r) = next.pop_front() else {
+                continue;
+            };
+            let (w, stop, acker, done, down) = (
                 worker.clone(),
                 hard_stop.clone(),
                 acker.clone(),
                 finished.clone(),
+                shutdown.clone(),
             );
             tasks.spawn(async move {
-                w.run_one(reservation, permit, stop, acker).await;
+                w.run_one(r, permit, stop, down, acker).await;
                 done.notify_one();
             });
         }
@@ -388,16 +453,24 @@ impl Worker {
         if fetcher.await.is_err() {
             tracing::error!("the fetcher panicked");
         }
-        while let Some(Fetched { reservation: r, .. }) = rx.recv().await {
+        let unstarted: Vec<Reservation> = next.drain(..).chain(held.take()).collect();
+        for r in unstarted {
             if let Err(err) = worker.transport.abandon(&r).await {
                 worker.log_settle_error("give back", &err);
             }
         }
-        let graceful = tokio::time::timeout(opts.grace_period, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if graceful.is_err() {
+        while let Some(Fetched { reservation: r }) = rx.recv().await {
+            if let Err(err) = worker.transport.abandon(&r).await {
+                worker.log_settle_error("give back", &err);
+            }
+        }
+        let graceful = tokio::select! {
+            done = tokio::time::timeout(opts.grace_period, async {
+                while tasks.join_next().await.is_some() {}
+            }) => done.is_ok(),
+            _ = abort.cancelled() => false,
+        };
+        if !graceful {
             tracing::warn!(
                 unfinished = tasks.len(),
                 "grace period over: cancelling and releasing unfinished jobs"
@@ -434,6 +507,7 @@ impl Worker {
         reservation: Reservation,
         permit: OwnedSemaphorePermit,
         hard_stop: CancellationToken,
+        shutdown: CancellationToken,
         acker: Acker,
     ) {
         let env = &reservation.envelope;
@@ -448,20 +522,22 @@ impl Worker {
         );
         self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         self.clone()
-            .deliver(reservation, hard_stop, acker)
+            .deliver(reservation, hard_stop, shutdown, acker)
             .instrument(span)
             .await;
         self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         drop(permit);
     }
 
-    async fn deliver(self: Arc<Self>, r: Reservation, hard_stop: CancellationToken, acker: Acker) {
+    /// Settles a message that must not run: expired (where the transport does not
+    /// filter expiry itself), out of attempts, or of an unknown kind. `true` when settled.
+    async fn settle_on_arrival(&self, r: &Reservation) -> bool {
         let env = &r.envelope;
         let max_attempts = self.options.retry.max_attempts_for(env);
         if !self.transport.capabilities().expiry && env.is_expired_at(chrono::Utc::now()) {
-            self.dead_letter(&r, reason::EXPIRED, "expired before it could be handled")
+            self.dead_letter(r, reason::EXPIRED, "expired before it could be handled")
                 .await;
-            return;
+            return true;
         }
         if env.attempts >= max_attempts {
             // Reclaims after lost leases count as attempts: a message that kills or hangs
@@ -472,20 +548,35 @@ impl Worker {
                     env.attempts
                 )
             });
-            self.dead_letter(&r, reason::MAX_ATTEMPTS, &why).await;
-            return;
+            self.dead_letter(r, reason::MAX_ATTEMPTS, &why).await;
+            return true;
         }
+        if !self.handlers.contains_key(&env.kind) && self.fallback.is_none() {
+            let why = format!("no handler for kind {:?} on this worker", env.kind);
+            match self.options.unknown_kind {
+                UnknownKind::DeadLetter => self.dead_letter(r, reason::NO_HANDLER, &why).await,
+                UnknownKind::Release(delay) => self.release(r, delay, &why).await,
+            }
+            return true;
+        }
+        false
+    }
+
+    async fn deliver(
+        self: Arc<Self>,
+        r: Reservation,
+        hard_stop: CancellationToken,
+        shutdown: CancellationToken,
+        acker: Acker,
+    ) {
+        let env = &r.envelope;
+        let max_attempts = self.options.retry.max_attempts_for(env);
         let Some(handler) = self
             .handlers
             .get(&env.kind)
             .or(self.fallback.as_ref())
             .cloned()
         else {
-            let why = format!("no handler for kind {:?} on this worker", env.kind);
-            match self.options.unknown_kind {
-                UnknownKind::DeadLetter => self.dead_letter(&r, reason::NO_HANDLER, &why).await,
-                UnknownKind::Release(delay) => self.release(&r, delay, &why).await,
-            }
             return;
         };
 
@@ -496,6 +587,7 @@ impl Worker {
             max_attempts,
             lease_token: r.token(),
             cancel: cancel.clone(),
+            shutdown,
         };
         let started = std::time::Instant::now();
         // Its own task, so that a panic is caught as a JoinError.
@@ -509,8 +601,10 @@ impl Worker {
             .options
             .timeout
             .map(|t| tokio::time::Instant::now() + t);
-        let ending = loop {
+        let mut ending = loop {
             tokio::select! {
+                // A job that finished wins over a timeout or shutdown at the same instant.
+                biased;
                 joined = &mut job => break match joined {
                     Ok(result) => Ending::Finished(result),
                     Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic())),
@@ -533,8 +627,12 @@ impl Worker {
         // before it is aborted.
         cancel.cancel();
         if !job.is_finished() {
-            let _ = tokio::time::timeout(CANCEL_GRACE, &mut job).await;
+            let late = tokio::time::timeout(CANCEL_GRACE, &mut job).await;
             job.abort();
+            // A job that completes cleanly once told to stop at shutdown is done.
+            if let (Ending::ShutDown, Ok(Ok(Ok(())))) = (&ending, &late) {
+                ending = Ending::Finished(Ok(()));
+            }
         }
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
@@ -641,10 +739,9 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// A claimed message waiting in the buffer, and when it was claimed.
+/// A claimed message waiting in the buffer.
 struct Fetched {
     reservation: Reservation,
-    at: std::time::Instant,
 }
 
 /// Claims batches into the buffer while there is room; backs off while the queue is
@@ -657,6 +754,7 @@ async fn fetch_loop(
     slots: Arc<Semaphore>,
     acker: Acker,
     finished: Arc<tokio::sync::Notify>,
+    waiting: Arc<AtomicBool>,
 ) {
     let opts = &worker.options;
     let concurrency = opts.concurrency.max(1);
@@ -670,19 +768,14 @@ async fn fetch_loop(
         // while they are slow, only what free handlers can start now.
         let room = loop {
             let buffered = tx.max_capacity() - tx.capacity();
-            let want = if worker.counters.handlers_are_fast() {
-                let room = tx.capacity();
-                if room >= concurrency.min(tx.max_capacity()) {
-                    room
-                } else {
-                    0
-                }
-            } else {
-                slots
-                    .available_permits()
-                    .saturating_sub(buffered)
-                    .min(tx.capacity())
-            };
+            let fast = worker.counters.handlers_are_fast();
+            let ahead = if fast { opts.prefetch } else { 0 };
+            let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
+            let room = (free + ahead).saturating_sub(buffered).min(tx.capacity());
+            // While handlers are fast, wait for half a batch of room so that one commit
+            // claims several messages; slow handlers get theirs at once.
+            let least = if fast { (concurrency / 2).max(1) } else { 1 };
+            let want = if room >= least { room } else { 0 };
             if want > 0 {
                 break want;
             }
@@ -707,19 +800,18 @@ async fn fetch_loop(
         if let Some(n) = notified.as_mut() {
             n.as_mut().enable();
         }
-        match worker.transport.reserve_batch(&worker.queue, room).await {
+        match worker.transport.prefetch_batch(&worker.queue, room).await {
             Ok(batch) if !batch.is_empty() => {
                 pause = opts.poll_min;
-                let at = std::time::Instant::now();
                 for (reservation, permit) in batch.into_iter().zip(permits) {
-                    permit.send(Fetched { reservation, at });
+                    permit.send(Fetched { reservation });
                 }
             }
             Ok(_) => {
                 drop(permits);
-                let idle = slots.available_permits() == concurrency
-                    && tx.capacity() == tx.max_capacity()
-                    && acker.is_idle();
+                let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
+                let idle =
+                    free == concurrency && tx.capacity() == tx.max_capacity() && acker.is_idle();
                 if opts.drain && idle && worker.queue_is_empty().await {
                     return;
                 }

@@ -1,6 +1,7 @@
 //! `switchyard work --exec CMD`: runs a command once per message, in any language.
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use switchyard::worker::{
@@ -25,6 +26,14 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .as_deref()
         .map(|t| parse_duration("--timeout", t))
         .transpose()?;
+    if timeout.is_some_and(|t| t.is_zero()) {
+        return Err(switchyard::ConfigError::new(
+            "--timeout",
+            args.timeout.clone(),
+            "a duration above zero, such as 30s or 10m (leave it out for no timeout)",
+        )
+        .into());
+    }
     let retry = RetryPolicy::new(
         parse_duration("--backoff-base", &args.backoff_base)?,
         parse_duration("--backoff-max", &args.backoff_max)?,
@@ -40,9 +49,9 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     let worker = Worker::new(transport, queue, options).handle_any(ExecHandler {
         command: args.exec.clone(),
     });
-    let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone())?;
-    let report = worker.run(shutdown).await?;
+    let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
+    spawn_signal_handler(shutdown.clone(), abort.clone())?;
+    let report = worker.run_until(shutdown, abort).await?;
     if json {
         crate::output::json_line(&report)
     } else {
@@ -58,9 +67,9 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     }
 }
 
-/// SIGTERM or SIGINT starts a graceful shutdown; a second one is left to the default
-/// behaviour of the shell (the grace period bounds the wait anyway).
-fn spawn_signal_handler(shutdown: CancellationToken) -> Result<()> {
+/// The first SIGTERM or SIGINT starts a graceful shutdown; a second one cuts the grace
+/// period short.
+fn spawn_signal_handler(shutdown: CancellationToken, abort: CancellationToken) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let io = |e: std::io::Error| {
         switchyard::Error::InvalidInput(format!("cannot listen for signals: {e}"))
@@ -68,11 +77,13 @@ fn spawn_signal_handler(shutdown: CancellationToken) -> Result<()> {
     let mut term = signal(SignalKind::terminate()).map_err(io)?;
     let mut int = signal(SignalKind::interrupt()).map_err(io)?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = int.recv() => tracing::info!("SIGINT: stopping"),
+        for token in [shutdown, abort] {
+            tokio::select! {
+                _ = term.recv() => tracing::warn!("SIGTERM: stopping"),
+                _ = int.recv() => tracing::warn!("SIGINT: stopping"),
+            }
+            token.cancel();
         }
-        shutdown.cancel();
     });
     Ok(())
 }
@@ -117,19 +128,37 @@ impl Handler for ExecHandler {
                 let _ = stdin.shutdown().await;
             }
         };
-        let stdout = child.stdout.take();
-        let stderr = child.stderr.take();
-        let (_, out, err, status) = tokio::join!(
-            feed,
-            read_tail(stdout, STDOUT_KEPT),
-            read_tail(stderr, STDERR_KEPT),
-            child.wait()
-        );
+        let out_task = tokio::spawn(read_tail(child.stdout.take(), STDOUT_KEPT));
+        let err_task = tokio::spawn(read_tail(child.stderr.take(), STDERR_KEPT));
+        tokio::spawn(feed);
+        // The job ends when the command exits, not when its pipes close: a background
+        // process it left behind may hold them open.
+        let status = tokio::select! {
+            status = child.wait() => status,
+            _ = ctx.cancel.cancelled() => {
+                // Asked to stop: SIGTERM first; the worker aborts (SIGKILL) shortly after.
+                if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGTERM,
+                    );
+                }
+                child.wait().await
+            }
+        };
         let status =
             status.map_err(|e| JobError::retry(format!("waiting for the command failed: {e}")))?;
-        if let Some(mut g) = group {
-            g.disarm();
-        }
+        let pipes = Duration::from_millis(200);
+        let out = match tokio::time::timeout(pipes, out_task).await {
+            Ok(Ok(out)) => out,
+            _ => Vec::new(),
+        };
+        let err = match tokio::time::timeout(pipes, err_task).await {
+            Ok(Ok(err)) => err,
+            _ => Vec::new(),
+        };
+        // Background processes the command left in its group end with it.
+        drop(group);
         if status.success() {
             tracing::debug!(stdout_bytes = out.len(), "command succeeded");
             return Ok(());
@@ -152,15 +181,10 @@ impl Handler for ExecHandler {
     }
 }
 
-/// Kills the command's whole process group if the handler is dropped before it ends
-/// (timeout, lost lease, shutdown past the grace period).
+/// Kills the command's whole process group when the job ends: at once if the handler is
+/// dropped before the command exits (timeout, lost lease, shutdown past the grace
+/// period), and afterwards any background process the command left behind.
 struct KillGroupOnDrop(u32);
-
-impl KillGroupOnDrop {
-    fn disarm(&mut self) {
-        self.0 = 0;
-    }
-}
 
 impl Drop for KillGroupOnDrop {
     fn drop(&mut self) {
