@@ -122,6 +122,7 @@ macro_rules! conformance_tests {
             worker_honours_max_attempts_retry_after_and_fail,
             worker_dead_letters_or_releases_unknown_kinds,
             worker_never_handles_expired_messages,
+            worker_checks_expiry_where_the_backend_does_not,
             heartbeat_keeps_a_long_job_from_being_reclaimed,
             lost_lease_cancels_the_handler_at_once,
             handler_timeout_cancels_and_counts_a_failure,

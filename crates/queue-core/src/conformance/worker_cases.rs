@@ -303,6 +303,41 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
     Ok(())
 }
 
+/// Where the backend does not enforce expiry, the worker does: a message that expires
+/// after it was claimed and before a handler starts is dead-lettered as `expired`.
+pub async fn worker_checks_expiry_where_the_backend_does_not(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, inner) = open(&h, Duration::from_secs(30)).await?;
+    let mut faulty = Faulty::new(inner);
+    faulty.no_expiry_with_slow_claims = Some(Duration::from_millis(800));
+    let t = Arc::new(faulty);
+    let q = fresh_queue();
+    let soon = Envelope::builder(q.as_str(), "soon")
+        .expires_in(Duration::from_millis(300))
+        .build()?;
+    t.publish(soon).await?;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let n = handled.clone();
+    let worker = Worker::new(t.clone(), q.clone(), fast()).handle_any(handler_fn(
+        move |_ctx: JobContext| {
+            n.fetch_add(1, Ordering::SeqCst);
+            async { Ok(()) }
+        },
+    ));
+    drain(worker).await?;
+    assert_eq!(
+        handled.load(Ordering::SeqCst),
+        0,
+        "an expired message was handled"
+    );
+    let dead = only_dead(t.as_ref(), &q).await?;
+    assert_eq!(dead.reason, reason::EXPIRED);
+    assert_eq!(
+        dead.attempts, 0,
+        "a message that never ran was charged an attempt"
+    );
+    Ok(())
+}
+
 /// The heartbeat keeps a job that runs longer than the visibility timeout leased: no
 /// other worker gets it, and it is handled once.
 pub async fn heartbeat_keeps_a_long_job_from_being_reclaimed(h: Arc<dyn Harness>) -> Result<()> {
@@ -627,6 +662,9 @@ struct Faulty {
     inner: Arc<dyn Transport>,
     extend_lost: AtomicBool,
     ack_calls: AtomicUsize,
+    /// Pretend the backend does not enforce expiry, and hold claims this long before
+    /// handing them over, so that they expire in the worker's buffer.
+    no_expiry_with_slow_claims: Option<Duration>,
 }
 
 impl Faulty {
@@ -635,6 +673,7 @@ impl Faulty {
             inner,
             extend_lost: AtomicBool::new(false),
             ack_calls: AtomicUsize::new(0),
+            no_expiry_with_slow_claims: None,
         }
     }
 }
@@ -645,7 +684,11 @@ impl Transport for Faulty {
         self.inner.name()
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let mut caps = self.inner.capabilities();
+        if self.no_expiry_with_slow_claims.is_some() {
+            caps.expiry = false;
+        }
+        caps
     }
     fn visibility_timeout(&self) -> Duration {
         self.inner.visibility_timeout()
@@ -660,7 +703,11 @@ impl Transport for Faulty {
         self.inner.reserve_batch(queue, max).await
     }
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.inner.prefetch_batch(queue, max).await
+        let claimed = self.inner.prefetch_batch(queue, max).await?;
+        if let (Some(hold), false) = (self.no_expiry_with_slow_claims, claimed.is_empty()) {
+            tokio::time::sleep(hold).await;
+        }
+        Ok(claimed)
     }
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         self.inner.start_batch(reservations).await
