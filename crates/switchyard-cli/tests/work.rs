@@ -503,3 +503,45 @@ fn a_command_that_leaves_a_background_process_finishes_when_it_exits() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
     assert_eq!(report["succeeded"], 1, "{report}");
 }
+
+/// Two workers, fast jobs with one slow job among them, leases shorter than the slow job:
+/// a message marked started behind the slow job may lapse and move to the other worker,
+/// but it is never run twice.
+#[test]
+fn messages_waiting_behind_a_slow_job_are_never_run_twice() {
+    let sb = Sandbox::new();
+    let mut lines = "{\"slow\":false}\n".repeat(40);
+    lines.push_str("{\"slow\":true}\n");
+    lines.push_str(&"{\"slow\":false}\n".repeat(40));
+    let ids = sb.publish_lines("mixed", "job", &lines);
+    let cmd = "if grep -q '\"slow\":true' ; then sleep 3; fi; echo \"$SWITCHYARD_MESSAGE_ID\" >> handled.log";
+    let workers: Vec<Child> = (0..2)
+        .map(|_| {
+            sb.cmd(&[
+                "work",
+                "--queue",
+                "mixed",
+                "--exec",
+                cmd,
+                "--drain",
+                "--concurrency",
+                "1",
+                "--visibility-timeout",
+                "1s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a worker")
+        })
+        .collect();
+    for mut w in workers {
+        let out = worker_output(&mut w, Duration::from_secs(120));
+        assert!(out.status.success(), "a worker failed");
+    }
+    let seen = counts(&sb.path("handled.log"));
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "run twice: {twice:?}");
+    assert_eq!(seen.len(), ids.len(), "not every message ran");
+    assert!(sb.dead("mixed").is_empty());
+}

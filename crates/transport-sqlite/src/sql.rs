@@ -83,7 +83,7 @@ DELETE FROM \"switchyard_jobs\"
  WHERE seq IN (SELECT j.seq FROM json_each(?1) AS p
                  JOIN \"switchyard_jobs\" AS j
                    ON j.id = p.value ->> 0 AND j.token = p.value ->> 1)
-RETURNING id";
+RETURNING id, token";
 
 /// Gives a leased row back: due after ?1 µs, and ready at once when ?1 is 0.
 pub(crate) const RELEASE: &str = "
@@ -112,7 +112,7 @@ UPDATE \"switchyard_jobs\" SET started = 1, ready = 0, visible_at = {NOW} + ?2
  WHERE seq IN (SELECT j.seq FROM json_each(?1) AS p
                  JOIN \"switchyard_jobs\" AS j
                    ON j.id = p.value ->> 0 AND j.token = p.value ->> 1)
-RETURNING id";
+RETURNING id, token";
 
 /// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
 /// counts as an attempt if a handler started it)…

@@ -287,14 +287,16 @@ impl SqliteTransport {
             .collect();
         let pairs =
             serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
-        let mut query = sqlx::query_scalar(sql).bind(pairs);
+        let mut query = sqlx::query_as(sql).bind(pairs);
         if let Some(second) = second {
             query = query.bind(second);
         }
-        let touched: Vec<String> = query.fetch_all(&self.writer).await.backend()?;
-        let touched: std::collections::HashSet<String> = touched.into_iter().collect();
+        // Matched on (id, token): a batch may hold a stale copy of a message beside the
+        // current one.
+        let touched: Vec<(String, String)> = query.fetch_all(&self.writer).await.backend()?;
+        let touched: std::collections::HashSet<(String, String)> = touched.into_iter().collect();
         for r in reservations {
-            if touched.contains(&r.id().to_string()) {
+            if touched.contains(&(r.id().to_string(), r.token().to_string())) {
                 report.acked.push(r.id());
             } else {
                 report.lost.push(r.id());

@@ -347,15 +347,20 @@ impl Worker {
             waiting.clone(),
         ));
         let mut tasks = JoinSet::new();
-        let mut next: std::collections::VecDeque<Reservation> = std::collections::VecDeque::new();
+        // Messages marked started, with when, waiting for a slot.
+        let mut next: std::collections::VecDeque<(Reservation, std::time::Instant)> =
+            std::collections::VecDeque::new();
         let mut held: Option<Reservation> = None;
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
 
         loop {
             while tasks.try_join_next().is_some() {}
-            // A slot first, then the message: nothing is marked started before a slot is
-            // free for it, so a job that kills the process charges no bystander that had
-            // not begun. The drain check knows about the slot held while waiting.
+            // A slot first, then the message (the drain check knows about the slot held
+            // while waiting). While handlers are slow, only messages with a free slot are
+            // marked started. While they are fast, a group is marked at once, ahead of its
+            // slots, so one commit covers many starts: if the process dies, those waiting
+            // are charged an attempt, but each at most once, because a message with
+            // attempts > 0 is only ever marked alone, when its slot is free.
             let permit = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -380,9 +385,9 @@ impl Worker {
                         first.reservation
                     }
                 };
-                // Start marks for a group at a time, so that one commit covers many
-                // starts while handlers are fast. A message that failed or was reclaimed
-                // before (a possible poison) is always marked alone.
+                // A message that failed or was reclaimed before (a possible poison) is
+                // always marked alone.
+                // While handlers are slow, only what free slots can start now is marked.
                 let group = if worker.counters.handlers_are_fast() {
                     START_GROUP * concurrency
                 } else {
@@ -411,12 +416,13 @@ impl Worker {
                 if !runnable.is_empty() {
                     match worker.transport.start_batch(&runnable).await {
                         Ok(report) => {
+                            let at = std::time::Instant::now();
                             for r in runnable {
                                 if report.lost.contains(&r.id()) {
                                     worker.counters.lost.fetch_add(1, Ordering::Relaxed);
                                     tracing::warn!(message_id = %r.id(), "lease lost before the job started; skipped");
                                 } else {
-                                    next.push_back(r);
+                                    next.push_back((r, at));
                                 }
                             }
                         }
@@ -431,9 +437,22 @@ impl Worker {
                     }
                 }
             }
-            let Some(r) = next.pop_front() else {
+            let Some((r, marked)) = next.pop_front() else {
                 continue;
             };
+            if shutdown.is_cancelled() {
+                next.push_front((r, marked));
+                break;
+            }
+            // A message that waited a good part of its lease for a slot is renewed first;
+            // if another worker took it meanwhile, it is skipped, never run twice.
+            let lease = worker.transport.visibility_timeout();
+            if marked.elapsed() >= lease / 3 {
+                if let Err(err) = worker.transport.extend(&r, lease).await {
+                    worker.log_settle_error("renew a waiting lease", &err);
+                    continue;
+                }
+            }
             let (w, stop, acker, done, down) = (
                 worker.clone(),
                 hard_stop.clone(),
@@ -453,7 +472,8 @@ impl Worker {
         if fetcher.await.is_err() {
             tracing::error!("the fetcher panicked");
         }
-        let unstarted: Vec<Reservation> = next.drain(..).chain(held.take()).collect();
+        let unstarted: Vec<Reservation> =
+            next.drain(..).map(|(r, _)| r).chain(held.take()).collect();
         for r in unstarted {
             if let Err(err) = worker.transport.abandon(&r).await {
                 worker.log_settle_error("give back", &err);
@@ -633,6 +653,13 @@ impl Worker {
             if let (Ending::ShutDown, Ok(Ok(Ok(())))) = (&ending, &late) {
                 ending = Ending::Finished(Ok(()));
             }
+        }
+        // A job that failed because the grace period ran out was stopped by us: it goes
+        // back for immediate redelivery, not through the retry backoff.
+        if hard_stop.is_cancelled()
+            && matches!(ending, Ending::Finished(Err(_)) | Ending::Panicked(_))
+        {
+            ending = Ending::ShutDown;
         }
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
