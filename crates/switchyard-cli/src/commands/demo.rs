@@ -116,10 +116,16 @@ pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
         crate::output::human_duration(worked_in)
     );
     println!();
+    // The commands as this very binary is called (target/release/switchyard after a
+    // `cargo run`), so they can be pasted as they are.
+    let me = std::env::args()
+        .next()
+        .filter(|a| a.contains('/'))
+        .unwrap_or_else(|| "switchyard".into());
     println!("Inspect and replay what failed for good:");
-    println!("  switchyard dead list --queue {QUEUE}");
-    println!("  switchyard dead replay --all --queue {QUEUE}");
-    println!("  switchyard stats");
+    println!("  {me} dead list --queue {QUEUE}");
+    println!("  {me} dead replay --all --queue {QUEUE}");
+    println!("  {me} stats");
     Ok(())
 }
 
