@@ -171,8 +171,9 @@ fn sigterm_lets_quick_jobs_finish_and_releases_the_rest_at_once() {
     sb.publish_lines("term", "stuck", "{}\n");
     let cmd = "touch \"started-$SWITCHYARD_KIND\"; \
                if [ \"$SWITCHYARD_KIND\" = quick ]; then sleep 1; echo done > quick.done; else sleep 60; fi";
-    let mut worker = sb
-        .cmd(&[
+    let mut worker = start_and_wait_for(
+        &sb,
+        &[
             "work",
             "--queue",
             "term",
@@ -183,16 +184,9 @@ fn sigterm_lets_quick_jobs_finish_and_releases_the_rest_at_once() {
             "--grace",
             "2s",
             "--json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start a worker");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !(sb.path("started-quick").exists() && sb.path("started-stuck").exists()) {
-        assert!(Instant::now() < deadline, "the jobs did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ],
+        &["started-quick", "started-stuck"],
+    );
     let stopping = Instant::now();
     signal(&worker, Signal::SIGTERM);
     let out = worker_output(&mut worker, Duration::from_secs(20));
@@ -216,6 +210,22 @@ fn sigterm_lets_quick_jobs_finish_and_releases_the_rest_at_once() {
         (Some(1), Some(0)),
         "{stats}"
     );
+}
+
+/// Starts the binary with `args` and waits until the handlers have created `files`.
+fn start_and_wait_for(sb: &Sandbox, args: &[&str], files: &[&str]) -> Child {
+    let worker = sb
+        .cmd(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a worker");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !files.iter().all(|f| sb.path(f).exists()) {
+        assert!(Instant::now() < deadline, "the jobs did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    worker
 }
 
 fn worker_output(child: &mut Child, within: Duration) -> std::process::Output {
@@ -443,8 +453,9 @@ fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it() {
 fn a_second_signal_cuts_the_grace_period_short() {
     let sb = Sandbox::new();
     sb.publish_lines("twice", "long", "{}\n");
-    let mut worker = sb
-        .cmd(&[
+    let mut worker = start_and_wait_for(
+        &sb,
+        &[
             "work",
             "--queue",
             "twice",
@@ -452,16 +463,9 @@ fn a_second_signal_cuts_the_grace_period_short() {
             "touch started; sleep 60",
             "--grace",
             "60s",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start a worker");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !sb.path("started").exists() {
-        assert!(Instant::now() < deadline, "the job did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ],
+        &["started"],
+    );
     let stopping = Instant::now();
     signal(&worker, Signal::SIGINT);
     std::thread::sleep(Duration::from_millis(300));

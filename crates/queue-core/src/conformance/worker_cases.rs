@@ -88,6 +88,19 @@ async fn only_dead(t: &dyn Transport, q: &QueueName) -> Result<DeadLetter> {
     Ok(dead.remove(0))
 }
 
+/// Drains `q` with a handler that only counts its calls; returns the count.
+async fn drain_counting(t: Arc<dyn Transport>, q: &QueueName) -> Result<usize> {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let n = handled.clone();
+    let worker =
+        Worker::new(t, q.clone(), fast()).handle_any(handler_fn(move |_ctx: JobContext| {
+            n.fetch_add(1, Ordering::SeqCst);
+            async { Ok(()) }
+        }));
+    drain(worker).await?;
+    Ok(handled.load(Ordering::SeqCst))
+}
+
 /// Records each call of a handler: (message id, attempt, when).
 type Calls = Arc<Mutex<Vec<(Uuid, u32, Instant)>>>;
 
@@ -285,17 +298,8 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
         .expires_at(chrono::Utc::now() - chrono::TimeDelta::seconds(1))
         .build()?;
     t.publish(stale).await?;
-    let handled = Arc::new(AtomicUsize::new(0));
-    let n = handled.clone();
-    let worker = Worker::new(t.clone(), q.clone(), fast()).handle_any(handler_fn(
-        move |_ctx: JobContext| {
-            n.fetch_add(1, Ordering::SeqCst);
-            async { Ok(()) }
-        },
-    ));
-    drain(worker).await?;
     assert_eq!(
-        handled.load(Ordering::SeqCst),
+        drain_counting(t.clone(), &q).await?,
         0,
         "an expired message was handled"
     );
@@ -315,17 +319,8 @@ pub async fn worker_checks_expiry_where_the_backend_does_not(h: Arc<dyn Harness>
         .expires_in(Duration::from_millis(300))
         .build()?;
     t.publish(soon).await?;
-    let handled = Arc::new(AtomicUsize::new(0));
-    let n = handled.clone();
-    let worker = Worker::new(t.clone(), q.clone(), fast()).handle_any(handler_fn(
-        move |_ctx: JobContext| {
-            n.fetch_add(1, Ordering::SeqCst);
-            async { Ok(()) }
-        },
-    ));
-    drain(worker).await?;
     assert_eq!(
-        handled.load(Ordering::SeqCst),
+        drain_counting(t.clone(), &q).await?,
         0,
         "an expired message was handled"
     );
