@@ -7,7 +7,7 @@ mod retry;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -335,8 +335,8 @@ impl Worker {
         // claims many messages.
         let (tx, mut rx) = mpsc::channel::<Fetched>(concurrency + opts.prefetch);
         let finished = Arc::new(tokio::sync::Notify::new());
-        // Set while the dispatcher holds a free slot and waits for a message.
-        let waiting = Arc::new(AtomicBool::new(false));
+        let dispatch = Arc::new(DispatchState::default());
+        let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
         let fetcher = tokio::spawn(fetch_loop(
             worker.clone(),
             tx,
@@ -344,7 +344,7 @@ impl Worker {
             slots.clone(),
             acker.clone(),
             finished.clone(),
-            waiting.clone(),
+            dispatch.clone(),
         ));
         let mut tasks = JoinSet::new();
         // Messages marked started, with when, waiting for a slot.
@@ -423,6 +423,7 @@ impl Worker {
                                     tracing::warn!(message_id = %r.id(), "lease lost before the job started; skipped");
                                 } else {
                                     next.push_back((r, at));
+                                    marked.store(next.len(), Ordering::SeqCst);
                                 }
                             }
                         }
@@ -437,17 +438,18 @@ impl Worker {
                     }
                 }
             }
-            let Some((r, marked)) = next.pop_front() else {
+            let Some((r, marked_at)) = next.pop_front() else {
                 continue;
             };
+            marked.store(next.len(), Ordering::SeqCst);
             if shutdown.is_cancelled() {
-                next.push_front((r, marked));
+                next.push_front((r, marked_at));
                 break;
             }
             // A message that waited a good part of its lease for a slot is renewed first;
             // if another worker took it meanwhile, it is skipped, never run twice.
             let lease = worker.transport.visibility_timeout();
-            if marked.elapsed() >= lease / 3 {
+            if marked_at.elapsed() >= lease / 3 {
                 if let Err(err) = worker.transport.extend(&r, lease).await {
                     worker.log_settle_error("renew a waiting lease", &err);
                     continue;
@@ -766,6 +768,15 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
+/// What the dispatcher tells the fetcher about the messages it holds.
+#[derive(Debug, Default)]
+struct DispatchState {
+    /// Set while the dispatcher holds a free slot and waits for a message.
+    waiting: AtomicBool,
+    /// Marked messages waiting for a slot: the fetcher counts them as buffered.
+    marked: AtomicUsize,
+}
+
 /// A claimed message waiting in the buffer.
 struct Fetched {
     reservation: Reservation,
@@ -781,8 +792,9 @@ async fn fetch_loop(
     slots: Arc<Semaphore>,
     acker: Acker,
     finished: Arc<tokio::sync::Notify>,
-    waiting: Arc<AtomicBool>,
+    dispatch: Arc<DispatchState>,
 ) {
+    let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
     let opts = &worker.options;
     let concurrency = opts.concurrency.max(1);
     let waker = worker.transport.waker(&worker.queue);
@@ -794,7 +806,7 @@ async fn fetch_loop(
         // How many to claim: while handlers are fast, a whole batch into the buffer;
         // while they are slow, only what free handlers can start now.
         let room = loop {
-            let buffered = tx.max_capacity() - tx.capacity();
+            let buffered = tx.max_capacity() - tx.capacity() + marked.load(Ordering::SeqCst);
             let fast = worker.counters.handlers_are_fast();
             let ahead = if fast { opts.prefetch } else { 0 };
             let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
