@@ -806,8 +806,15 @@ async fn fetch_loop(
         // How many to claim: while handlers are fast, a whole batch into the buffer;
         // while they are slow, only what free handlers can start now.
         let room = loop {
-            let buffered = tx.max_capacity() - tx.capacity() + marked.load(Ordering::SeqCst);
             let fast = worker.counters.handlers_are_fast();
+            // While handlers are slow, messages marked and waiting in the dispatcher count
+            // too, so that a slow worker claims no more than its free slots.
+            let waiting_marked = if fast {
+                0
+            } else {
+                marked.load(Ordering::SeqCst)
+            };
+            let buffered = tx.max_capacity() - tx.capacity() + waiting_marked;
             let ahead = if fast { opts.prefetch } else { 0 };
             let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
             let room = (free + ahead).saturating_sub(buffered).min(tx.capacity());
