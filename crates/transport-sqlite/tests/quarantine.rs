@@ -5,17 +5,25 @@ use queue_core::{reason, Envelope, QueueName, Transport};
 use sqlx::Connection;
 use transport_sqlite::{SqliteOptions, SqliteTransport};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rows_with_foreign_bytes_and_types_are_quarantined_and_the_queue_goes_on() {
+const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+
+/// A transport on a fresh file, and a raw connection to write what another program might.
+async fn open() -> (tempfile::TempDir, SqliteTransport, sqlx::SqliteConnection) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let url = format!("sqlite://{}", dir.path().join("q.db").display());
     let t = SqliteTransport::connect(SqliteOptions::new(url.clone()))
         .await
         .expect("connect");
-    let mut raw = sqlx::SqliteConnection::connect(&url)
+    let raw = sqlx::SqliteConnection::connect(&url)
         .await
         .expect("raw connection");
-    let now = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+    (dir, t, raw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_with_foreign_bytes_and_types_are_quarantined_and_the_queue_goes_on() {
+    let (_dir, t, mut raw) = open().await;
+    let now = NOW;
     sqlx::query(&format!(
         "INSERT INTO switchyard_jobs (id, queue, kind, priority, attempts, available_at, visible_at, created_at, envelope) \
          VALUES (X'FF00FE', 'foreign', 'k', 'high', 'many', {now}, {now}, {now}, X'7B22763A31FF')"
@@ -65,15 +73,8 @@ async fn rows_with_foreign_bytes_and_types_are_quarantined_and_the_queue_goes_on
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_kind_or_queue_never_breaks_dead_list_or_stats() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let url = format!("sqlite://{}", dir.path().join("q.db").display());
-    let t = SqliteTransport::connect(SqliteOptions::new(url.clone()))
-        .await
-        .expect("connect");
-    let mut raw = sqlx::SqliteConnection::connect(&url)
-        .await
-        .expect("raw connection");
-    let now = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+    let (_dir, t, mut raw) = open().await;
+    let now = NOW;
     sqlx::query(&format!(
         "INSERT INTO switchyard_jobs (id, queue, kind, priority, available_at, visible_at, created_at, envelope) \
          VALUES ('x1', 'foreign', X'FF', -9223372036854775808, {now}, {now}, {now}, 'garbage')"

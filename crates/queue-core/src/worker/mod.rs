@@ -333,7 +333,7 @@ impl Worker {
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
         // so a handler that finishes finds its next message waiting and one commit
         // claims many messages.
-        let (tx, mut rx) = mpsc::channel::<Fetched>(concurrency + opts.prefetch);
+        let (tx, mut rx) = mpsc::channel::<Reservation>(concurrency + opts.prefetch);
         let finished = Arc::new(tokio::sync::Notify::new());
         let dispatch = Arc::new(DispatchState::default());
         let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
@@ -382,7 +382,7 @@ impl Worker {
                         };
                         waiting.store(false, Ordering::SeqCst);
                         let Some(first) = first else { break };
-                        first.reservation
+                        first
                     }
                 };
                 // A message that failed or was reclaimed before (a possible poison) is
@@ -396,10 +396,10 @@ impl Worker {
                 let mut batch = vec![first];
                 while batch.len() < group && batch[0].envelope.attempts == 0 {
                     match rx.try_recv() {
-                        Ok(f) if f.reservation.envelope.attempts == 0 => batch.push(f.reservation),
+                        Ok(f) if f.envelope.attempts == 0 => batch.push(f),
                         // Kept for the next round, where it is marked alone.
                         Ok(f) => {
-                            held = Some(f.reservation);
+                            held = Some(f);
                             break;
                         }
                         Err(_) => break,
@@ -481,7 +481,7 @@ impl Worker {
                 worker.log_settle_error("give back", &err);
             }
         }
-        while let Some(Fetched { reservation: r }) = rx.recv().await {
+        while let Some(r) = rx.recv().await {
             if let Err(err) = worker.transport.abandon(&r).await {
                 worker.log_settle_error("give back", &err);
             }
@@ -777,17 +777,12 @@ struct DispatchState {
     marked: AtomicUsize,
 }
 
-/// A claimed message waiting in the buffer.
-struct Fetched {
-    reservation: Reservation,
-}
-
 /// Claims batches into the buffer while there is room; backs off while the queue is
 /// empty and wakes at once on the transport's signal. Ends on shutdown, or in drain
 /// mode once the queue is empty and nothing is in flight.
 async fn fetch_loop(
     worker: Arc<Worker>,
-    tx: mpsc::Sender<Fetched>,
+    tx: mpsc::Sender<Reservation>,
     shutdown: CancellationToken,
     slots: Arc<Semaphore>,
     acker: Acker,
@@ -850,7 +845,7 @@ async fn fetch_loop(
             Ok(batch) if !batch.is_empty() => {
                 pause = opts.poll_min;
                 for (reservation, permit) in batch.into_iter().zip(permits) {
-                    permit.send(Fetched { reservation });
+                    permit.send(reservation);
                 }
             }
             Ok(_) => {

@@ -8,7 +8,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
     match command {
         DeadCommand::List { queue, limit } => {
             let queue = super::queue_arg(queue.as_deref())?;
-            let t = super::connect_existing(config).await?;
+            let t = switchyard::connect_existing(config).await?;
             let dead = t.dead_list(queue.as_ref(), limit).await?;
             if json {
                 return crate::output::json_line(&dead);
@@ -35,7 +35,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
         DeadCommand::Replay { id, all, queue } => {
             let selection = selection(id, all, None)?;
             let queue = super::queue_arg(queue.as_deref())?;
-            let t = super::connect_existing(config).await?;
+            let t = switchyard::connect_existing(config).await?;
             let n = t.dead_replay(queue.as_ref(), &selection).await?;
             report(json, "replayed", n)
         }
@@ -47,7 +47,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
         } => {
             let selection = selection(id, all, older_than)?;
             let queue = super::queue_arg(queue.as_deref())?;
-            let t = super::connect_existing(config).await?;
+            let t = switchyard::connect_existing(config).await?;
             let n = t.dead_purge(queue.as_ref(), &selection).await?;
             report(json, "purged", n)
         }

@@ -29,7 +29,7 @@ struct Invoice {
 
 pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<()> {
     let jobs = args.jobs.max(1);
-    let transport = super::connect(config).await?;
+    let transport = switchyard::connect(config).await?;
     let queue = QueueName::new(QUEUE)?;
     let run = uuid::Uuid::now_v7().simple().to_string()[..8].to_owned();
     let hopeless = jobs / 2;

@@ -7,9 +7,7 @@ mod publish;
 mod stats;
 mod work;
 
-use std::sync::Arc;
-
-use switchyard::{Config, QueueName, Result, Transport};
+use switchyard::{Config, QueueName, Result};
 
 use crate::cli::{Cli, Command, Global};
 
@@ -68,13 +66,4 @@ fn config(global: &Global) -> Result<Config> {
 /// Validates an optional `--queue`.
 fn queue_arg(queue: Option<&str>) -> Result<Option<QueueName>> {
     Ok(queue.map(QueueName::new).transpose()?)
-}
-
-async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
-    switchyard::connect(config).await
-}
-
-/// For commands that only read or manage a store: a missing SQLite file is an error.
-async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
-    switchyard::connect_existing(config).await
 }

@@ -33,7 +33,7 @@ pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Resul
             "no payload: give --payload JSON, or one JSON payload per stdin line".into(),
         ));
     }
-    let transport = super::connect(config).await?;
+    let transport = switchyard::connect(config).await?;
     let bar = crate::output::progress(envelopes.len() as u64, "publishing", json);
     for chunk in envelopes.chunks(BATCH) {
         transport.publish_batch(chunk.to_vec()).await?;

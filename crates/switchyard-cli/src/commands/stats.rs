@@ -7,7 +7,7 @@ use crate::output::human_duration;
 
 pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<()> {
     let queue = super::queue_arg(args.queue.as_deref())?;
-    let transport = super::connect_existing(config).await?;
+    let transport = switchyard::connect_existing(config).await?;
     let stats = transport.stats(queue.as_ref()).await?;
     if json {
         return crate::output::json_line(&serde_json::json!({

@@ -45,7 +45,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .with_timeout(timeout)
         .with_grace_period(parse_duration("--grace", &args.grace)?)
         .with_drain(args.drain);
-    let transport = super::connect(config).await?;
+    let transport = switchyard::connect(config).await?;
     let worker = Worker::new(transport, queue, options).handle_any(ExecHandler {
         command: args.exec.clone(),
     });
