@@ -47,6 +47,10 @@ pub use queue_core::{
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use transport_sqlite::{SqliteOptions, SqliteSynchronous, SqliteTransport};
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use transport_pg::{sqlx, ClaimCounters, PgOptions, PgTransport};
+
 /// Builds the transport that `config` selects: `QUEUE_BACKEND=exec` uses the SQL
 /// database of `DATABASE_URL`, chosen by its scheme.
 ///
@@ -94,10 +98,15 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
                 "this build has no SQLite transport: enable the Cargo feature `sqlite`",
             ))
         }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(
+            PgTransport::connect(PgOptions::from_config(config)).await?,
+        )),
+        #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => Err(missing_backend(
             "DATABASE_URL",
             &config.database_url.to_string(),
-            "the PostgreSQL transport is not part of this build yet (Cargo feature `postgres`); use sqlite://PATH",
+            "this build has no PostgreSQL transport: enable the Cargo feature `postgres`",
         )),
         "mysql" | "mariadb" => Err(missing_backend(
             "DATABASE_URL",

@@ -1,0 +1,19 @@
+//! PostgreSQL transport for switchyard: claims with `FOR UPDATE SKIP LOCKED` (or an
+//! optimistic compare-and-set), batched publish/ack, `LISTEN`/`NOTIFY` wake-ups, and
+//! publishing inside the caller's own transaction (the transactional outbox).
+//!
+//! Not meant for direct use: enable the `postgres` feature of the `switchyard` crate,
+//! which re-exports [`PgTransport`] and [`PgOptions`]. The outbox API takes
+//! [`sqlx::Transaction`]; this crate re-exports the `sqlx` it was built with, so callers
+//! can name the exact version.
+
+mod error;
+mod listener;
+mod migrate;
+mod options;
+mod sql;
+mod transport;
+
+pub use options::PgOptions;
+pub use sqlx;
+pub use transport::{ClaimCounters, PgTransport};

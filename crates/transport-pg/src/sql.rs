@@ -1,0 +1,322 @@
+//! Every statement of the transport, written for the default table name and specialised
+//! once per transport for its validated schema and table. Times travel as microsecond
+//! offsets from the server's `now()`, so no client clock ever enters a comparison.
+
+/// A dead letter that is dead-lettered again (replayed, then failed again) replaces its
+/// old copy.
+const ON_CONFLICT_REPLACE: &str = "
+    ON CONFLICT (id) DO UPDATE SET
+       queue = EXCLUDED.queue, kind = EXCLUDED.kind, priority = EXCLUDED.priority,
+       attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at, reason = EXCLUDED.reason,
+       last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope";
+
+/// A duration in microseconds (a bigint parameter) as an interval.
+const US: &str = "* interval '1 microsecond'";
+
+/// Columns returned by every claim, in the order `transport::claimed_row` reads them.
+const CLAIM_RETURNING: &str = "RETURNING j.seq, j.id, j.priority, j.attempts, \
+    floor(extract(epoch FROM j.available_at) * 1000000)::bigint, j.last_error, j.envelope";
+
+/// The claim's filter and order: the claim index `(queue, priority DESC, visible_at, seq)
+/// WHERE ready`, walked in order and cut at the limit.
+const CLAIMABLE: &str = "queue = $3 AND ready AND (expires_at IS NULL OR expires_at > now())
+   ORDER BY priority DESC, visible_at, seq";
+
+/// Whether any waiting row (delayed, or leased) has become claimable.
+pub(crate) const ANY_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE NOT ready AND visible_at <= now())";
+
+/// Moves waiting rows whose time has come into the claim index: due delayed messages and
+/// messages whose lease ran out (they keep their old token, so their reclaim counts an
+/// attempt). Rows another transaction holds are left for the next round.
+pub(crate) const PROMOTE_DUE: &str = "
+WITH due AS (
+    SELECT seq FROM \"switchyard_jobs\"
+     WHERE NOT ready AND visible_at <= now()
+     ORDER BY visible_at
+     LIMIT 10000
+       FOR UPDATE SKIP LOCKED)
+UPDATE \"switchyard_jobs\" j SET ready = true FROM due WHERE j.seq = due.seq";
+
+/// Claims up to $4 ready rows of queue $3: the CTE locks exactly the rows it returns
+/// (skipping rows other claims hold) and the UPDATE touches only those, so the planner can
+/// never claim more than the limit. A reclaim (the old token is still there) counts an
+/// attempt only if a handler had started the message; $5 says whether this claim starts
+/// it (a plain reserve) or only claims it ahead (a worker's prefetch).
+pub(crate) const CLAIM_SKIP_LOCKED: &str = "
+WITH c AS (
+    SELECT seq FROM \"switchyard_jobs\"
+     WHERE {CLAIMABLE}
+     LIMIT $4
+       FOR UPDATE SKIP LOCKED)
+UPDATE \"switchyard_jobs\" j
+   SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,
+       started = $5, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
+  FROM c
+ WHERE j.seq = c.seq
+{RETURNING}";
+
+/// The candidates of an optimistic claim, in delivery order, read without locks.
+pub(crate) const CLAIM_CANDIDATES: &str = "
+SELECT seq FROM \"switchyard_jobs\"
+ WHERE queue = $1 AND ready AND (expires_at IS NULL OR expires_at > now())
+ ORDER BY priority DESC, visible_at, seq
+ LIMIT $2";
+
+/// Compare-and-set on candidates ($6: seqs) of queue $3: claims up to $4 of those still
+/// ready, oldest first. A candidate a competitor is claiming is waited for and then, no
+/// longer ready, skipped (`ready` is checked again on the row's newest version).
+pub(crate) const CLAIM_OPTIMISTIC: &str = "
+WITH c AS (
+    SELECT seq FROM \"switchyard_jobs\"
+     WHERE seq = ANY($6) AND {CLAIMABLE}
+     LIMIT $4)
+UPDATE \"switchyard_jobs\" j
+   SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,
+       started = $5, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
+  FROM c
+ WHERE j.seq = c.seq AND j.ready
+{RETURNING}";
+
+/// Publishes a batch given as parallel arrays, in their order. An id already stored, live
+/// or dead, stores nothing new. One `NOTIFY` per queue that got a ready message ($10:
+/// the channel); PostgreSQL delivers it at commit, so a rolled-back outbox publish wakes
+/// nobody.
+pub(crate) const PUBLISH: &str = "
+WITH v AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
+                         $6::bigint[], $7::bigint[], $8::text[], $9::text[])
+           WITH ORDINALITY
+           AS v(id, queue, kind, priority, attempts, due_us, expires_us, last_error, envelope, ord)),
+ins AS (
+    INSERT INTO \"switchyard_jobs\"
+        (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, envelope)
+    SELECT v.id, v.queue, v.kind, v.priority, v.attempts, v.due_us <= 0,
+           now() + v.due_us {US}, now() + v.due_us {US}, now() + v.expires_us {US},
+           v.last_error, v.envelope
+      FROM v
+     WHERE NOT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" d WHERE d.id = v.id)
+     ORDER BY v.ord
+        ON CONFLICT (id) DO NOTHING
+    RETURNING queue, ready)
+SELECT count(*) FROM (SELECT queue, pg_notify($10, queue) FROM ins WHERE ready AND $11 GROUP BY queue) n";
+
+/// Acks a batch in one statement: $1/$2 are the ids and tokens; only rows still held
+/// under their token are deleted.
+pub(crate) const ACK_BATCH: &str = "
+DELETE FROM \"switchyard_jobs\" j
+ USING UNNEST($1::text[], $2::uuid[]) AS p(id, token)
+ WHERE j.id = p.id AND j.token = p.token
+RETURNING j.id, j.token";
+
+/// Marks a batch as started and renews the leases by $3 µs: from now on a lapsed lease
+/// counts an attempt.
+pub(crate) const START_BATCH: &str = "
+UPDATE \"switchyard_jobs\" j
+   SET started = true, ready = false, visible_at = now() + $3 {US}
+  FROM UNNEST($1::text[], $2::uuid[]) AS p(id, token)
+ WHERE j.id = p.id AND j.token = p.token
+RETURNING j.id, j.token";
+
+/// Gives a leased row back: due after $1 µs, and ready at once when $1 is 0.
+pub(crate) const RELEASE: &str = "
+UPDATE \"switchyard_jobs\"
+   SET token = NULL, reserved_at = NULL, attempts = attempts + 1, started = false,
+       available_at = now() + $1 {US}, visible_at = now() + $1 {US}, ready = ($1 <= 0),
+       last_error = COALESCE($2, last_error)
+ WHERE id = $3 AND token = $4";
+
+/// Gives back a row that was claimed but never handled: ready at once, and no attempt
+/// counted (the token is cleared, so the next claim is not a reclaim).
+pub(crate) const ABANDON: &str = "
+UPDATE \"switchyard_jobs\"
+   SET token = NULL, reserved_at = NULL, started = false, visible_at = now(), ready = true
+ WHERE id = $1 AND token = $2";
+
+/// Renews a lease. A lapsed lease may already have been promoted into the claim index;
+/// while the token still matches nobody has reclaimed it, so it is hidden again.
+pub(crate) const EXTEND: &str = "
+UPDATE \"switchyard_jobs\" SET visible_at = now() + $1 {US}, ready = false
+ WHERE id = $2 AND token = $3";
+
+/// Moves a leased row, byte for byte, into the dead table in one statement (the delivery
+/// that ends here counts as an attempt if a handler started it).
+pub(crate) const MOVE_LEASED_TO_DEAD: &str = "
+WITH moved AS (
+    DELETE FROM \"switchyard_jobs\" WHERE seq = $1 AND token = $2 RETURNING *)
+INSERT INTO \"switchyard_jobs_dead\"
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+SELECT id, queue, kind, priority, attempts + started::int, expires_at, $3,
+       COALESCE($4, last_error), now(), envelope
+  FROM moved
+{ON_CONFLICT_REPLACE}";
+
+/// Moves up to 1,000 unleased rows that expired into the dead table, in one statement.
+pub(crate) const MOVE_EXPIRED: &str = "
+WITH moved AS (
+    DELETE FROM \"switchyard_jobs\" WHERE seq IN (
+        SELECT seq FROM \"switchyard_jobs\"
+         WHERE expires_at <= now() AND visible_at <= now()
+         LIMIT 1000
+           FOR UPDATE SKIP LOCKED)
+    RETURNING *)
+INSERT INTO \"switchyard_jobs_dead\"
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, now(), envelope
+  FROM moved
+{ON_CONFLICT_REPLACE}";
+
+pub(crate) const STATS_JOBS: &str = "
+SELECT queue,
+       count(*) FILTER (WHERE visible_at <= now()),
+       count(*) FILTER (WHERE token IS NULL AND visible_at > now()),
+       count(*) FILTER (WHERE token IS NOT NULL AND visible_at > now()),
+       floor(extract(epoch FROM now() - min(available_at) FILTER (
+           WHERE visible_at <= now() AND (expires_at IS NULL OR expires_at > now()))) * 1000000)::bigint
+  FROM \"switchyard_jobs\"
+ WHERE $1::text IS NULL OR queue = $1
+ GROUP BY queue";
+
+pub(crate) const STATS_DEAD: &str = "
+SELECT queue, count(*) FROM \"switchyard_jobs_dead\"
+ WHERE $1::text IS NULL OR queue = $1
+ GROUP BY queue";
+
+pub(crate) const LIST_DEAD: &str = "
+SELECT id, queue, kind, attempts, reason, last_error,
+       floor(extract(epoch FROM dead_at) * 1000000)::bigint, envelope
+  FROM \"switchyard_jobs_dead\"
+ WHERE $1::text IS NULL OR queue = $1
+ ORDER BY dead_at, id
+ LIMIT $2";
+
+pub(crate) const DEAD_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = $1)";
+
+/// The selection of a replay or purge: queue $1, id $2, dead at least $3 µs ago (each
+/// optional).
+const DEAD_SELECTION: &str =
+    "($1::text IS NULL OR d.queue = $1) AND ($2::text IS NULL OR d.id = $2)
+   AND ($3::bigint IS NULL OR d.dead_at <= now() - $3 {US})";
+
+/// Puts the selected dead letters back, byte for byte, ready now with attempts reset and
+/// no expiry, in one statement. An id that is live again is left alone: its dead copy
+/// stays where it is. Returns the queues that got messages, to wake their workers.
+pub(crate) const REPLAY_DEAD: &str = "
+WITH moved AS (
+    DELETE FROM \"switchyard_jobs_dead\" d
+     WHERE {DEAD_SELECTION}
+       AND NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = d.id)
+    RETURNING d.*),
+ins AS (
+    INSERT INTO \"switchyard_jobs\"
+        (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, envelope)
+    SELECT id, queue, kind, priority, 0, true, now(), now(), NULL, last_error, envelope
+      FROM moved
+     ORDER BY dead_at, id
+    RETURNING queue)
+SELECT queue, count(*) FROM ins GROUP BY queue";
+
+pub(crate) const PURGE_DEAD: &str = "DELETE FROM \"switchyard_jobs_dead\" d WHERE {DEAD_SELECTION}";
+
+/// Sends one notification per queue ($2) on channel $1.
+pub(crate) const NOTIFY_QUEUES: &str =
+    "SELECT count(pg_notify($1, q)) FROM UNNEST($2::text[]) AS q";
+
+/// The plan of the skip-locked claim, for tests and the benchmark.
+pub(crate) const EXPLAIN_CLAIM: &str = "EXPLAIN (COSTS OFF) {CLAIM}";
+
+/// The statements specialised for one schema and table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) any_due: String,
+    pub(crate) promote_due: String,
+    pub(crate) claim_skip_locked: String,
+    pub(crate) claim_candidates: String,
+    pub(crate) claim_optimistic: String,
+    pub(crate) publish: String,
+    pub(crate) ack_batch: String,
+    pub(crate) start_batch: String,
+    pub(crate) release: String,
+    pub(crate) abandon: String,
+    pub(crate) extend: String,
+    pub(crate) move_leased_to_dead: String,
+    pub(crate) move_expired: String,
+    pub(crate) stats_jobs: String,
+    pub(crate) stats_dead: String,
+    pub(crate) list_dead: String,
+    pub(crate) dead_exists: String,
+    pub(crate) replay_dead: String,
+    pub(crate) purge_dead: String,
+    pub(crate) notify_queues: String,
+    pub(crate) explain_claim: String,
+}
+
+/// Rewrites SQL written for the default table: `"switchyard_jobs…"` (a table reference)
+/// becomes the schema-qualified, quoted name, and a bare `switchyard_jobs…` (an index name,
+/// which PostgreSQL places in the table's schema) the bare table name. Both names are
+/// validated identifiers.
+pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String {
+    let qualified = match schema {
+        Some(schema) => format!("\"{schema}\".\"{table}"),
+        None => format!("\"{table}"),
+    };
+    sql.replace("{RETURNING}", CLAIM_RETURNING)
+        .replace("{CLAIMABLE}", CLAIMABLE)
+        .replace("{DEAD_SELECTION}", DEAD_SELECTION)
+        .replace("{ON_CONFLICT_REPLACE}", ON_CONFLICT_REPLACE)
+        .replace("{CLAIM}", CLAIM_SKIP_LOCKED)
+        .replace("{US}", US)
+        .replace("\"switchyard_jobs", "\u{0}")
+        .replace("switchyard_jobs", table)
+        .replace('\u{0}', &qualified)
+}
+
+impl Statements {
+    pub(crate) fn new(schema: Option<&str>, table: &str) -> Self {
+        let s = |sql: &str| specialise(sql, schema, table);
+        Statements {
+            any_due: s(ANY_DUE),
+            promote_due: s(PROMOTE_DUE),
+            claim_skip_locked: s(CLAIM_SKIP_LOCKED),
+            claim_candidates: s(CLAIM_CANDIDATES),
+            claim_optimistic: s(CLAIM_OPTIMISTIC),
+            publish: s(PUBLISH),
+            ack_batch: s(ACK_BATCH),
+            start_batch: s(START_BATCH),
+            release: s(RELEASE),
+            abandon: s(ABANDON),
+            extend: s(EXTEND),
+            move_leased_to_dead: s(MOVE_LEASED_TO_DEAD),
+            move_expired: s(MOVE_EXPIRED),
+            stats_jobs: s(STATS_JOBS),
+            stats_dead: s(STATS_DEAD),
+            list_dead: s(LIST_DEAD),
+            dead_exists: s(DEAD_EXISTS),
+            replay_dead: s(REPLAY_DEAD),
+            purge_dead: s(PURGE_DEAD),
+            notify_queues: s(NOTIFY_QUEUES),
+            explain_claim: s(EXPLAIN_CLAIM),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specialise_qualifies_tables_and_keeps_index_names_bare() {
+        let sql = "CREATE INDEX IF NOT EXISTS switchyard_jobs_claim ON \"switchyard_jobs\" (q); \
+                   SELECT 1 FROM \"switchyard_jobs_dead\"";
+        assert_eq!(
+            specialise(sql, Some("tenant_a"), "jobs"),
+            "CREATE INDEX IF NOT EXISTS jobs_claim ON \"tenant_a\".\"jobs\" (q); \
+             SELECT 1 FROM \"tenant_a\".\"jobs_dead\""
+        );
+        assert_eq!(
+            specialise(sql, None, "jobs"),
+            "CREATE INDEX IF NOT EXISTS jobs_claim ON \"jobs\" (q); SELECT 1 FROM \"jobs_dead\""
+        );
+    }
+}

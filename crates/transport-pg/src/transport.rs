@@ -1,0 +1,1012 @@
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::{
+    reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
+    Envelope, Error, Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result,
+    Transport,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
+use tokio::sync::Notify;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use uuid::Uuid;
+
+use crate::error::{is_conflict, SqlxResultExt, TRANSPORT};
+use crate::listener::{self, Wakers};
+use crate::migrate::{migrate, uninstall};
+use crate::options::PgOptions;
+use crate::sql::Statements;
+
+/// Rows per publish statement: bounds the size of one statement's arrays.
+const PUBLISH_CHUNK: usize = 1_000;
+/// How often a transport moves expired messages to the dead-letter store.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long a promotion of due rows counts as fresh.
+const PROMOTE_EVERY: Duration = Duration::from_millis(50);
+/// How many rounds one reserve spends skipping malformed rows before it returns.
+const QUARANTINE_ROUNDS: usize = 16;
+/// How often an optimistic claim that lost a deadlock runs again.
+const CONFLICT_RETRIES: usize = 5;
+
+/// A [`Transport`] over a PostgreSQL table.
+///
+/// Claims are one statement each: `FOR UPDATE SKIP LOCKED` (the default) or an
+/// optimistic compare-and-set; acks, start marks and publishes are batched into one
+/// statement per batch. Publishes send a `NOTIFY` that wakes idle workers listening on
+/// the same table, in any process.
+pub struct PgTransport {
+    pool: PgPool,
+    connect: PgConnectOptions,
+    sql: Arc<Statements>,
+    options: PgOptions,
+    schema: Option<String>,
+    table: String,
+    channel: String,
+    last_sweep: Mutex<Option<Instant>>,
+    last_promote: Mutex<Option<Instant>>,
+    wakers: Arc<Wakers>,
+    listening: Mutex<bool>,
+    stop: CancellationToken,
+    _stop_on_drop: DropGuard,
+    counters: Counters,
+}
+
+impl fmt::Debug for PgTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgTransport")
+            .field("url", &self.options.url)
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("claim", &self.options.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    claim_requested: AtomicU64,
+    claim_wasted: AtomicU64,
+    claim_conflicts: AtomicU64,
+}
+
+/// How much work optimistic claims lost to competitors, since the transport was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimCounters {
+    /// Rows that optimistic claims tried to take (candidates that were ready when read,
+    /// up to the batch size).
+    pub requested: u64,
+    /// Of those, rows a competitor took between the read and the compare-and-set.
+    pub wasted: u64,
+    /// Claim statements that lost a deadlock and ran again.
+    pub conflicts: u64,
+}
+
+impl ClaimCounters {
+    /// `wasted / requested`, or 0 before any claim.
+    pub fn wasted_ratio(&self) -> f64 {
+        if self.requested == 0 {
+            0.0
+        } else {
+            self.wasted as f64 / self.requested as f64
+        }
+    }
+}
+
+/// A claimed row before decoding.
+struct ClaimedRow {
+    seq: i64,
+    id: String,
+    priority: i32,
+    attempts: i32,
+    available_at: i64,
+    last_error: Option<String>,
+    envelope: String,
+}
+
+fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
+    Ok(ClaimedRow {
+        seq: row.try_get(0)?,
+        id: row.try_get(1)?,
+        priority: row.try_get(2)?,
+        attempts: row.try_get(3)?,
+        available_at: row.try_get::<Option<i64>, _>(4)?.unwrap_or(0),
+        last_error: row.try_get(5)?,
+        envelope: row.try_get(6)?,
+    })
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
+fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    (to - from)
+        .num_microseconds()
+        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
+}
+
+fn to_time(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+fn attempts_u32(n: i32) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The rows of one publish statement as parallel arrays, validated and encoded.
+#[derive(Default)]
+struct PublishArrays {
+    ids: Vec<String>,
+    queues: Vec<String>,
+    kinds: Vec<String>,
+    priorities: Vec<i32>,
+    attempts: Vec<i32>,
+    due_us: Vec<i64>,
+    expires_us: Vec<Option<i64>>,
+    last_errors: Vec<Option<String>>,
+    envelopes: Vec<String>,
+}
+
+impl PgTransport {
+    /// Validates the options, connects, and applies the schema (idempotently; many
+    /// processes may do it at once). Configuration errors are raised before any
+    /// connection is made.
+    pub async fn connect(options: PgOptions) -> Result<Self> {
+        let table = Identifier::table("QUEUE_TABLE (table)", options.table.clone())?;
+        let schema = options
+            .schema
+            .clone()
+            .map(|s| Identifier::new("QUEUE_SCHEMA (schema)", s))
+            .transpose()?;
+        if options.visibility_timeout < Duration::from_millis(100) {
+            return Err(ConfigError::new(
+                "QUEUE_VISIBILITY_TIMEOUT",
+                Some(format!("{:?}", options.visibility_timeout)),
+                "expected a lease of at least 100ms",
+            )
+            .into());
+        }
+        let scheme = options.url.scheme();
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(ConfigError::new(
+                "DATABASE_URL",
+                Some(options.url.to_string()),
+                "expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE for the PostgreSQL transport",
+            )
+            .into());
+        }
+        if options.max_connections == 0 {
+            return Err(ConfigError::new(
+                "max_connections",
+                Some("0".into()),
+                "expected at least 1 connection",
+            )
+            .into());
+        }
+        let connect = PgConnectOptions::from_str(options.url.expose())
+            .map_err(|e| {
+                ConfigError::new(
+                    "DATABASE_URL",
+                    Some(options.url.to_string()),
+                    format!("expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE ({e})"),
+                )
+            })?
+            .application_name("switchyard");
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.clone())
+            .await
+            .backend()?;
+        let schema = schema.map(|s| s.as_str().to_owned());
+        let table = table.as_str().to_owned();
+        migrate(&pool, schema.as_deref(), &table).await?;
+        let stop = CancellationToken::new();
+        tracing::debug!(url = %options.url, schema, table, claim = %options.claim, "postgres transport ready");
+        Ok(PgTransport {
+            pool,
+            connect,
+            sql: Arc::new(Statements::new(schema.as_deref(), &table)),
+            channel: listener::channel(schema.as_deref(), &table),
+            schema,
+            table,
+            options,
+            last_sweep: Mutex::new(None),
+            last_promote: Mutex::new(None),
+            wakers: Arc::default(),
+            listening: Mutex::new(false),
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The options this transport runs with.
+    pub fn options(&self) -> &PgOptions {
+        &self.options
+    }
+
+    /// The connection pool, for the caller's own queries and transactions.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The `NOTIFY` channel that publishes to this table signal.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// What optimistic claims have lost to competitors so far.
+    pub fn claim_counters(&self) -> ClaimCounters {
+        ClaimCounters {
+            requested: self.counters.claim_requested.load(Ordering::Relaxed),
+            wasted: self.counters.claim_wasted.load(Ordering::Relaxed),
+            conflicts: self.counters.claim_conflicts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Closes the pool and stops listening.
+    pub async fn close(&self) {
+        self.stop.cancel();
+        self.pool.close().await;
+    }
+
+    /// Drops this transport's job and dead-letter tables, messages and all. For tests,
+    /// benchmarks and tearing down a tenant; the schema itself is left in place.
+    pub async fn drop_store(&self) -> Result<()> {
+        uninstall(&self.pool, self.schema.as_deref(), &self.table).await
+    }
+
+    /// Publishes inside the caller's own transaction (the transactional outbox): the
+    /// message exists if and only if the transaction commits, and idle workers are woken
+    /// at the commit.
+    ///
+    /// ```no_run
+    /// # async fn f(t: &transport_pg::PgTransport, env: queue_core::Envelope) -> queue_core::Result<()> {
+    /// let mut tx = t.pool().begin().await.map_err(|e| queue_core::Error::backend("postgres", false, e))?;
+    /// // … the caller's own writes on `tx` …
+    /// t.publish_tx(&mut tx, env).await?;
+    /// tx.commit().await.map_err(|e| queue_core::Error::backend("postgres", false, e))?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn publish_tx(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Postgres>,
+        envelope: Envelope,
+    ) -> Result<()> {
+        self.publish_batch_tx(tx, vec![envelope]).await
+    }
+
+    /// Publishes several messages inside the caller's own transaction.
+    pub async fn publish_batch_tx(
+        &self,
+        tx: &mut sqlx::Transaction<'_, Postgres>,
+        envelopes: Vec<Envelope>,
+    ) -> Result<()> {
+        let chunks = self.encode(envelopes)?;
+        for chunk in &chunks {
+            self.insert(&mut **tx, chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// The plan PostgreSQL chooses for the skip-locked claim on `queue` (`EXPLAIN`
+    /// without costs), to check that the claim stays an index scan at any depth.
+    pub async fn explain_claim(&self, queue: &QueueName, max: usize) -> Result<String> {
+        let rows: Vec<String> = sqlx::query_scalar(&self.sql.explain_claim)
+            .bind(Uuid::nil())
+            .bind(micros(self.options.visibility_timeout))
+            .bind(queue.as_str())
+            .bind(limit(max))
+            .bind(false)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        Ok(rows.join("\n"))
+    }
+
+    /// Validates every envelope (size) before anything is stored, and splits them into
+    /// statement-sized chunks.
+    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Vec<PublishArrays>> {
+        let local_now = Utc::now();
+        let mut chunks = Vec::with_capacity(envelopes.len().div_ceil(PUBLISH_CHUNK));
+        let mut cur = PublishArrays::default();
+        for env in envelopes {
+            let json = env.to_json();
+            if json.len() > self.options.max_payload_bytes {
+                env.check_size(self.options.max_payload_bytes)?;
+            }
+            // Delay and expiry become offsets from the publisher's clock, applied to the
+            // server's: the publisher's clock skew cannot shift them, and a due time
+            // carried over from another backend keeps its place.
+            cur.due_us
+                .push(micros_between(local_now, env.available_at).max(0));
+            cur.expires_us
+                .push(env.expires_at.map(|t| micros_between(local_now, t)));
+            cur.ids.push(env.id.to_string());
+            cur.queues.push(env.queue.as_str().to_owned());
+            cur.kinds.push(env.kind.clone());
+            cur.priorities.push(i32::from(env.priority));
+            cur.attempts
+                .push(i32::try_from(env.attempts).unwrap_or(i32::MAX));
+            cur.last_errors.push(env.last_error.clone());
+            cur.envelopes.push(json);
+            if cur.ids.len() == PUBLISH_CHUNK {
+                chunks.push(std::mem::take(&mut cur));
+            }
+        }
+        if !cur.ids.is_empty() {
+            chunks.push(cur);
+        }
+        Ok(chunks)
+    }
+
+    async fn insert(&self, conn: &mut PgConnection, rows: &PublishArrays) -> Result<()> {
+        sqlx::query(&self.sql.publish)
+            .bind(&rows.ids)
+            .bind(&rows.queues)
+            .bind(&rows.kinds)
+            .bind(&rows.priorities)
+            .bind(&rows.attempts)
+            .bind(&rows.due_us)
+            .bind(&rows.expires_us)
+            .bind(&rows.last_errors)
+            .bind(&rows.envelopes)
+            .bind(&self.channel)
+            .bind(self.options.notify)
+            .execute(conn)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    /// Starts the `LISTEN` task the first time a worker asks for a wake-up signal (and
+    /// only inside a tokio runtime).
+    fn ensure_listening(&self) {
+        if !self.options.notify {
+            return;
+        }
+        let mut listening = self.listening.lock().unwrap_or_else(|e| e.into_inner());
+        if *listening {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(listener::listen(
+                self.connect.clone(),
+                self.channel.clone(),
+                self.wakers.clone(),
+                self.stop.clone(),
+            ));
+            *listening = true;
+        }
+    }
+
+    /// Claims up to `max` messages; `started` says whether they count as started (a plain
+    /// reserve) or are only claimed ahead (a worker's prefetch).
+    async fn reserve_inner(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        started: bool,
+    ) -> Result<Vec<Reservation>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        if let Err(err) = self.sweep_expired().await {
+            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+        }
+        let mut out = Vec::with_capacity(max.min(1024));
+        for _ in 0..QUARANTINE_ROUNDS {
+            let token = LeaseToken::generate();
+            let mut rows = match self.claim(queue, max - out.len(), token, started).await {
+                Ok(rows) => rows,
+                // What was claimed in an earlier round is returned, never left leased.
+                Err(err) if !out.is_empty() => {
+                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                    break;
+                }
+                Err(err) => return Err(err),
+            };
+            if rows.is_empty() {
+                break;
+            }
+            rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
+            let mut quarantined = 0;
+            for row in rows {
+                match decode(&row) {
+                    Ok(envelope) => out.push(Reservation {
+                        receipt: Receipt::new(
+                            envelope.id,
+                            token,
+                            u64::try_from(row.seq).unwrap_or(0),
+                        ),
+                        envelope,
+                    }),
+                    Err(why) => {
+                        tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
+                        // If the move fails the row stays leased and is quarantined again
+                        // when its lease runs out; the good rows are still returned.
+                        match self
+                            .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
+                            .await
+                        {
+                            Ok(_) => quarantined += 1,
+                            Err(err) => {
+                                tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
+                            }
+                        }
+                    }
+                }
+            }
+            if quarantined == 0 || out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
+    /// few milliseconds; then it runs only when the claim comes back short, so a busy
+    /// drain does not pay for it on every batch and an idle queue still sees due rows at
+    /// once.
+    async fn claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        started: bool,
+    ) -> Result<Vec<ClaimedRow>> {
+        let recent = self
+            .last_promote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY);
+        if !recent {
+            self.promote_due().await?;
+        }
+        let mut rows = self.claim_ready(queue, max, token, started).await?;
+        if rows.len() < max && recent && self.promote_due().await? > 0 {
+            rows.extend(
+                self.claim_ready(queue, max - rows.len(), token, started)
+                    .await?,
+            );
+        }
+        Ok(rows)
+    }
+
+    /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
+    /// index, returning how many. An idle poll only reads.
+    async fn promote_due(&self) -> Result<u64> {
+        *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let any: bool = sqlx::query_scalar(&self.sql.any_due)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        if !any {
+            return Ok(0);
+        }
+        Ok(sqlx::query(&self.sql.promote_due)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected())
+    }
+
+    async fn claim_ready(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        started: bool,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
+        match self.options.claim {
+            ClaimStrategy::SkipLocked => {
+                let rows = sqlx::query(&self.sql.claim_skip_locked)
+                    .bind(token.0)
+                    .bind(lease)
+                    .bind(queue.as_str())
+                    .bind(limit(max))
+                    .bind(started)
+                    .fetch_all(&self.pool)
+                    .await
+                    .backend()?;
+                rows.iter()
+                    .map(claimed_row)
+                    .collect::<std::result::Result<_, _>>()
+                    .backend()
+            }
+            // Optimistic claims are the portable fallback; the type is matched
+            // exhaustively in queue-core, so a new strategy lands here until handled.
+            _ => {
+                self.claim_optimistic(queue, max, token, lease, started)
+                    .await
+            }
+        }
+    }
+
+    /// Reads several times as many candidates as wanted without any lock, then claims up
+    /// to `max` of those still ready with one compare-and-set. When competitors took
+    /// some in between, fresh candidates are read (a few times at most), so a reserve
+    /// does not come back short while rows are ready.
+    async fn claim_optimistic(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        lease: i64,
+        started: bool,
+    ) -> Result<Vec<ClaimedRow>> {
+        let mut claimed = Vec::new();
+        for _ in 0..4 {
+            let want = max - claimed.len();
+            // A wide window lets competitors that read the same candidates each find
+            // rows still free; the claim itself still takes the oldest ones.
+            let window = want.saturating_mul(8).clamp(64, 4096);
+            let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+                .bind(queue.as_str())
+                .bind(limit(window))
+                .fetch_all(&self.pool)
+                .await
+                .backend()?;
+            if candidates.is_empty() {
+                break;
+            }
+            let mut conflicts = 0;
+            let rows = loop {
+                let attempt = sqlx::query(&self.sql.claim_optimistic)
+                    .bind(token.0)
+                    .bind(lease)
+                    .bind(queue.as_str())
+                    .bind(limit(want))
+                    .bind(started)
+                    .bind(&candidates)
+                    .fetch_all(&self.pool)
+                    .await;
+                match attempt {
+                    Err(err) if is_conflict(&err) && conflicts < CONFLICT_RETRIES => {
+                        conflicts += 1;
+                        self.counters
+                            .claim_conflicts
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => break other.backend()?,
+                }
+            };
+            let tried = want.min(candidates.len()) as u64;
+            self.counters
+                .claim_requested
+                .fetch_add(tried, Ordering::Relaxed);
+            self.counters
+                .claim_wasted
+                .fetch_add(tried.saturating_sub(rows.len() as u64), Ordering::Relaxed);
+            for row in &rows {
+                claimed.push(claimed_row(row).backend()?);
+            }
+            // Done when we got what we asked for, or the queue had no more to give.
+            if claimed.len() >= max || candidates.len() < window {
+                break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Moves the row `seq` that this transport holds under `token` to the dead-letter
+    /// store, byte for byte, in one statement. `false` when the lease is gone.
+    async fn move_to_dead(
+        &self,
+        seq: i64,
+        token: LeaseToken,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        let moved = sqlx::query(&self.sql.move_leased_to_dead)
+            .bind(seq)
+            .bind(token.0)
+            .bind(reason)
+            .bind(error)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        Ok(moved == 1)
+    }
+
+    /// Moves unleased expired rows to the dead-letter store, at most once per second.
+    async fn sweep_expired(&self) -> Result<()> {
+        {
+            let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        let moved = sqlx::query(&self.sql.move_expired)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        if moved > 0 {
+            tracing::info!(
+                count = moved,
+                "expired messages moved to the dead-letter store"
+            );
+        }
+        Ok(())
+    }
+
+    /// Runs a batch statement over (id, token) pairs (and an optional lease) that returns
+    /// the pairs it touched; the others lost their lease.
+    async fn by_pairs(
+        &self,
+        sql: &str,
+        reservations: &[Reservation],
+        lease: Option<i64>,
+    ) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        if reservations.is_empty() {
+            return Ok(report);
+        }
+        let ids: Vec<String> = reservations.iter().map(|r| r.id().to_string()).collect();
+        let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
+        let mut query = sqlx::query_as(sql).bind(&ids).bind(&tokens);
+        if let Some(lease) = lease {
+            query = query.bind(lease);
+        }
+        // Matched on (id, token): a batch may hold a stale copy of a message beside the
+        // current one.
+        let touched: Vec<(String, Uuid)> = query.fetch_all(&self.pool).await.backend()?;
+        let touched: HashSet<(String, Uuid)> = touched.into_iter().collect();
+        for (r, id) in reservations.iter().zip(ids) {
+            if touched.contains(&(id, r.token().0)) {
+                report.acked.push(r.id());
+            } else {
+                report.lost.push(r.id());
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
+    /// nothing.
+    async fn on_lease(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        reservation: &Reservation,
+    ) -> Result<()> {
+        let done = query.execute(&self.pool).await.backend()?.rows_affected();
+        fenced(done == 1, reservation)
+    }
+
+    /// The id and age cutoff (µs) of a selection.
+    fn selection(selection: &DeadSelection) -> Result<(Option<String>, Option<i64>)> {
+        Ok(match selection {
+            DeadSelection::Id(id) => (Some(id.clone()), None),
+            DeadSelection::All => (None, None),
+            DeadSelection::OlderThan(age) => (None, Some(micros(*age))),
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "unsupported dead-letter selection {selection:?}"
+                )))
+            }
+        })
+    }
+}
+
+fn decode(row: &ClaimedRow) -> std::result::Result<Envelope, String> {
+    let mut env = Envelope::from_json(&row.envelope).map_err(|e| e.to_string())?;
+    if env.id.to_string() != row.id {
+        return Err(format!(
+            "the envelope's id {} does not match the row's id {}",
+            env.id, row.id
+        ));
+    }
+    // The columns carry the delivery state; the JSON carries the message as published.
+    env.attempts = attempts_u32(row.attempts);
+    env.available_at = to_time(row.available_at);
+    env.last_error.clone_from(&row.last_error);
+    Ok(env)
+}
+
+/// `Ok` when a statement touched the reserved row; [`Error::LeaseLost`] when the lease
+/// was gone and nothing changed.
+fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
+    if touched {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost {
+            message_id: reservation.id(),
+        })
+    }
+}
+
+fn count(n: Option<i64>) -> u64 {
+    u64::try_from(n.unwrap_or(0)).unwrap_or(0)
+}
+
+#[async_trait]
+impl Transport for PgTransport {
+    fn name(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.exact_fifo = true;
+        caps.priorities = true;
+        caps.exact_delays = true;
+        caps.lease_extension = true;
+        caps.idempotent_publish = true;
+        caps.expiry = true;
+        caps.table_isolation = true;
+        caps.transactional_publish = true;
+        caps.wake_signal = self.options.notify;
+        caps.max_payload_bytes = self.options.max_payload_bytes;
+        caps
+    }
+
+    fn visibility_timeout(&self) -> Duration {
+        self.options.visibility_timeout
+    }
+
+    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        self.ensure_listening();
+        Some(self.wakers.get(queue.as_str()))
+    }
+
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        let chunks = self.encode(envelopes)?;
+        if let [chunk] = chunks.as_slice() {
+            // One statement is atomic on its own: no explicit transaction needed.
+            let mut conn = self.pool.acquire().await.backend()?;
+            self.insert(&mut conn, chunk).await?;
+        } else {
+            let mut tx = self.pool.begin().await.backend()?;
+            for chunk in &chunks {
+                self.insert(&mut tx, chunk).await?;
+            }
+            tx.commit().await.backend()?;
+        }
+        // Workers of this transport need not wait for the round trip of the NOTIFY.
+        let mut last = "";
+        for q in chunks.iter().flat_map(|c| c.queues.iter()) {
+            if q != last {
+                self.wakers.wake(q);
+                last = q;
+            }
+        }
+        Ok(())
+    }
+
+    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.reserve_inner(queue, max, true).await
+    }
+
+    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.reserve_inner(queue, max, false).await
+    }
+
+    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        self.by_pairs(&self.sql.ack_batch, reservations, None).await
+    }
+
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let lease = micros(self.options.visibility_timeout);
+        self.by_pairs(&self.sql.start_batch, reservations, Some(lease))
+            .await
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        delay: Duration,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let query = sqlx::query(&self.sql.release)
+            .bind(micros(delay))
+            .bind(error)
+            .bind(reservation.id().to_string())
+            .bind(reservation.token().0);
+        self.on_lease(query, reservation).await?;
+        if delay.is_zero() {
+            self.wakers.wake(reservation.envelope.queue.as_str());
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        reservation: &Reservation,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
+        // The receipt's tag is the row's seq; a replayed message gets a new row.
+        let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
+        let moved = self
+            .move_to_dead(seq, reservation.token(), reason, error)
+            .await?;
+        if moved {
+            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
+        }
+        fenced(moved, reservation)
+    }
+
+    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
+        let query = sqlx::query(&self.sql.abandon)
+            .bind(reservation.id().to_string())
+            .bind(reservation.token().0);
+        self.on_lease(query, reservation).await
+    }
+
+    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
+        let query = sqlx::query(&self.sql.extend)
+            .bind(micros(lease))
+            .bind(reservation.id().to_string())
+            .bind(reservation.token().0);
+        self.on_lease(query, reservation).await
+    }
+
+    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
+        let q = queue.map(QueueName::as_str);
+        let mut by_queue: HashMap<String, QueueStats> = HashMap::new();
+        let rows = sqlx::query(&self.sql.stats_jobs)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        for row in rows {
+            let name: String = row.try_get(0).backend()?;
+            let oldest: Option<i64> = row.try_get(4).backend()?;
+            let s = by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name));
+            s.ready = count(row.try_get(1).backend()?);
+            s.delayed = count(row.try_get(2).backend()?);
+            s.reserved = count(row.try_get(3).backend()?);
+            s.oldest_ready_age =
+                oldest.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+        }
+        let rows = sqlx::query(&self.sql.stats_dead)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        for row in rows {
+            let name: String = row.try_get(0).backend()?;
+            by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name))
+                .dead = count(row.try_get(1).backend()?);
+        }
+        let mut out: Vec<QueueStats> = by_queue.into_values().collect();
+        out.sort_by(|a, b| a.queue.cmp(&b.queue));
+        Ok(out)
+    }
+
+    async fn dead_list(
+        &self,
+        queue: Option<&QueueName>,
+        limit_n: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        let rows = sqlx::query(&self.sql.list_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(limit(limit_n))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut d = DeadLetter::new(
+                row.try_get::<String, _>(0).backend()?,
+                row.try_get::<String, _>(1).backend()?,
+                row.try_get::<String, _>(4).backend()?,
+                to_time(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
+            );
+            d.kind = row.try_get(2).backend()?;
+            d.attempts = attempts_u32(row.try_get(3).backend()?);
+            d.last_error = row.try_get(5).backend()?;
+            let body: String = row.try_get(7).backend()?;
+            match Envelope::from_json(&body) {
+                Ok(mut env) => {
+                    env.attempts = d.attempts;
+                    env.last_error.clone_from(&d.last_error);
+                    d.envelope = Some(env);
+                }
+                Err(_) => d.raw = Some(body),
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    async fn dead_replay(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = Self::selection(selection)?;
+        let mut tx = self.pool.begin().await.backend()?;
+        let moved: Vec<(String, i64)> = sqlx::query_as(&self.sql.replay_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id.as_deref())
+            .bind(age)
+            .fetch_all(&mut *tx)
+            .await
+            .backend()?;
+        let queues: Vec<&str> = moved.iter().map(|(q, _)| q.as_str()).collect();
+        if self.options.notify && !queues.is_empty() {
+            sqlx::query(&self.sql.notify_queues)
+                .bind(&self.channel)
+                .bind(&queues)
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        tx.commit().await.backend()?;
+        let total: i64 = moved.iter().map(|(_, n)| n).sum();
+        let total = u64::try_from(total).unwrap_or(0);
+        if total == 0 {
+            if let DeadSelection::Id(id) = selection {
+                let exists: bool = sqlx::query_scalar(&self.sql.dead_exists)
+                    .bind(id)
+                    .fetch_one(&self.pool)
+                    .await
+                    .backend()?;
+                return Err(if exists {
+                    Error::InvalidInput(format!(
+                        "dead letter {id} was not replayed: a live message has the same id"
+                    ))
+                } else {
+                    Error::NotFound {
+                        what: "dead letter",
+                        id: id.clone(),
+                    }
+                });
+            }
+        }
+        queues.iter().for_each(|q| self.wakers.wake(q));
+        tracing::info!(count = total, "dead letters replayed");
+        Ok(total)
+    }
+
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = Self::selection(selection)?;
+        let purged = sqlx::query(&self.sql.purge_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id.as_deref())
+            .bind(age)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        if purged == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        Ok(purged)
+    }
+}
