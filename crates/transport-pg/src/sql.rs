@@ -261,11 +261,11 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         Some(schema) => format!("\"{schema}\".\"{table}"),
         None => format!("\"{table}"),
     };
-    sql.replace("{RETURNING}", CLAIM_RETURNING)
+    sql.replace("{CLAIM}", CLAIM_SKIP_LOCKED)
+        .replace("{RETURNING}", CLAIM_RETURNING)
         .replace("{CLAIMABLE}", CLAIMABLE)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{ON_CONFLICT_REPLACE}", ON_CONFLICT_REPLACE)
-        .replace("{CLAIM}", CLAIM_SKIP_LOCKED)
         .replace("{US}", US)
         .replace("\"switchyard_jobs", "\u{0}")
         .replace("switchyard_jobs", table)

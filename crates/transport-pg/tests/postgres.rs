@@ -1,0 +1,228 @@
+//! What only PostgreSQL does: publishing inside the caller's transaction, `NOTIFY`
+//! wake-ups across transports (and after the listening connection is killed), concurrent
+//! migrations, and a claim that stays an index scan at a depth of a million rows.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
+use queue_core::{CancellationToken, ClaimStrategy, Envelope, Error, QueueName, Result, Transport};
+use support::Schema;
+use transport_pg::sqlx::{self, Connection};
+use transport_pg::PgTransport;
+
+fn err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::backend("postgres", false, e)
+}
+
+fn queue() -> QueueName {
+    QueueName::new(format!("pg.{}", uuid::Uuid::new_v4().simple())).expect("a valid queue name")
+}
+
+fn job(q: &QueueName, n: usize) -> Envelope {
+    Envelope::builder(q.as_str(), "job")
+        .payload(&serde_json::json!({ "n": n }))
+        .build()
+        .expect("a valid envelope")
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Runs `f` unless the server is unreachable outside CI.
+fn with_server<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    if let Some(reason) = support::skip_reason() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    rt().block_on(async {
+        tokio::time::timeout(Duration::from_secs(240), f())
+            .await
+            .expect("the test finished within 240 s")
+            .expect("the test succeeded");
+    });
+}
+
+/// A worker that only polls every 30 s, so that it handles anything sooner only when
+/// something wakes it. Returns the handled count and the stop token.
+fn sleepy_worker(
+    t: Arc<PgTransport>,
+    q: &QueueName,
+) -> (Arc<AtomicUsize>, Arc<tokio::sync::Notify>, CancellationToken) {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let got = Arc::new(tokio::sync::Notify::new());
+    let (h, g) = (handled.clone(), got.clone());
+    let options = WorkerOptions::default().with_poll(Duration::from_secs(30), Duration::from_secs(30));
+    let worker = Worker::new(t, q.clone(), options).handle_any(handler_fn(move |_ctx: JobContext| {
+        h.fetch_add(1, Ordering::SeqCst);
+        g.notify_one();
+        async { Ok(()) }
+    }));
+    let stop = CancellationToken::new();
+    tokio::spawn(worker.run(stop.clone()));
+    (handled, got, stop)
+}
+
+#[test]
+fn publish_in_the_callers_transaction_exists_only_after_commit() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        t.publish_tx(&mut tx, job(&q, 1)).await?;
+        t.publish_batch_tx(&mut tx, vec![job(&q, 2), job(&q, 3)]).await?;
+        // Not visible to anyone else before the commit.
+        assert!(t.reserve(&q).await?.is_none(), "an uncommitted publish was visible");
+        tx.rollback().await.map_err(err)?;
+        assert!(t.reserve(&q).await?.is_none(), "a rolled-back publish survived");
+        assert!(t.stats(Some(&q)).await?.is_empty());
+
+        let kept = job(&q, 4);
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        sqlx::query("SELECT 1").execute(&mut *tx).await.map_err(err)?; // the caller's own work
+        t.publish_tx(&mut tx, kept.clone()).await?;
+        tx.commit().await.map_err(err)?;
+        let r = t.reserve(&q).await?.expect("the committed message");
+        assert_eq!(r.id(), kept.id);
+        t.ack(&r).await?;
+        assert!(t.reserve(&q).await?.is_none());
+        Ok(())
+    });
+}
+
+#[test]
+fn a_commit_wakes_idle_workers_of_other_transports() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let worker_side = schema.open(ClaimStrategy::SkipLocked).await?;
+        let publisher = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let (handled, got, stop) = sleepy_worker(worker_side, &q);
+        tokio::time::sleep(Duration::from_millis(500)).await; // listening, and asleep
+
+        let mut tx = publisher.pool().begin().await.map_err(err)?;
+        publisher.publish_tx(&mut tx, job(&q, 1)).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(handled.load(Ordering::SeqCst), 0, "handled before the commit");
+        tx.commit().await.map_err(err)?;
+        let woke = tokio::time::timeout(Duration::from_secs(5), got.notified()).await;
+        assert!(woke.is_ok(), "the worker slept through the NOTIFY (poll pause 30 s)");
+
+        // A plain publish of the other transport wakes it too.
+        publisher.publish(job(&q, 2)).await?;
+        let woke = tokio::time::timeout(Duration::from_secs(5), got.notified()).await;
+        assert!(woke.is_ok(), "the worker slept through a publish's NOTIFY");
+        stop.cancel();
+        Ok(())
+    });
+}
+
+#[test]
+fn the_listener_reconnects_after_its_connection_is_killed() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let worker_side = schema.open(ClaimStrategy::SkipLocked).await?;
+        let publisher = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let channel = worker_side.channel().to_owned();
+        let (_handled, got, stop) = sleepy_worker(worker_side, &q);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
+        let mut admin = sqlx::PgConnection::connect(&support::url()).await.map_err(err)?;
+        let killed: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN \"' || $1 || '\"'",
+        )
+        .bind(&channel)
+        .fetch_all(&mut admin)
+        .await
+        .map_err(err)?;
+        assert_eq!(killed, vec![true], "exactly one listening connection was killed");
+        // The worker looks once when the connection drops; let it fall asleep again and
+        // the listener reconnect.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+
+        publisher.publish(job(&q, 1)).await?;
+        let woke = tokio::time::timeout(Duration::from_secs(10), got.notified()).await;
+        assert!(woke.is_ok(), "no wake-up after the listener's connection was killed");
+        stop.cancel();
+        Ok(())
+    });
+}
+
+#[test]
+fn many_processes_can_migrate_the_same_schema_at_once() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let opens = (0..8).map(|_| {
+            let options = schema.options(ClaimStrategy::SkipLocked);
+            tokio::spawn(PgTransport::connect(options))
+        });
+        for open in opens {
+            open.await.map_err(err)??;
+        }
+        // And again, on a schema that is already there.
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        t.publish(job(&q, 1)).await?;
+        assert!(t.reserve(&q).await?.is_some());
+        Ok(())
+    });
+}
+
+/// With a million ready rows in the queue (and a million in another queue) the claim is
+/// still an index scan of the claim index, cut at the limit: no sequential scan, no sort.
+#[test]
+fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let table = format!("\"{}\".\"switchyard_jobs\"", schema.name);
+        let mut conn = sqlx::PgConnection::connect(&support::url()).await.map_err(err)?;
+        for name in [q.as_str(), "other"] {
+            sqlx::query(&format!(
+                "INSERT INTO {table} (id, queue, kind, ready, available_at, visible_at, envelope)
+                 SELECT gen_random_uuid()::text, $1, 'k', true, now(), now(), '{{}}'
+                   FROM generate_series(1, 1000000)"
+            ))
+            .bind(name)
+            .execute(&mut conn)
+            .await
+            .map_err(err)?;
+        }
+        sqlx::query(&format!("ANALYZE {table}"))
+            .execute(&mut conn)
+            .await
+            .map_err(err)?;
+        let plan = t.explain_claim(&q, 100).await?;
+        eprintln!("claim plan at a depth of 1,000,000:\n{plan}");
+        assert!(
+            plan.contains("Index Scan using switchyard_jobs_claim"),
+            "the claim does not walk the claim index:\n{plan}"
+        );
+        assert!(plan.contains("Limit"), "{plan}");
+        assert!(!plan.contains("Seq Scan"), "the claim scans the table:\n{plan}");
+        assert!(!plan.contains("Sort"), "the claim sorts:\n{plan}");
+
+        // And a claim at that depth still serves the highest priority first.
+        let urgent = Envelope::builder(q.as_str(), "job").priority(9).build()?;
+        t.publish(urgent.clone()).await?;
+        let got = t.reserve(&q).await?.expect("the urgent message");
+        assert_eq!(got.id(), urgent.id);
+        Ok(())
+    });
+}
