@@ -258,11 +258,23 @@ fn worker_output(child: &mut Child, within: Duration) -> std::process::Output {
 /// could have held: their running handlers plus their unflushed acks.
 #[test]
 fn workers_killed_mid_drain_lose_nothing() {
+    workers_killed_mid_drain_lose_nothing_on(&Sandbox::new());
+}
+
+/// The same on PostgreSQL.
+#[cfg(feature = "postgres")]
+#[test]
+fn workers_killed_mid_drain_lose_nothing_on_postgres() {
+    if let Some(sb) = Sandbox::postgres() {
+        workers_killed_mid_drain_lose_nothing_on(&sb);
+    }
+}
+
+fn workers_killed_mid_drain_lose_nothing_on(sb: &Sandbox) {
     const MESSAGES: usize = 5_000;
     const WORKERS: usize = 4;
     const CONCURRENCY: usize = 4;
     const ACK_BATCH: usize = 256; // the worker's default ack batch
-    let sb = Sandbox::new();
     let lines: String = (0..MESSAGES).map(|i| format!("{{\"n\":{i}}}\n")).collect();
     let ids = sb.publish_lines("crash", "job", &lines);
     assert_eq!(ids.len(), MESSAGES);
@@ -344,7 +356,19 @@ fn workers_killed_mid_drain_lose_nothing() {
 /// after max_attempts reclaims, and the rest of the queue is processed.
 #[test]
 fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store() {
-    let sb = Sandbox::new();
+    poison_message_ends_dead_on(&Sandbox::new());
+}
+
+/// The same on PostgreSQL.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store_on_postgres() {
+    if let Some(sb) = Sandbox::postgres() {
+        poison_message_ends_dead_on(&sb);
+    }
+}
+
+fn poison_message_ends_dead_on(sb: &Sandbox) {
     let good = sb.publish_lines("poison", "fine", &"{}\n".repeat(20));
     let poison = sb.publish_lines("poison", "poison", "{}\n");
     let cmd = "if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; fi; \
@@ -407,7 +431,19 @@ fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store() {
 /// charged for the crash.
 #[test]
 fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it() {
-    let sb = Sandbox::new();
+    poison_amid_healthy_on(&Sandbox::new());
+}
+
+/// The same on PostgreSQL.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it_on_postgres() {
+    if let Some(sb) = Sandbox::postgres() {
+        poison_amid_healthy_on(&sb);
+    }
+}
+
+fn poison_amid_healthy_on(sb: &Sandbox) {
     let before = sb.publish_lines("amid", "fine", &"{}\n".repeat(10));
     let poison = sb.publish_lines("amid", "poison", "{}\n");
     let after = sb.publish_lines("amid", "fine", &"{}\n".repeat(200));

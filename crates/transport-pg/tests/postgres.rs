@@ -60,16 +60,22 @@ where
 fn sleepy_worker(
     t: Arc<PgTransport>,
     q: &QueueName,
-) -> (Arc<AtomicUsize>, Arc<tokio::sync::Notify>, CancellationToken) {
+) -> (
+    Arc<AtomicUsize>,
+    Arc<tokio::sync::Notify>,
+    CancellationToken,
+) {
     let handled = Arc::new(AtomicUsize::new(0));
     let got = Arc::new(tokio::sync::Notify::new());
     let (h, g) = (handled.clone(), got.clone());
-    let options = WorkerOptions::default().with_poll(Duration::from_secs(30), Duration::from_secs(30));
-    let worker = Worker::new(t, q.clone(), options).handle_any(handler_fn(move |_ctx: JobContext| {
-        h.fetch_add(1, Ordering::SeqCst);
-        g.notify_one();
-        async { Ok(()) }
-    }));
+    let options =
+        WorkerOptions::default().with_poll(Duration::from_secs(30), Duration::from_secs(30));
+    let worker =
+        Worker::new(t, q.clone(), options).handle_any(handler_fn(move |_ctx: JobContext| {
+            h.fetch_add(1, Ordering::SeqCst);
+            g.notify_one();
+            async { Ok(()) }
+        }));
     let stop = CancellationToken::new();
     tokio::spawn(worker.run(stop.clone()));
     (handled, got, stop)
@@ -84,16 +90,26 @@ fn publish_in_the_callers_transaction_exists_only_after_commit() {
 
         let mut tx = t.pool().begin().await.map_err(err)?;
         t.publish_tx(&mut tx, job(&q, 1)).await?;
-        t.publish_batch_tx(&mut tx, vec![job(&q, 2), job(&q, 3)]).await?;
+        t.publish_batch_tx(&mut tx, vec![job(&q, 2), job(&q, 3)])
+            .await?;
         // Not visible to anyone else before the commit.
-        assert!(t.reserve(&q).await?.is_none(), "an uncommitted publish was visible");
+        assert!(
+            t.reserve(&q).await?.is_none(),
+            "an uncommitted publish was visible"
+        );
         tx.rollback().await.map_err(err)?;
-        assert!(t.reserve(&q).await?.is_none(), "a rolled-back publish survived");
+        assert!(
+            t.reserve(&q).await?.is_none(),
+            "a rolled-back publish survived"
+        );
         assert!(t.stats(Some(&q)).await?.is_empty());
 
         let kept = job(&q, 4);
         let mut tx = t.pool().begin().await.map_err(err)?;
-        sqlx::query("SELECT 1").execute(&mut *tx).await.map_err(err)?; // the caller's own work
+        sqlx::query("SELECT 1")
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?; // the caller's own work
         t.publish_tx(&mut tx, kept.clone()).await?;
         tx.commit().await.map_err(err)?;
         let r = t.reserve(&q).await?.expect("the committed message");
@@ -117,10 +133,17 @@ fn a_commit_wakes_idle_workers_of_other_transports() {
         let mut tx = publisher.pool().begin().await.map_err(err)?;
         publisher.publish_tx(&mut tx, job(&q, 1)).await?;
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(handled.load(Ordering::SeqCst), 0, "handled before the commit");
+        assert_eq!(
+            handled.load(Ordering::SeqCst),
+            0,
+            "handled before the commit"
+        );
         tx.commit().await.map_err(err)?;
         let woke = tokio::time::timeout(Duration::from_secs(5), got.notified()).await;
-        assert!(woke.is_ok(), "the worker slept through the NOTIFY (poll pause 30 s)");
+        assert!(
+            woke.is_ok(),
+            "the worker slept through the NOTIFY (poll pause 30 s)"
+        );
 
         // A plain publish of the other transport wakes it too.
         publisher.publish(job(&q, 2)).await?;
@@ -142,7 +165,9 @@ fn the_listener_reconnects_after_its_connection_is_killed() {
         let (_handled, got, stop) = sleepy_worker(worker_side, &q);
         tokio::time::sleep(Duration::from_millis(500)).await;
 
-        let mut admin = sqlx::PgConnection::connect(&support::url()).await.map_err(err)?;
+        let mut admin = sqlx::PgConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
         let killed: Vec<bool> = sqlx::query_scalar(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN \"' || $1 || '\"'",
         )
@@ -150,14 +175,21 @@ fn the_listener_reconnects_after_its_connection_is_killed() {
         .fetch_all(&mut admin)
         .await
         .map_err(err)?;
-        assert_eq!(killed, vec![true], "exactly one listening connection was killed");
+        assert_eq!(
+            killed,
+            vec![true],
+            "exactly one listening connection was killed"
+        );
         // The worker looks once when the connection drops; let it fall asleep again and
         // the listener reconnect.
         tokio::time::sleep(Duration::from_secs(2)).await;
 
         publisher.publish(job(&q, 1)).await?;
         let woke = tokio::time::timeout(Duration::from_secs(10), got.notified()).await;
-        assert!(woke.is_ok(), "no wake-up after the listener's connection was killed");
+        assert!(
+            woke.is_ok(),
+            "no wake-up after the listener's connection was killed"
+        );
         stop.cancel();
         Ok(())
     });
@@ -192,7 +224,9 @@ fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
         let t = schema.open(ClaimStrategy::SkipLocked).await?;
         let q = queue();
         let table = format!("\"{}\".\"switchyard_jobs\"", schema.name);
-        let mut conn = sqlx::PgConnection::connect(&support::url()).await.map_err(err)?;
+        let mut conn = sqlx::PgConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
         for name in [q.as_str(), "other"] {
             sqlx::query(&format!(
                 "INSERT INTO {table} (id, queue, kind, ready, available_at, visible_at, envelope)
@@ -215,7 +249,10 @@ fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
             "the claim does not walk the claim index:\n{plan}"
         );
         assert!(plan.contains("Limit"), "{plan}");
-        assert!(!plan.contains("Seq Scan"), "the claim scans the table:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan"),
+            "the claim scans the table:\n{plan}"
+        );
         assert!(!plan.contains("Sort"), "the claim sorts:\n{plan}");
 
         // And a claim at that depth still serves the highest priority first.

@@ -159,3 +159,41 @@ macro_rules! conformance_tests {
         )*
     };
 }
+
+/// Whether the server of `url` (`scheme://user@host:port/…`) accepts TCP connections:
+/// `None` when it does, otherwise a line saying that `backend`'s tests are skipped.
+///
+/// # Panics
+/// Under `CI=true` an unreachable server is a failure, never a skip.
+pub fn skip_unless_reachable(backend: &str, url: &str, default_port: u16) -> Option<String> {
+    use std::net::{TcpStream, ToSocketAddrs};
+
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:{default_port}")
+    };
+    let reachable = host_port
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok());
+    if reachable {
+        return None;
+    }
+    let why = format!(
+        "{backend} tests skipped: no server at {host_port} (run scripts/test, which installs and starts one)"
+    );
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{why}; under CI=true an unreachable backend is a failure"
+    );
+    Some(why)
+}

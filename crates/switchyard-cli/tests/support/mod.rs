@@ -7,13 +7,42 @@ use std::process::{Command, Output, Stdio};
 
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
+    /// `Some(schema)` when the sandbox's queue lives in PostgreSQL.
+    pub pg_schema: Option<String>,
+}
+
+/// The PostgreSQL server of the tests: `SWITCHYARD_TEST_PG_URL`, by default the local one.
+pub fn pg_url() -> String {
+    std::env::var("SWITCHYARD_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
 impl Sandbox {
+    /// A sandbox with its own SQLite database file.
     pub fn new() -> Self {
         Sandbox {
             dir: tempfile::tempdir().expect("a temporary directory"),
+            pg_schema: None,
         }
+    }
+
+    /// A sandbox with its own schema in the test PostgreSQL database, or `None` (having
+    /// said why) when no server is reachable outside CI.
+    pub fn postgres() -> Option<Self> {
+        if let Some(why) =
+            queue_core::conformance::skip_unless_reachable("PostgreSQL", &pg_url(), 5432)
+        {
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let schema = format!("sy_test_{secs}_{:08x}", fastrand::u32(..));
+        Some(Sandbox {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            pg_schema: Some(schema),
+        })
     }
 
     pub fn db(&self) -> std::path::PathBuf {
@@ -35,7 +64,12 @@ impl Sandbox {
         ] {
             cmd.env_remove(var);
         }
-        cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display()));
+        match &self.pg_schema {
+            Some(schema) => cmd
+                .env("DATABASE_URL", pg_url())
+                .env("QUEUE_SCHEMA", schema),
+            None => cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display())),
+        };
         cmd
     }
 
@@ -133,4 +167,21 @@ pub fn assert_one_line_error(out: &Output, needles: &[&str]) {
         "printed on stdout: {}",
         text(&out.stdout)
     );
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // The transport-pg tests also drop test schemas left behind for over an hour.
+        if let Some(schema) = &self.pg_schema {
+            let _ = Command::new("psql")
+                .args([
+                    &pg_url(),
+                    "-qc",
+                    &format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
 }

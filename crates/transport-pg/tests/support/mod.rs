@@ -2,9 +2,7 @@
 //! test so that tests run in parallel without seeing each other.
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
 
 use queue_core::{ClaimStrategy, Error, Result};
 use transport_pg::sqlx::{self, Connection, PgConnection};
@@ -19,34 +17,7 @@ pub fn url() -> String {
 /// `None` when the server answers; otherwise why the tests skip. Under `CI=true` an
 /// unreachable server fails the test instead.
 pub fn skip_reason() -> Option<String> {
-    let url = url();
-    let host_port = url
-        .split('@')
-        .next_back()
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or("127.0.0.1:5432")
-        .to_owned();
-    let host_port = if host_port.contains(':') {
-        host_port
-    } else {
-        format!("{host_port}:5432")
-    };
-    let reachable = host_port
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok());
-    if reachable {
-        return None;
-    }
-    let why = format!(
-        "PostgreSQL backend: no server at {host_port} (set SWITCHYARD_TEST_PG_URL, or run scripts/test, which installs and starts one)"
-    );
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{why}; under CI=true an unreachable backend is a failure"
-    );
-    Some(why)
+    queue_core::conformance::skip_unless_reachable("PostgreSQL", &url(), 5432)
 }
 
 fn err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
