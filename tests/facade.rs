@@ -27,10 +27,11 @@ async fn rabbitmq_without_its_transport_is_a_configuration_error_naming_the_feat
 
 #[tokio::test]
 async fn a_sql_url_without_its_transport_names_the_feature_and_hides_the_password() {
-    for (url, feature) in [
-        ("postgres://app:s3cret@127.0.0.1:1/db", "`postgres`"),
-        ("mysql://app:s3cret@127.0.0.1:1/db", "`mysql`"),
-    ] {
+    let mut cases = vec![("mysql://app:s3cret@127.0.0.1:1/db", "`mysql`")];
+    if cfg!(not(feature = "postgres")) {
+        cases.push(("postgres://app:s3cret@127.0.0.1:1/db", "`postgres`"));
+    }
+    for (url, feature) in cases {
         let cfg = config(&[("DATABASE_URL", url.into())]);
         let err = switchyard::connect(&cfg)
             .await
@@ -56,5 +57,46 @@ async fn the_default_backend_is_sqlite_and_works_end_to_end() -> switchyard::Res
     assert_eq!(r.id(), env.id);
     t.ack(&r).await?;
     assert!(!format!("{t:?}").is_empty());
+    Ok(())
+}
+
+/// `DATABASE_URL=postgres://…` selects the PostgreSQL transport; a failed connection
+/// never shows the password.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_postgres_url_selects_the_postgres_transport() -> switchyard::Result<()> {
+    let cfg = config(&[(
+        "DATABASE_URL",
+        "postgres://app:s3cret@127.0.0.1:1/db".into(),
+    )]);
+    let err = switchyard::connect(&cfg)
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(!err.to_string().contains("s3cret"), "{err}");
+    assert!(!format!("{err:?}").contains("s3cret"), "{err:?}");
+
+    let url = std::env::var("SWITCHYARD_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    if let Some(why) = queue_core::conformance::skip_unless_reachable("PostgreSQL", &url, 5432) {
+        eprintln!("SKIPPED: {why}");
+        return Ok(());
+    }
+    let table = format!(
+        "facade_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let cfg = config(&[("DATABASE_URL", url), ("QUEUE_TABLE", table.clone())]);
+    let t = switchyard::connect(&cfg).await?;
+    assert_eq!(t.name(), "postgres");
+    let env = Envelope::builder("facade", "ping").build()?;
+    t.publish(env.clone()).await?;
+    let r = t
+        .reserve(&QueueName::new("facade")?)
+        .await?
+        .expect("the message");
+    assert_eq!(r.id(), env.id);
+    t.ack(&r).await?;
+    let pg = switchyard::PgTransport::connect(switchyard::PgOptions::from_config(&cfg)).await?;
+    pg.drop_store().await?;
     Ok(())
 }

@@ -198,4 +198,11 @@ pub(crate) struct BenchArgs {
     /// Only this claim strategy (default: both)
     #[arg(long = "only-claim")]
     pub(crate) only_claim: Option<String>,
+    /// Also drain with this many more messages queued behind the measured ones (for
+    /// example 1000000), and show the claim's plan at that depth
+    #[arg(long, default_value_t = 0)]
+    pub(crate) depth: usize,
+    /// Reserver counts for the optimistic claim's contention measurement (PostgreSQL)
+    #[arg(long, value_delimiter = ',', default_value = "8,32")]
+    pub(crate) reservers: Vec<usize>,
 }

@@ -10,21 +10,36 @@ const ON_CONFLICT_REPLACE: &str = "
        attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at, reason = EXCLUDED.reason,
        last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope";
 
+/// The started flag a claim sets from its mode ($5: 0 no, 1 yes, 2 only when the message
+/// comes with no attempts); SET expressions see the row's old values.
+const STARTED: &str = "started = CASE $5::int
+           WHEN 2 THEN j.attempts + (j.token IS NOT NULL AND j.started)::int = 0
+           ELSE $5::int = 1 END";
+
 /// A duration in microseconds (a bigint parameter) as an interval.
 const US: &str = "* interval '1 microsecond'";
 
 /// Columns returned by every claim, in the order `transport::claimed_row` reads them.
 const CLAIM_RETURNING: &str = "RETURNING j.seq, j.id, j.priority, j.attempts, \
-    floor(extract(epoch FROM j.available_at) * 1000000)::bigint, j.last_error, j.envelope";
+    floor(extract(epoch FROM j.available_at) * 1000000)::bigint, j.last_error, j.envelope, j.started";
 
 /// The claim's filter and order: the claim index `(queue, priority DESC, visible_at, seq)
 /// WHERE ready`, walked in order and cut at the limit.
 const CLAIMABLE: &str = "queue = $3 AND ready AND (expires_at IS NULL OR expires_at > now())
    ORDER BY priority DESC, visible_at, seq";
 
-/// Whether any waiting row (delayed, or leased) has become claimable.
-pub(crate) const ANY_DUE: &str =
-    "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE NOT ready AND visible_at <= now())";
+/// Whether any waiting row (delayed, or leased) has become claimable. Written as "the
+/// earliest waiting row" rather than `EXISTS`: with stale statistics the planner may
+/// expect `EXISTS` to hit a match early in a sequential scan, whereas an ordered
+/// `LIMIT 1` is one step down the due index whatever the estimates say.
+pub(crate) const ANY_DUE: &str = "SELECT COALESCE((
+    SELECT visible_at <= now() FROM \"switchyard_jobs\"
+     WHERE NOT ready ORDER BY visible_at LIMIT 1), false)";
+
+/// Whether any row has expired (one step down the expiry index, as above).
+pub(crate) const ANY_EXPIRED: &str = "SELECT COALESCE((
+    SELECT expires_at <= now() FROM \"switchyard_jobs\"
+     WHERE expires_at IS NOT NULL ORDER BY expires_at LIMIT 1), false)";
 
 /// Moves waiting rows whose time has come into the claim index: due delayed messages and
 /// messages whose lease ran out (they keep their old token, so their reclaim counts an
@@ -42,7 +57,8 @@ UPDATE \"switchyard_jobs\" j SET ready = true FROM due WHERE j.seq = due.seq";
 /// (skipping rows other claims hold) and the UPDATE touches only those, so the planner can
 /// never claim more than the limit. A reclaim (the old token is still there) counts an
 /// attempt only if a handler had started the message; $5 says whether this claim starts
-/// it (a plain reserve) or only claims it ahead (a worker's prefetch).
+/// it (1, a plain reserve), only claims it ahead (0, a prefetch), or starts it only if it
+/// comes with no attempts (2, a fast worker's prefetch).
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
 WITH c AS (
     SELECT seq FROM \"switchyard_jobs\"
@@ -51,7 +67,7 @@ WITH c AS (
        FOR UPDATE SKIP LOCKED)
 UPDATE \"switchyard_jobs\" j
    SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,
-       started = $5, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
+       {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
   FROM c
  WHERE j.seq = c.seq
 {RETURNING}";
@@ -73,7 +89,7 @@ WITH c AS (
      LIMIT $4)
 UPDATE \"switchyard_jobs\" j
    SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,
-       started = $5, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
+       {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
   FROM c
  WHERE j.seq = c.seq AND j.ready
 {RETURNING}";
@@ -157,6 +173,7 @@ WITH moved AS (
     DELETE FROM \"switchyard_jobs\" WHERE seq IN (
         SELECT seq FROM \"switchyard_jobs\"
          WHERE expires_at <= now() AND visible_at <= now()
+         ORDER BY expires_at
          LIMIT 1000
            FOR UPDATE SKIP LOCKED)
     RETURNING *)
@@ -230,6 +247,7 @@ pub(crate) const EXPLAIN_CLAIM: &str = "EXPLAIN (COSTS OFF) {CLAIM}";
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) any_due: String,
+    pub(crate) any_expired: String,
     pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
     pub(crate) claim_candidates: String,
@@ -263,6 +281,7 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
     };
     sql.replace("{CLAIM}", CLAIM_SKIP_LOCKED)
         .replace("{RETURNING}", CLAIM_RETURNING)
+        .replace("{STARTED}", STARTED)
         .replace("{CLAIMABLE}", CLAIMABLE)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{ON_CONFLICT_REPLACE}", ON_CONFLICT_REPLACE)
@@ -277,6 +296,7 @@ impl Statements {
         let s = |sql: &str| specialise(sql, schema, table);
         Statements {
             any_due: s(ANY_DUE),
+            any_expired: s(ANY_EXPIRED),
             promote_due: s(PROMOTE_DUE),
             claim_skip_locked: s(CLAIM_SKIP_LOCKED),
             claim_candidates: s(CLAIM_CANDIDATES),

@@ -100,6 +100,17 @@ impl ClaimCounters {
     }
 }
 
+/// Which claimed messages a claim marks started (the SQL's mode parameter).
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// None: claimed ahead of use (a prefetch).
+    None = 0,
+    /// All (a plain reserve).
+    All = 1,
+    /// Those that come with no attempts (a fast worker's prefetch).
+    Fresh = 2,
+}
+
 /// A claimed row before decoding.
 struct ClaimedRow {
     seq: i64,
@@ -109,6 +120,7 @@ struct ClaimedRow {
     available_at: i64,
     last_error: Option<String>,
     envelope: String,
+    started: bool,
 }
 
 fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
@@ -120,6 +132,7 @@ fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
         available_at: row.try_get::<Option<i64>, _>(4)?.unwrap_or(0),
         last_error: row.try_get(5)?,
         envelope: row.try_get(6)?,
+        started: row.try_get(7)?,
     })
 }
 
@@ -298,7 +311,7 @@ impl PgTransport {
     ) -> Result<()> {
         let chunks = self.encode(envelopes)?;
         for chunk in &chunks {
-            self.insert(&mut **tx, chunk).await?;
+            self.insert(tx, chunk).await?;
         }
         Ok(())
     }
@@ -400,8 +413,8 @@ impl PgTransport {
         &self,
         queue: &QueueName,
         max: usize,
-        started: bool,
-    ) -> Result<Vec<Reservation>> {
+        start: Start,
+    ) -> Result<Vec<(Reservation, bool)>> {
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -411,7 +424,7 @@ impl PgTransport {
         let mut out = Vec::with_capacity(max.min(1024));
         for _ in 0..QUARANTINE_ROUNDS {
             let token = LeaseToken::generate();
-            let mut rows = match self.claim(queue, max - out.len(), token, started).await {
+            let mut rows = match self.claim(queue, max - out.len(), token, start).await {
                 Ok(rows) => rows,
                 // What was claimed in an earlier round is returned, never left leased.
                 Err(err) if !out.is_empty() => {
@@ -427,14 +440,17 @@ impl PgTransport {
             let mut quarantined = 0;
             for row in rows {
                 match decode(&row) {
-                    Ok(envelope) => out.push(Reservation {
-                        receipt: Receipt::new(
-                            envelope.id,
-                            token,
-                            u64::try_from(row.seq).unwrap_or(0),
-                        ),
-                        envelope,
-                    }),
+                    Ok(envelope) => out.push((
+                        Reservation {
+                            receipt: Receipt::new(
+                                envelope.id,
+                                token,
+                                u64::try_from(row.seq).unwrap_or(0),
+                            ),
+                            envelope,
+                        },
+                        row.started,
+                    )),
                     Err(why) => {
                         tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
                         // If the move fails the row stays leased and is quarantined again
@@ -467,7 +483,7 @@ impl PgTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        started: bool,
+        start: Start,
     ) -> Result<Vec<ClaimedRow>> {
         let recent = self
             .last_promote
@@ -477,10 +493,10 @@ impl PgTransport {
         if !recent {
             self.promote_due().await?;
         }
-        let mut rows = self.claim_ready(queue, max, token, started).await?;
+        let mut rows = self.claim_ready(queue, max, token, start).await?;
         if rows.len() < max && recent && self.promote_due().await? > 0 {
             rows.extend(
-                self.claim_ready(queue, max - rows.len(), token, started)
+                self.claim_ready(queue, max - rows.len(), token, start)
                     .await?,
             );
         }
@@ -491,7 +507,11 @@ impl PgTransport {
     /// index, returning how many. An idle poll only reads.
     async fn promote_due(&self) -> Result<u64> {
         *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        // These statements have no parameters, so PostgreSQL would plan them once per
+        // connection and keep that plan: made on a new, empty table it is a sequential
+        // scan for ever. Unnamed statements are planned afresh (and cheaply) each time.
         let any: bool = sqlx::query_scalar(&self.sql.any_due)
+            .persistent(false)
             .fetch_one(&self.pool)
             .await
             .backend()?;
@@ -499,6 +519,7 @@ impl PgTransport {
             return Ok(0);
         }
         Ok(sqlx::query(&self.sql.promote_due)
+            .persistent(false)
             .execute(&self.pool)
             .await
             .backend()?
@@ -510,7 +531,7 @@ impl PgTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        started: bool,
+        start: Start,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         match self.options.claim {
@@ -520,7 +541,7 @@ impl PgTransport {
                     .bind(lease)
                     .bind(queue.as_str())
                     .bind(limit(max))
-                    .bind(started)
+                    .bind(start as i32)
                     .fetch_all(&self.pool)
                     .await
                     .backend()?;
@@ -531,10 +552,7 @@ impl PgTransport {
             }
             // Optimistic claims are the portable fallback; the type is matched
             // exhaustively in queue-core, so a new strategy lands here until handled.
-            _ => {
-                self.claim_optimistic(queue, max, token, lease, started)
-                    .await
-            }
+            _ => self.claim_optimistic(queue, max, token, lease, start).await,
         }
     }
 
@@ -548,7 +566,7 @@ impl PgTransport {
         max: usize,
         token: LeaseToken,
         lease: i64,
-        started: bool,
+        start: Start,
     ) -> Result<Vec<ClaimedRow>> {
         let mut claimed = Vec::new();
         for _ in 0..4 {
@@ -572,7 +590,7 @@ impl PgTransport {
                     .bind(lease)
                     .bind(queue.as_str())
                     .bind(limit(want))
-                    .bind(started)
+                    .bind(start as i32)
                     .bind(&candidates)
                     .fetch_all(&self.pool)
                     .await;
@@ -634,7 +652,16 @@ impl PgTransport {
             }
             *last = Some(Instant::now());
         }
+        let any: bool = sqlx::query_scalar(&self.sql.any_expired)
+            .persistent(false)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        if !any {
+            return Ok(());
+        }
         let moved = sqlx::query(&self.sql.move_expired)
+            .persistent(false)
             .execute(&self.pool)
             .await
             .backend()?
@@ -795,11 +822,21 @@ impl Transport for PgTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, max, true).await
+        let claimed = self.reserve_inner(queue, max, Start::All).await?;
+        Ok(claimed.into_iter().map(|(r, _)| r).collect())
     }
 
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, max, false).await
+        let claimed = self.reserve_inner(queue, max, Start::None).await?;
+        Ok(claimed.into_iter().map(|(r, _)| r).collect())
+    }
+
+    async fn prefetch_batch_starting_fresh(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<(Reservation, bool)>> {
+        self.reserve_inner(queue, max, Start::Fresh).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {

@@ -7,12 +7,17 @@ const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
 pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
 
+/// The started flag a claim sets from its mode parameter (0 no, 1 yes, 2 only when the
+/// message comes with no attempts); SET expressions see the row's old values.
+const STARTED: &str =
+    "started = CASE ?N WHEN 2 THEN (attempts + (token IS NOT NULL AND started = 1)) = 0 ELSE ?N END";
+
 /// Columns returned by every claim, in the order `transport::claimed_row` reads them.
 /// Values are cast so that a row written by another program with odd types or bytes is
 /// still read, and then quarantined rather than failing the whole claim.
 const CLAIM_RETURNING: &str = "RETURNING seq, CAST(id AS BLOB), CAST(priority AS INTEGER), \
     CAST(attempts AS INTEGER), CAST(available_at AS INTEGER), CAST(last_error AS BLOB), \
-    CAST(envelope AS BLOB)";
+    CAST(envelope AS BLOB), started";
 
 /// Whether any waiting row (delayed, or leased) has become claimable: a read on the
 /// reader pool, so an idle poll takes no write lock.
@@ -31,7 +36,7 @@ pub(crate) const PROMOTE_DUE: &str =
 /// whether this claim starts it (a plain reserve) or only claims it ahead (a prefetch).
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, started = ?5,
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, {STARTED5},
        attempts = attempts + (token IS NOT NULL AND started = 1)
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE queue = ?3 AND ready = 1
@@ -54,7 +59,7 @@ SELECT seq FROM \"switchyard_jobs\"
 /// candidate a competitor took is skipped instead of fought over.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, started = ?6,
+   SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, {STARTED6},
        attempts = attempts + (token IS NOT NULL AND started = 1)
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE seq IN (SELECT value FROM json_each(?3)) AND queue = ?4 AND ready = 1
@@ -226,7 +231,9 @@ pub(crate) struct Statements {
 /// Replaces the default table name with `table` (a validated identifier) and expands the
 /// shared fragments.
 pub(crate) fn specialise(sql: &str, table: &str) -> String {
-    sql.replace("{RETURNING}", CLAIM_RETURNING)
+    sql.replace("{STARTED5}", &STARTED.replace("?N", "?5"))
+        .replace("{STARTED6}", &STARTED.replace("?N", "?6"))
+        .replace("{RETURNING}", CLAIM_RETURNING)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{NOW}", NOW)
         .replace("switchyard_jobs", table)

@@ -57,6 +57,17 @@ impl fmt::Debug for SqliteTransport {
     }
 }
 
+/// Which claimed messages a claim marks started (the SQL's mode parameter).
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// None: claimed ahead of use (a prefetch).
+    None = 0,
+    /// All (a plain reserve).
+    All = 1,
+    /// Those that come with no attempts (a fast worker's prefetch).
+    Fresh = 2,
+}
+
 /// A claimed row before decoding.
 struct ClaimedRow {
     seq: i64,
@@ -66,6 +77,7 @@ struct ClaimedRow {
     available_at: i64,
     last_error: Option<String>,
     envelope: Vec<u8>,
+    started: bool,
 }
 
 /// Reads a claimed row as bytes and integers, so that no stored value can fail the claim.
@@ -78,6 +90,7 @@ fn claimed_row(row: &SqliteRow) -> std::result::Result<ClaimedRow, sqlx::Error> 
         available_at: row.try_get::<Option<i64>, _>(4)?.unwrap_or(0),
         last_error: row.try_get::<Option<Vec<u8>>, _>(5)?.map(lossy),
         envelope: row.try_get::<Option<Vec<u8>>, _>(6)?.unwrap_or_default(),
+        started: row.try_get::<Option<bool>, _>(7)?.unwrap_or(false),
     })
 }
 
@@ -211,8 +224,8 @@ impl SqliteTransport {
         &self,
         queue: &QueueName,
         max: usize,
-        started: bool,
-    ) -> Result<Vec<Reservation>> {
+        start: Start,
+    ) -> Result<Vec<(Reservation, bool)>> {
         if max == 0 {
             return Ok(Vec::new());
         }
@@ -222,7 +235,7 @@ impl SqliteTransport {
         let mut out = Vec::with_capacity(max.min(1024));
         for _ in 0..QUARANTINE_ROUNDS {
             let token = LeaseToken::generate();
-            let mut rows = match self.claim(queue, max - out.len(), token, started).await {
+            let mut rows = match self.claim(queue, max - out.len(), token, start).await {
                 Ok(rows) => rows,
                 // What was claimed in an earlier round is returned, never left leased.
                 Err(err) if !out.is_empty() => {
@@ -238,14 +251,17 @@ impl SqliteTransport {
             let mut quarantined = 0;
             for row in rows {
                 match self.decode(&row) {
-                    Ok(envelope) => out.push(Reservation {
-                        receipt: Receipt::new(
-                            envelope.id,
-                            token,
-                            u64::try_from(row.seq).unwrap_or(0),
-                        ),
-                        envelope,
-                    }),
+                    Ok(envelope) => out.push((
+                        Reservation {
+                            receipt: Receipt::new(
+                                envelope.id,
+                                token,
+                                u64::try_from(row.seq).unwrap_or(0),
+                            ),
+                            envelope,
+                        },
+                        row.started,
+                    )),
                     Err(why) => {
                         tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
                         // If the move fails the row stays leased and is quarantined again
@@ -402,7 +418,7 @@ impl SqliteTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        started: bool,
+        start: Start,
     ) -> Result<Vec<ClaimedRow>> {
         let recent = self
             .last_promote
@@ -412,10 +428,10 @@ impl SqliteTransport {
         if !recent {
             self.promote_due().await?;
         }
-        let mut rows = self.claim_ready(queue, max, token, started).await?;
+        let mut rows = self.claim_ready(queue, max, token, start).await?;
         if rows.len() < max && recent && self.promote_due().await? > 0 {
             rows.extend(
-                self.claim_ready(queue, max - rows.len(), token, started)
+                self.claim_ready(queue, max - rows.len(), token, start)
                     .await?,
             );
         }
@@ -427,7 +443,7 @@ impl SqliteTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        started: bool,
+        start: Start,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         let token = token.to_string();
@@ -438,7 +454,7 @@ impl SqliteTransport {
                     .bind(lease)
                     .bind(queue.as_str())
                     .bind(i64::try_from(max).unwrap_or(i64::MAX))
-                    .bind(i64::from(started))
+                    .bind(start as i64)
                     .fetch_all(&self.writer)
                     .await
                     .backend()?;
@@ -448,7 +464,7 @@ impl SqliteTransport {
                     .backend()
             }
             queue_core::ClaimStrategy::Optimistic => {
-                self.claim_optimistic(queue, max, &token, lease, started)
+                self.claim_optimistic(queue, max, &token, lease, start)
                     .await
             }
         }
@@ -464,7 +480,7 @@ impl SqliteTransport {
         max: usize,
         token: &str,
         lease: i64,
-        started: bool,
+        start: Start,
     ) -> Result<Vec<ClaimedRow>> {
         let mut claimed = Vec::new();
         for _ in 0..4 {
@@ -486,7 +502,7 @@ impl SqliteTransport {
                 .bind(list)
                 .bind(queue.as_str())
                 .bind(i64::try_from(want).unwrap_or(i64::MAX))
-                .bind(i64::from(started))
+                .bind(start as i64)
                 .fetch_all(&self.writer)
                 .await
                 .backend()?;
@@ -657,11 +673,21 @@ impl Transport for SqliteTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, max, true).await
+        let claimed = self.reserve_inner(queue, max, Start::All).await?;
+        Ok(claimed.into_iter().map(|(r, _)| r).collect())
     }
 
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, max, false).await
+        let claimed = self.reserve_inner(queue, max, Start::None).await?;
+        Ok(claimed.into_iter().map(|(r, _)| r).collect())
+    }
+
+    async fn prefetch_batch_starting_fresh(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<(Reservation, bool)>> {
+        self.reserve_inner(queue, max, Start::Fresh).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {

@@ -333,7 +333,8 @@ impl Worker {
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
         // so a handler that finishes finds its next message waiting and one commit
         // claims many messages.
-        let (tx, mut rx) = mpsc::channel::<Reservation>(concurrency + opts.prefetch);
+        // Each claimed message comes with when it was marked started, if its claim did.
+        let (tx, mut rx) = mpsc::channel::<Claimed>(concurrency + opts.prefetch);
         let finished = Arc::new(tokio::sync::Notify::new());
         let dispatch = Arc::new(DispatchState::default());
         let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
@@ -350,7 +351,7 @@ impl Worker {
         // Messages marked started, with when, waiting for a slot.
         let mut next: std::collections::VecDeque<(Reservation, std::time::Instant)> =
             std::collections::VecDeque::new();
-        let mut held: Option<Reservation> = None;
+        let mut held: Option<Claimed> = None;
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
 
         loop {
@@ -393,18 +394,41 @@ impl Worker {
                 } else {
                     slots.available_permits() + 1
                 };
-                let mut batch = vec![first];
-                while batch.len() < group && batch[0].envelope.attempts == 0 {
-                    match rx.try_recv() {
-                        Ok(f) if f.envelope.attempts == 0 => batch.push(f),
-                        // Kept for the next round, where it is marked alone.
-                        Ok(f) => {
-                            held = Some(f);
-                            break;
+                // Messages their claim already marked started go straight to the queue
+                // of runnable ones; the rest are marked here, in one round trip.
+                let mut started = Vec::new();
+                let mut batch = Vec::new();
+                let mut item = Some(first);
+                while let Some((r, at)) = item.take() {
+                    match at {
+                        Some(at) => started.push((r, at)),
+                        None => {
+                            let alone = r.envelope.attempts > 0;
+                            batch.push(r);
+                            if alone {
+                                break;
+                            }
                         }
-                        Err(_) => break,
+                    }
+                    if started.len() + batch.len() >= group {
+                        break;
+                    }
+                    item = match rx.try_recv() {
+                        // Kept for the next round, where it is marked alone.
+                        Ok((f, None)) if f.envelope.attempts > 0 && !batch.is_empty() => {
+                            held = Some((f, None));
+                            None
+                        }
+                        Ok(f) => Some(f),
+                        Err(_) => None,
+                    };
+                }
+                for (r, at) in started {
+                    if !worker.settle_on_arrival(&r).await {
+                        next.push_back((r, at));
                     }
                 }
+                marked.store(next.len(), Ordering::SeqCst);
                 let mut runnable = Vec::with_capacity(batch.len());
                 for r in batch {
                     if !worker.settle_on_arrival(&r).await {
@@ -474,14 +498,17 @@ impl Worker {
         if fetcher.await.is_err() {
             tracing::error!("the fetcher panicked");
         }
-        let unstarted: Vec<Reservation> =
-            next.drain(..).map(|(r, _)| r).chain(held.take()).collect();
+        let unstarted: Vec<Reservation> = next
+            .drain(..)
+            .map(|(r, _)| r)
+            .chain(held.take().map(|(r, _)| r))
+            .collect();
         for r in unstarted {
             if let Err(err) = worker.transport.abandon(&r).await {
                 worker.log_settle_error("give back", &err);
             }
         }
-        while let Some(r) = rx.recv().await {
+        while let Some((r, _)) = rx.recv().await {
             if let Err(err) = worker.transport.abandon(&r).await {
                 worker.log_settle_error("give back", &err);
             }
@@ -777,12 +804,15 @@ struct DispatchState {
     marked: AtomicUsize,
 }
 
+/// A claimed message, with when its claim marked it started (`None`: not started yet).
+type Claimed = (Reservation, Option<std::time::Instant>);
+
 /// Claims batches into the buffer while there is room; backs off while the queue is
 /// empty and wakes at once on the transport's signal. Ends on shutdown, or in drain
 /// mode once the queue is empty and nothing is in flight.
 async fn fetch_loop(
     worker: Arc<Worker>,
-    tx: mpsc::Sender<Reservation>,
+    tx: mpsc::Sender<Claimed>,
     shutdown: CancellationToken,
     slots: Arc<Semaphore>,
     acker: Acker,
@@ -800,7 +830,7 @@ async fn fetch_loop(
         }
         // How many to claim: while handlers are fast, a whole batch into the buffer;
         // while they are slow, only what free handlers can start now.
-        let room = loop {
+        let (room, fast) = loop {
             let fast = worker.counters.handlers_are_fast();
             // While handlers are slow, messages marked and waiting in the dispatcher count
             // too, so that a slow worker claims no more than its free slots.
@@ -818,7 +848,7 @@ async fn fetch_loop(
             let least = if fast { (concurrency / 2).max(1) } else { 1 };
             let want = if room >= least { room } else { 0 };
             if want > 0 {
-                break want;
+                break (want, fast);
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -841,11 +871,27 @@ async fn fetch_loop(
         if let Some(n) = notified.as_mut() {
             n.as_mut().enable();
         }
-        match worker.transport.prefetch_batch(&worker.queue, room).await {
+        // While handlers keep up, messages start as they are claimed (one round trip
+        // fewer per batch); a crash then charges them an attempt each, at most once,
+        // because a message with attempts is never started by its claim.
+        let claimed = if fast {
+            worker
+                .transport
+                .prefetch_batch_starting_fresh(&worker.queue, room)
+                .await
+        } else {
+            worker
+                .transport
+                .prefetch_batch(&worker.queue, room)
+                .await
+                .map(|batch| batch.into_iter().map(|r| (r, false)).collect())
+        };
+        match claimed {
             Ok(batch) if !batch.is_empty() => {
                 pause = opts.poll_min;
-                for (reservation, permit) in batch.into_iter().zip(permits) {
-                    permit.send(reservation);
+                let at = std::time::Instant::now();
+                for ((reservation, started), permit) in batch.into_iter().zip(permits) {
+                    permit.send((reservation, started.then_some(at)));
                 }
             }
             Ok(_) => {

@@ -26,18 +26,35 @@ struct Sample {
     enqueue_single_per_s: f64,
     enqueue_batch_per_s: f64,
     drain_per_s: f64,
+    /// The same drain with `--depth` more messages queued behind the measured ones.
+    drain_deep_per_s: Option<f64>,
     pickup_p50_ms: f64,
     pickup_p99_ms: f64,
     duplicates: u64,
     missing: u64,
 }
 
+/// Optimistic claims racing each other: bare reservers (reserve 10, ack 10, repeat).
+#[derive(Debug, Clone, Serialize)]
+struct Contention {
+    reservers: usize,
+    jobs_per_s: f64,
+    /// Rows a competitor took between an optimistic claim's read and its compare-and-set,
+    /// over the rows it tried to take.
+    wasted_claim_ratio: f64,
+    /// Claim statements that lost a deadlock and ran again.
+    conflicts: u64,
+}
+
 /// What wakes an idle worker on `t`, for the report.
 fn wake_source(t: &dyn Transport) -> &'static str {
     let probe = QueueName::new("probe").ok();
-    match probe.and_then(|q| t.waker(&q)) {
-        Some(_) => "in-process publish signal, polling 20 ms-1 s otherwise",
-        None => "polling, 20 ms-1 s backoff",
+    match (t.name(), probe.and_then(|q| t.waker(&q))) {
+        ("postgres", Some(_)) => {
+            "LISTEN/NOTIFY (publisher on its own connection pool), polling 20 ms-1 s otherwise"
+        }
+        (_, Some(_)) => "in-process publish signal, polling 20 ms-1 s otherwise",
+        (_, None) => "polling, 20 ms-1 s backoff",
     }
 }
 
@@ -50,10 +67,18 @@ struct Report {
     runs: usize,
     messages: usize,
     concurrency: usize,
+    /// Messages queued behind the measured ones in the deep drain.
+    depth: usize,
     /// Medians over the runs; duplicates and missing are totals, and both must be 0.
     #[serde(flatten)]
     summary: Sample,
     samples: Vec<Sample>,
+    /// The claim's plan at the deep drain's depth (PostgreSQL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim_plan: Option<String>,
+    /// Medians over the runs, per number of reservers (optimistic claims on PostgreSQL).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    contention: Vec<Contention>,
 }
 
 pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<()> {
@@ -64,11 +89,13 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
     let mut reports = Vec::new();
     for claim in claims {
         let mut samples = Vec::new();
+        let mut contention: Vec<Vec<Contention>> = Vec::new();
         let mut backend = String::new();
         let mut wake = String::new();
+        let mut claim_plan = None;
         for run in 0..args.runs.max(1) {
             let target = Target::new(config, claim)?;
-            let t = target.open().await?;
+            let t = target.open(None).await?;
             backend = t.name().to_owned();
             wake = wake_source(t.as_ref()).to_owned();
             if !json {
@@ -78,9 +105,31 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
                     args.runs.max(1)
                 );
             }
-            samples.push(measure(&t, &args).await?);
+            let measured = measure(&target, &t, &args).await;
+            let measured = match measured {
+                Ok((sample, plan)) => {
+                    claim_plan = plan.or(claim_plan);
+                    samples.push(sample);
+                    if claim == ClaimStrategy::Optimistic {
+                        let mut per_run = Vec::new();
+                        for &n in &args.reservers {
+                            if let Some(c) = target.contention(n, args.messages).await? {
+                                per_run.push(c);
+                            }
+                        }
+                        contention.push(per_run);
+                    }
+                    Ok(())
+                }
+                Err(err) => Err(err),
+            };
+            target.cleanup().await;
+            measured?;
         }
-        reports.push(summarise(backend, wake, claim, &args, samples));
+        let mut report = summarise(backend, wake, claim, &args, samples);
+        report.claim_plan = claim_plan;
+        report.contention = median_contention(&args.reservers, &contention);
+        reports.push(report);
     }
     if json {
         return crate::output::json_line(&serde_json::json!({ "results": reports }));
@@ -118,13 +167,58 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         args.concurrency,
         reports.first().map_or("-", |r| r.wake.as_str())
     );
+    for r in &reports {
+        if let Some(deep) = r.summary.drain_deep_per_s {
+            println!(
+                "{} {}: drain with {} more queued behind: {deep:.0} jobs/s ({:.0}% of the shallow drain)",
+                r.backend,
+                r.claim,
+                r.depth,
+                100.0 * deep / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
+        for c in &r.contention {
+            println!(
+                "{} {}: {} reservers: {:.0} jobs/s, wasted-claim ratio {:.3}, {} deadlock retries",
+                r.backend, r.claim, c.reservers, c.jobs_per_s, c.wasted_claim_ratio, c.conflicts
+            );
+        }
+    }
+    if let Some(plan) = reports.iter().find_map(|r| r.claim_plan.as_ref()) {
+        println!("claim plan at the deep drain's depth:\n{plan}");
+    }
     Ok(())
 }
 
-/// Where one run measures: a fresh store that nothing else uses.
+/// The median of each reserver count's runs.
+fn median_contention(reservers: &[usize], runs: &[Vec<Contention>]) -> Vec<Contention> {
+    reservers
+        .iter()
+        .filter_map(|&n| {
+            let of_n: Vec<&Contention> = runs
+                .iter()
+                .flat_map(|r| r.iter().filter(|c| c.reservers == n))
+                .collect();
+            if of_n.is_empty() {
+                return None;
+            }
+            Some(Contention {
+                reservers: n,
+                jobs_per_s: median(of_n.iter().map(|c| c.jobs_per_s).collect()),
+                wasted_claim_ratio: median(of_n.iter().map(|c| c.wasted_claim_ratio).collect()),
+                conflicts: of_n.iter().map(|c| c.conflicts).sum(),
+            })
+        })
+        .collect()
+}
+
+/// Where one run measures: a fresh store that nothing else uses (a temporary SQLite
+/// file, or a table of its own in PostgreSQL, dropped afterwards).
 struct Target {
     config: Config,
     _dir: Option<tempfile::TempDir>,
+    #[cfg(feature = "postgres")]
+    pg: Mutex<Vec<Arc<switchyard::PgTransport>>>,
 }
 
 impl Target {
@@ -132,23 +226,166 @@ impl Target {
         let mut config = config.clone();
         config.claim = claim;
         let mut dir = None;
-        if config.database_url.scheme() == "sqlite" {
-            // A fresh file per run: the user's database is never touched.
-            let d = tempfile::tempdir().map_err(|e| {
-                Error::InvalidInput(format!("cannot create a temporary directory: {e}"))
-            })?;
-            let url = format!("sqlite://{}", d.path().join("bench.db").display());
-            let lookup_url = url.clone();
-            let fresh =
-                Config::from_lookup(|var| (var == "DATABASE_URL").then(|| lookup_url.clone()))?;
-            config.database_url = fresh.database_url;
-            dir = Some(d);
+        match config.database_url.scheme().as_str() {
+            "sqlite" => {
+                // A fresh file per run: the user's database is never touched.
+                let d = tempfile::tempdir().map_err(|e| {
+                    Error::InvalidInput(format!("cannot create a temporary directory: {e}"))
+                })?;
+                let url = format!("sqlite://{}", d.path().join("bench.db").display());
+                let lookup_url = url.clone();
+                let fresh =
+                    Config::from_lookup(|var| (var == "DATABASE_URL").then(|| lookup_url.clone()))?;
+                config.database_url = fresh.database_url;
+                dir = Some(d);
+            }
+            _ => {
+                // A table of its own, in the configured schema: the user's queues are
+                // never touched.
+                config.table = switchyard::Identifier::table(
+                    "QUEUE_TABLE",
+                    format!("bench_{}", &Uuid::new_v4().simple().to_string()[..12]),
+                )?;
+            }
         }
-        Ok(Target { config, _dir: dir })
+        Ok(Target {
+            config,
+            _dir: dir,
+            #[cfg(feature = "postgres")]
+            pg: Mutex::default(),
+        })
     }
 
-    async fn open(&self) -> Result<Arc<dyn Transport>> {
+    /// A transport on the store; `pool` sizes a PostgreSQL pool for that many
+    /// concurrent callers.
+    async fn open(&self, pool: Option<u32>) -> Result<Arc<dyn Transport>> {
+        #[cfg(feature = "postgres")]
+        if matches!(
+            self.config.database_url.scheme().as_str(),
+            "postgres" | "postgresql"
+        ) {
+            let mut options = switchyard::PgOptions::from_config(&self.config);
+            if let Some(n) = pool {
+                options = options.with_max_connections(n);
+            }
+            let t = Arc::new(switchyard::PgTransport::connect(options).await?);
+            if let Ok(mut pg) = self.pg.lock() {
+                pg.push(t.clone());
+            }
+            return Ok(t);
+        }
+        let _ = pool;
         switchyard::connect(&self.config).await
+    }
+
+    /// The transport that publishes in the pickup measurement: on PostgreSQL one of its
+    /// own, as another process would be, so the worker is woken by `NOTIFY`; elsewhere
+    /// the worker's own (an embedded database's publishers share its process).
+    async fn publisher(&self, worker_side: &Arc<dyn Transport>) -> Result<Arc<dyn Transport>> {
+        if worker_side.name() == "postgres" {
+            self.open(None).await
+        } else {
+            Ok(worker_side.clone())
+        }
+    }
+
+    /// The claim's plan (PostgreSQL).
+    async fn claim_plan(&self, q: &QueueName) -> Option<String> {
+        #[cfg(feature = "postgres")]
+        {
+            let t = self.pg.lock().ok()?.first()?.clone();
+            return t.explain_claim(q, 64).await.ok();
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = q;
+            None
+        }
+    }
+
+    /// Optimistic claims racing each other (PostgreSQL only; elsewhere `None`).
+    async fn contention(&self, reservers: usize, messages: usize) -> Result<Option<Contention>> {
+        #[cfg(feature = "postgres")]
+        {
+            if !matches!(
+                self.config.database_url.scheme().as_str(),
+                "postgres" | "postgresql"
+            ) {
+                return Ok(None);
+            }
+            let t = self
+                .open(Some(u32::try_from(reservers + 2).unwrap_or(u32::MAX)))
+                .await?;
+            let pg = self
+                .pg
+                .lock()
+                .ok()
+                .and_then(|pg| pg.last().cloned())
+                .ok_or_else(|| Error::InvalidInput("bench: no PostgreSQL transport".into()))?;
+            let q = queue("contention")?;
+            for chunk in jobs(&q, messages)?.chunks(1_000) {
+                t.publish_batch(chunk.to_vec()).await?;
+            }
+            let before = pg.claim_counters();
+            let started = Instant::now();
+            let tasks: Vec<_> = (0..reservers)
+                .map(|_| {
+                    let (t, q) = (t.clone(), q.clone());
+                    tokio::spawn(async move {
+                        loop {
+                            let batch = t.reserve_batch(&q, 10).await?;
+                            if batch.is_empty() {
+                                return Ok::<(), Error>(());
+                            }
+                            t.ack_batch(&batch).await?;
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await
+                    .map_err(|e| Error::InvalidInput(format!("reserver failed: {e}")))??;
+            }
+            let elapsed = started.elapsed();
+            let after = pg.claim_counters();
+            let requested = after.requested - before.requested;
+            let wasted = after.wasted - before.wasted;
+            return Ok(Some(Contention {
+                reservers,
+                jobs_per_s: messages as f64 / elapsed.as_secs_f64(),
+                wasted_claim_ratio: if requested == 0 {
+                    0.0
+                } else {
+                    wasted as f64 / requested as f64
+                },
+                conflicts: after.conflicts - before.conflicts,
+            }));
+        }
+        #[allow(unreachable_code)]
+        {
+            let _ = (reservers, messages);
+            Ok(None)
+        }
+    }
+
+    /// Drops the run's PostgreSQL tables (a SQLite file goes with its directory).
+    async fn cleanup(&self) {
+        #[cfg(feature = "postgres")]
+        {
+            let pg: Vec<_> = self
+                .pg
+                .lock()
+                .map(|mut pg| pg.drain(..).collect())
+                .unwrap_or_default();
+            if let Some(t) = pg.first() {
+                if let Err(err) = t.drop_store().await {
+                    eprintln!("bench: could not drop the benchmark tables: {err}");
+                }
+            }
+            for t in pg {
+                t.close().await;
+            }
+        }
     }
 }
 
@@ -169,7 +406,11 @@ fn jobs(queue: &QueueName, n: usize) -> Result<Vec<Envelope>> {
         .collect()
 }
 
-async fn measure(t: &Arc<dyn Transport>, args: &BenchArgs) -> Result<Sample> {
+async fn measure(
+    target: &Target,
+    t: &Arc<dyn Transport>,
+    args: &BenchArgs,
+) -> Result<(Sample, Option<String>)> {
     // Enqueue one by one: one commit each.
     let single_n = (args.messages / 10).clamp(100, 2_000);
     let q = queue("single")?;
@@ -190,20 +431,50 @@ async fn measure(t: &Arc<dyn Transport>, args: &BenchArgs) -> Result<Sample> {
     }
     let enqueue_batch_per_s = args.messages as f64 / started.elapsed().as_secs_f64();
 
-    let (drain_per_s, duplicates, missing) = drain(t, &q, &ids, args.concurrency).await?;
-    let (pickup_p50_ms, pickup_p99_ms) = pickup(t).await?;
-    Ok(Sample {
-        enqueue_single_per_s,
-        enqueue_batch_per_s,
-        drain_per_s,
-        pickup_p50_ms,
-        pickup_p99_ms,
-        duplicates,
-        missing,
-    })
+    let (drain_per_s, mut duplicates, mut missing) = drain(t, &q, &ids, args.concurrency).await?;
+
+    // The same drain with `depth` more messages queued behind the measured ones.
+    let mut drain_deep_per_s = None;
+    let mut plan = None;
+    if args.depth > 0 {
+        let q = queue("deep")?;
+        let measured = jobs(&q, args.messages)?;
+        let ids: Vec<Uuid> = measured.iter().map(|e| e.id).collect();
+        for chunk in measured.chunks(1_000) {
+            t.publish_batch(chunk.to_vec()).await?;
+        }
+        let mut left = args.depth;
+        while left > 0 {
+            let n = left.min(1_000);
+            t.publish_batch(jobs(&q, n)?).await?;
+            left -= n;
+        }
+        plan = target.claim_plan(&q).await;
+        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency).await?;
+        drain_deep_per_s = Some(per_s);
+        duplicates += dups;
+        missing += miss;
+    }
+
+    let publisher = target.publisher(t).await?;
+    let (pickup_p50_ms, pickup_p99_ms) = pickup(t, &publisher).await?;
+    Ok((
+        Sample {
+            enqueue_single_per_s,
+            enqueue_batch_per_s,
+            drain_per_s,
+            drain_deep_per_s,
+            pickup_p50_ms,
+            pickup_p99_ms,
+            duplicates,
+            missing,
+        },
+        plan,
+    ))
 }
 
-/// Drains with the worker runtime (batched claims, coalesced acks) and a no-op handler.
+/// Drains with the worker runtime (batched claims, coalesced acks) and a no-op handler,
+/// timed until every measured job has been handled (anything queued behind them stays).
 async fn drain(
     t: &Arc<dyn Transport>,
     q: &QueueName,
@@ -211,7 +482,9 @@ async fn drain(
     concurrency: usize,
 ) -> Result<(f64, u64, u64)> {
     let seen: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
-    let record = seen.clone();
+    let finished: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let stop = CancellationToken::new();
+    let (record, done, stopper, total) = (seen.clone(), finished.clone(), stop.clone(), ids.len());
     let options = WorkerOptions::default()
         .with_concurrency(concurrency)
         .with_poll(Duration::from_millis(1), Duration::from_millis(10))
@@ -221,13 +494,24 @@ async fn drain(
         handler_fn(move |ctx: JobContext| {
             if let Ok(mut seen) = record.lock() {
                 *seen.entry(ctx.envelope.id).or_default() += 1;
+                if seen.len() == total {
+                    if let Ok(mut done) = done.lock() {
+                        done.get_or_insert_with(Instant::now);
+                    }
+                    stopper.cancel();
+                }
             }
             async { Ok(()) }
         }),
     );
     let started = Instant::now();
-    worker.run(CancellationToken::new()).await?;
-    let elapsed = started.elapsed();
+    worker.run(stop).await?;
+    let elapsed = finished
+        .lock()
+        .ok()
+        .and_then(|f| *f)
+        .unwrap_or_else(Instant::now)
+        .duration_since(started);
     let seen = seen
         .lock()
         .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?;
@@ -242,7 +526,7 @@ async fn drain(
 
 /// Publishes at a fixed rate to an idle worker (default polling, plus the transport's
 /// wake-up signal where it has one) and measures publish → handler start.
-async fn pickup(t: &Arc<dyn Transport>) -> Result<(f64, f64)> {
+async fn pickup(t: &Arc<dyn Transport>, publisher: &Arc<dyn Transport>) -> Result<(f64, f64)> {
     let q = queue("pickup")?;
     let sent: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
@@ -268,7 +552,7 @@ async fn pickup(t: &Arc<dyn Transport>) -> Result<(f64, f64)> {
         sent.lock()
             .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
             .insert(env.id, Instant::now());
-        t.publish(env).await?;
+        publisher.publish(env).await?;
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while latencies.lock().map(|l| l.len()).unwrap_or(0) < PICKUP_MESSAGES {
@@ -315,15 +599,23 @@ fn summarise(
         runs: samples.len(),
         messages: args.messages,
         concurrency: args.concurrency,
+        depth: args.depth,
         summary: Sample {
             enqueue_single_per_s: m(|s| s.enqueue_single_per_s),
             enqueue_batch_per_s: m(|s| s.enqueue_batch_per_s),
             drain_per_s: m(|s| s.drain_per_s),
+            drain_deep_per_s: samples
+                .iter()
+                .map(|s| s.drain_deep_per_s)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
             pickup_p50_ms: m(|s| s.pickup_p50_ms),
             pickup_p99_ms: m(|s| s.pickup_p99_ms),
             duplicates: samples.iter().map(|s| s.duplicates).sum(),
             missing: samples.iter().map(|s| s.missing).sum(),
         },
         samples,
+        claim_plan: None,
+        contention: Vec::new(),
     }
 }
