@@ -80,12 +80,15 @@ SELECT seq FROM \"switchyard_jobs\"
  LIMIT $2";
 
 /// Compare-and-set on candidates ($6: seqs) of queue $3: claims up to $4 of those still
-/// ready, oldest first. A candidate a competitor is claiming is waited for and then, no
+/// ready, oldest first. The candidates drive the join (one primary-key lookup each), so
+/// the plan cannot turn into a walk of the queue's claim index at any depth. A candidate a competitor is claiming is waited for and then, no
 /// longer ready, skipped (`ready` is checked again on the row's newest version).
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 WITH c AS (
-    SELECT seq FROM \"switchyard_jobs\"
-     WHERE seq = ANY($6) AND {CLAIMABLE}
+    SELECT j.seq FROM UNNEST($6::bigint[]) AS u(seq)
+      JOIN \"switchyard_jobs\" j ON j.seq = u.seq
+     WHERE j.queue = $3 AND j.ready AND (j.expires_at IS NULL OR j.expires_at > now())
+     ORDER BY j.priority DESC, j.visible_at, j.seq
      LIMIT $4)
 UPDATE \"switchyard_jobs\" j
    SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,

@@ -382,6 +382,78 @@ pub async fn expired_lease_is_reclaimed_and_counts_an_attempt(h: Arc<dyn Harness
     t.ack(&second).await
 }
 
+/// A fast worker's claim marks started only messages without attempts: after a lapsed
+/// lease the fresh one is charged an attempt and the one that already had one (a
+/// possible poison, to be started alone) is not; a plain prefetch charges neither.
+pub async fn claims_start_only_fresh_messages_and_prefetches_none(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let store = h.store().await?;
+    let t = store.open(with_lease(Duration::from_secs(1))).await?;
+    let q = fresh_queue();
+    let suspect = message(&q, "suspect");
+    let fresh = message(&q, "fresh");
+    t.publish_batch(vec![suspect.clone(), fresh.clone()])
+        .await?;
+    // The suspect's first delivery lapses: it comes back with one attempt.
+    let first = t.reserve(&q).await?.expect("the suspect");
+    assert_eq!(first.id(), suspect.id);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+    let mut claimed = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while claimed.len() < 2 && tokio::time::Instant::now() < deadline {
+        claimed.extend(t.prefetch_batch_starting_fresh(&q, 10).await?);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let started = |id| claimed.iter().find(|(r, _)| r.id() == id).map(|(_, s)| *s);
+    assert_eq!(
+        started(suspect.id),
+        Some(false),
+        "the suspect was started by its claim"
+    );
+    assert!(
+        started(fresh.id).is_some(),
+        "the fresh message was not claimed"
+    );
+    // Whether fresh messages start at their claim is the backend's choice; what it
+    // reports must be what it charges.
+    let starts_at_claim = started(fresh.id) == Some(true);
+    // Both leases lapse: only what was started is charged.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let mut attempts = std::collections::HashMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while attempts.len() < 2 && tokio::time::Instant::now() < deadline {
+        for r in t.prefetch_batch(&q, 10).await? {
+            attempts.insert(r.id(), r.envelope.attempts);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        attempts.get(&suspect.id),
+        Some(&1),
+        "the suspect was charged again: {attempts:?}"
+    );
+    let expected_fresh = u32::from(starts_at_claim);
+    assert_eq!(
+        attempts.get(&fresh.id),
+        Some(&expected_fresh),
+        "{attempts:?}"
+    );
+    // A plain prefetch charges nothing.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let again = reserve_within(t.as_ref(), &q, Duration::from_secs(10))
+        .await?
+        .expect("reclaimed");
+    let expected = if again.id() == suspect.id {
+        1
+    } else {
+        expected_fresh
+    };
+    assert_eq!(again.envelope.attempts, expected, "a prefetch was charged");
+    Ok(())
+}
+
 /// After a lease was lost and the message re-reserved, the old token can neither ack,
 /// release, dead-letter nor extend, and nothing changes.
 pub async fn stale_token_is_fenced_with_lease_lost(h: Arc<dyn Harness>) -> Result<()> {

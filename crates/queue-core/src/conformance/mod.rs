@@ -110,6 +110,7 @@ macro_rules! conformance_tests {
             release_increments_attempts_and_delays,
             dead_letter_then_list_replay_and_purge,
             expired_lease_is_reclaimed_and_counts_an_attempt,
+            claims_start_only_fresh_messages_and_prefetches_none,
             stale_token_is_fenced_with_lease_lost,
             extend_keeps_a_long_job_leased,
             extending_a_lapsed_lease_before_a_reclaim_holds_it_again,
