@@ -44,10 +44,11 @@ pub struct WorkerOptions {
     /// Handlers running at once.
     pub concurrency: usize,
     /// Messages claimed ahead of free handlers while handlers are fast (under 10 ms on
-    /// average), so that one commit claims many messages. Claimed-ahead messages are
-    /// not charged an attempt if the worker dies before starting them (see
-    /// [`Transport::start_batch`]). While handlers are slow nothing is prefetched, leaving
-    /// the rest to other workers.
+    /// average, that is at most about 256 × 10 ms / concurrency of work), so that one
+    /// commit claims many messages. Their claim marks fresh ones started (see
+    /// [`Transport::prefetch_batch_starting_fresh`]): if the worker dies, each is charged
+    /// one attempt, never more. While handlers are slow nothing is prefetched, leaving the
+    /// rest to other workers. Default 256.
     pub prefetch: usize,
     /// When to retry and how often.
     pub retry: RetryPolicy,
@@ -74,7 +75,7 @@ impl Default for WorkerOptions {
     fn default() -> Self {
         WorkerOptions {
             concurrency: 8,
-            prefetch: 64,
+            prefetch: 256,
             retry: RetryPolicy::default(),
             timeout: None,
             grace_period: Duration::from_secs(30),
@@ -810,6 +811,10 @@ type Claimed = (Reservation, Option<std::time::Instant>);
 /// Claims batches into the buffer while there is room; backs off while the queue is
 /// empty and wakes at once on the transport's signal. Ends on shutdown, or in drain
 /// mode once the queue is empty and nothing is in flight.
+///
+/// One claim is in flight at a time while the queue is idle; while it has a backlog (the
+/// last claim came back full) and handlers are fast, a second claim overlaps the first, so
+/// handlers do not wait out a whole round trip between batches.
 async fn fetch_loop(
     worker: Arc<Worker>,
     tx: mpsc::Sender<Claimed>,
@@ -819,19 +824,27 @@ async fn fetch_loop(
     finished: Arc<tokio::sync::Notify>,
     dispatch: Arc<DispatchState>,
 ) {
+    const MAX_IN_FLIGHT: usize = 2;
     let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
     let opts = &worker.options;
     let concurrency = opts.concurrency.max(1);
     let waker = worker.transport.waker(&worker.queue);
     let mut pause = opts.poll_min;
+    // Claims in flight, each with how many messages it asked for.
+    let mut claims: JoinSet<(usize, Result<Vec<(Reservation, bool)>>)> = JoinSet::new();
+    let mut asked = 0_usize;
+    let mut backlog = false;
+    let mut notified = None;
     loop {
         if shutdown.is_cancelled() || tx.is_closed() {
-            return;
+            break;
         }
         // How many to claim: while handlers are fast, a whole batch into the buffer;
-        // while they are slow, only what free handlers can start now.
-        let (room, fast) = loop {
-            let fast = worker.counters.handlers_are_fast();
+        // while they are slow, only what free handlers can start now. Claims in flight
+        // count as buffered.
+        let fast = worker.counters.handlers_are_fast();
+        let limit = if backlog && fast { MAX_IN_FLIGHT } else { 1 };
+        if claims.len() < limit {
             // While handlers are slow, messages marked and waiting in the dispatcher count
             // too, so that a slow worker claims no more than its free slots.
             let waiting_marked = if fast {
@@ -839,86 +852,123 @@ async fn fetch_loop(
             } else {
                 marked.load(Ordering::SeqCst)
             };
-            let buffered = tx.max_capacity() - tx.capacity() + waiting_marked;
+            let buffered = tx.max_capacity() - tx.capacity() + waiting_marked + asked;
             let ahead = if fast { opts.prefetch } else { 0 };
             let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
-            let room = (free + ahead).saturating_sub(buffered).min(tx.capacity());
+            let room = (free + ahead)
+                .saturating_sub(buffered)
+                .min(tx.capacity().saturating_sub(asked));
             // While handlers are fast, wait for half a batch of room so that one commit
             // claims several messages; slow handlers get theirs at once.
             let least = if fast { (concurrency / 2).max(1) } else { 1 };
-            let want = if room >= least { room } else { 0 };
-            if want > 0 {
-                break (want, fast);
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = finished.notified() => {}
-                // The buffer drains without a job finishing when jobs are started.
-                _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))) => {}
-            }
-        };
-        let permits = match tx.try_reserve_many(room) {
-            Ok(permits) => permits,
-            // The dispatcher stopped taking messages: the worker is shutting down.
-            Err(mpsc::error::TrySendError::Closed(())) => return,
-            Err(mpsc::error::TrySendError::Full(())) => {
-                tokio::task::yield_now().await;
+            if room >= least {
+                if claims.is_empty() {
+                    // Register for the wake-up before reserving, so a publish in between
+                    // is seen.
+                    let mut n = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));
+                    if let Some(n) = n.as_mut() {
+                        n.as_mut().enable();
+                    }
+                    notified = n;
+                }
+                let (transport, queue) = (worker.transport.clone(), worker.queue.clone());
+                claims.spawn(async move {
+                    // While handlers keep up, messages start as they are claimed (one
+                    // round trip fewer per batch); a crash then charges them an attempt
+                    // each, at most once, because a message with attempts is never
+                    // started by its claim.
+                    let claimed = if fast {
+                        transport.prefetch_batch_starting_fresh(&queue, room).await
+                    } else {
+                        transport
+                            .prefetch_batch(&queue, room)
+                            .await
+                            .map(|batch| batch.into_iter().map(|r| (r, false)).collect())
+                    };
+                    (room, claimed)
+                });
+                asked += room;
                 continue;
             }
-        };
-        // Register for the wake-up before reserving, so a publish in between is seen.
-        let mut notified = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));
-        if let Some(n) = notified.as_mut() {
-            n.as_mut().enable();
         }
-        // While handlers keep up, messages start as they are claimed (one round trip
-        // fewer per batch); a crash then charges them an attempt each, at most once,
-        // because a message with attempts is never started by its claim.
-        let claimed = if fast {
-            worker
-                .transport
-                .prefetch_batch_starting_fresh(&worker.queue, room)
-                .await
-        } else {
-            worker
-                .transport
-                .prefetch_batch(&worker.queue, room)
-                .await
-                .map(|batch| batch.into_iter().map(|r| (r, false)).collect())
+        let joined = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            joined = claims.join_next(), if !claims.is_empty() => joined,
+            // Room for a claim: a job finished, or the buffer drained as jobs started.
+            _ = finished.notified(), if claims.len() < limit => continue,
+            _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))), if claims.len() < limit => continue,
         };
+        let (n, claimed) = match joined {
+            Some(Ok(done)) => done,
+            Some(Err(err)) => {
+                tracing::error!(error = %err, "a claim task failed");
+                asked = 0;
+                continue;
+            }
+            None => continue,
+        };
+        asked = asked.saturating_sub(n);
         match claimed {
             Ok(batch) if !batch.is_empty() => {
                 pause = opts.poll_min;
+                backlog = batch.len() >= n;
                 let at = std::time::Instant::now();
-                for ((reservation, started), permit) in batch.into_iter().zip(permits) {
-                    permit.send((reservation, started.then_some(at)));
+                for (reservation, started) in batch {
+                    if let Err(mpsc::error::SendError((r, _))) =
+                        tx.send((reservation, started.then_some(at))).await
+                    {
+                        // The dispatcher stopped: the worker is shutting down.
+                        give_back(&worker, &r).await;
+                    }
                 }
             }
             Ok(_) => {
-                drop(permits);
+                backlog = false;
+                if !claims.is_empty() {
+                    continue;
+                }
                 let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
                 let idle =
                     free == concurrency && tx.capacity() == tx.max_capacity() && acker.is_idle();
                 if opts.drain && idle && worker.queue_is_empty().await {
-                    return;
+                    break;
                 }
+                let wake = notified.take();
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(pause) => {}
-                    _ = async { if let Some(n) = notified { n.await } else { std::future::pending().await } } => {}
+                    _ = async { if let Some(n) = wake { n.await } else { std::future::pending().await } } => {}
                 }
                 pause = (pause * 2).min(opts.poll_max);
             }
             Err(err) => {
-                drop(permits);
+                backlog = false;
                 tracing::warn!(queue = %worker.queue, error = %err, retry_in = ?pause, "reserve failed");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
+                if claims.is_empty() {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
                 }
                 pause = (pause * 2).min(opts.poll_max.max(Duration::from_secs(5)));
             }
         }
+    }
+    // What claims still in flight bring back goes back at once, uncharged.
+    while let Some(joined) = claims.join_next().await {
+        if let Ok((_, Ok(batch))) = joined {
+            for (r, _) in batch {
+                give_back(&worker, &r).await;
+            }
+        }
+    }
+}
+
+/// Gives back a message that was claimed but never started.
+async fn give_back(worker: &Worker, r: &Reservation) {
+    if let Err(err) = worker.transport.abandon(r).await {
+        worker.log_settle_error("give back", &err);
     }
 }
 
