@@ -805,6 +805,9 @@ struct DispatchState {
     marked: AtomicUsize,
 }
 
+/// What one claim brought back: messages, each with whether the claim started it.
+type ClaimOutcome = Result<Vec<(Reservation, bool)>>;
+
 /// A claimed message, with when its claim marked it started (`None`: not started yet).
 type Claimed = (Reservation, Option<std::time::Instant>);
 
@@ -831,7 +834,7 @@ async fn fetch_loop(
     let waker = worker.transport.waker(&worker.queue);
     let mut pause = opts.poll_min;
     // Claims in flight, each with how many messages it asked for.
-    let mut claims: JoinSet<(usize, Result<Vec<(Reservation, bool)>>)> = JoinSet::new();
+    let mut claims: JoinSet<(usize, ClaimOutcome)> = JoinSet::new();
     let mut asked = 0_usize;
     let mut backlog = false;
     let mut notified = None;
