@@ -12,6 +12,7 @@ mod envelope;
 mod error;
 mod names;
 mod redact;
+pub mod sql;
 mod transport;
 pub mod worker;
 

@@ -6,11 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
+use queue_core::sql::{
+    attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
+    selection_parts, time_from_micros, ClaimedRow, RowClaims, StartMode,
+};
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
-    Envelope, Error, Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result,
-    Transport,
+    Envelope, Error, Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row};
@@ -30,8 +33,6 @@ const PUBLISH_CHUNK: usize = 1_000;
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long a promotion of due rows counts as fresh.
 const PROMOTE_EVERY: Duration = Duration::from_millis(50);
-/// How many rounds one reserve spends skipping malformed rows before it returns.
-const QUARANTINE_ROUNDS: usize = 16;
 /// How often an optimistic claim that lost a deadlock runs again.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -100,59 +101,22 @@ impl ClaimCounters {
     }
 }
 
-/// Which claimed messages a claim marks started (the SQL's mode parameter).
-#[derive(Debug, Clone, Copy)]
-enum Start {
-    /// None: claimed ahead of use (a prefetch).
-    None = 0,
-    /// All (a plain reserve).
-    All = 1,
-    /// Those that come with no attempts (a fast worker's prefetch).
-    Fresh = 2,
-}
-
-/// A claimed row before decoding.
-struct ClaimedRow {
-    seq: i64,
-    id: String,
-    priority: i32,
-    attempts: i32,
-    available_at: i64,
-    last_error: Option<String>,
-    envelope: String,
-    started: bool,
-}
-
+/// Reads a claimed row without decoding the envelope.
 fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
     Ok(ClaimedRow {
         seq: row.try_get(0)?,
         id: row.try_get(1)?,
-        priority: row.try_get(2)?,
-        attempts: row.try_get(3)?,
+        priority: i64::from(row.try_get::<i32, _>(2)?),
+        attempts: i64::from(row.try_get::<i32, _>(3)?),
         available_at: row.try_get::<Option<i64>, _>(4)?.unwrap_or(0),
         last_error: row.try_get(5)?,
-        envelope: row.try_get(6)?,
+        envelope: row.try_get::<String, _>(6)?.into_bytes(),
         started: row.try_get(7)?,
     })
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
-fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
-    (to - from)
-        .num_microseconds()
-        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
-}
-
-fn to_time(us: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
-fn attempts_u32(n: i32) -> u32 {
-    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+fn attempts_of(n: i32) -> u32 {
+    attempts_u32(i64::from(n))
 }
 
 fn limit(n: usize) -> i64 {
@@ -411,13 +375,12 @@ impl PgTransport {
         }
     }
 
-    /// Claims up to `max` messages; `started` says whether they count as started (a plain
-    /// reserve) or are only claimed ahead (a worker's prefetch).
+    /// Claims up to `max` messages, marking started as `start` says.
     async fn reserve_inner(
         &self,
         queue: &QueueName,
         max: usize,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<(Reservation, bool)>> {
         if max == 0 {
             return Ok(Vec::new());
@@ -425,57 +388,7 @@ impl PgTransport {
         if let Err(err) = self.sweep_expired().await {
             tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
         }
-        let mut out = Vec::with_capacity(max.min(1024));
-        for _ in 0..QUARANTINE_ROUNDS {
-            let token = LeaseToken::generate();
-            let mut rows = match self.claim(queue, max - out.len(), token, start).await {
-                Ok(rows) => rows,
-                // What was claimed in an earlier round is returned, never left leased.
-                Err(err) if !out.is_empty() => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
-                Err(err) => return Err(err),
-            };
-            if rows.is_empty() {
-                break;
-            }
-            rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
-            let mut quarantined = 0;
-            for row in rows {
-                match decode(&row) {
-                    Ok(envelope) => out.push((
-                        Reservation {
-                            receipt: Receipt::new(
-                                envelope.id,
-                                token,
-                                u64::try_from(row.seq).unwrap_or(0),
-                            ),
-                            envelope,
-                        },
-                        row.started,
-                    )),
-                    Err(why) => {
-                        tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
-                        // If the move fails the row stays leased and is quarantined again
-                        // when its lease runs out; the good rows are still returned.
-                        match self
-                            .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
-                            .await
-                        {
-                            Ok(_) => quarantined += 1,
-                            Err(err) => {
-                                tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
-                            }
-                        }
-                    }
-                }
-            }
-            if quarantined == 0 || out.len() >= max {
-                break;
-            }
-        }
-        Ok(out)
+        reserve_rows(self, queue, max, start).await
     }
 
     /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
@@ -487,7 +400,7 @@ impl PgTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let recent = self
             .last_promote
@@ -535,7 +448,7 @@ impl PgTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         match self.options.claim {
@@ -570,7 +483,7 @@ impl PgTransport {
         max: usize,
         token: LeaseToken,
         lease: i64,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let mut claimed = Vec::new();
         for _ in 0..4 {
@@ -687,9 +600,8 @@ impl PgTransport {
         reservations: &[Reservation],
         lease: Option<i64>,
     ) -> Result<AckReport> {
-        let mut report = AckReport::default();
         if reservations.is_empty() {
-            return Ok(report);
+            return Ok(AckReport::default());
         }
         let ids: Vec<String> = reservations.iter().map(|r| r.id().to_string()).collect();
         let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
@@ -701,14 +613,7 @@ impl PgTransport {
         // current one.
         let touched: Vec<(String, Uuid)> = query.fetch_all(&self.pool).await.backend()?;
         let touched: HashSet<(String, Uuid)> = touched.into_iter().collect();
-        for (r, id) in reservations.iter().zip(ids) {
-            if touched.contains(&(id, r.token().0)) {
-                report.acked.push(r.id());
-            } else {
-                report.lost.push(r.id());
-            }
-        }
-        Ok(report)
+        Ok(pair_report(reservations, &touched))
     }
 
     /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
@@ -721,51 +626,28 @@ impl PgTransport {
         let done = query.execute(&self.pool).await.backend()?.rows_affected();
         fenced(done == 1, reservation)
     }
-
-    /// The id and age cutoff (µs) of a selection.
-    fn selection(selection: &DeadSelection) -> Result<(Option<String>, Option<i64>)> {
-        Ok(match selection {
-            DeadSelection::Id(id) => (Some(id.clone()), None),
-            DeadSelection::All => (None, None),
-            DeadSelection::OlderThan(age) => (None, Some(micros(*age))),
-            _ => {
-                return Err(Error::InvalidInput(format!(
-                    "unsupported dead-letter selection {selection:?}"
-                )))
-            }
-        })
-    }
-}
-
-fn decode(row: &ClaimedRow) -> std::result::Result<Envelope, String> {
-    let mut env = Envelope::from_json(&row.envelope).map_err(|e| e.to_string())?;
-    if env.id.to_string() != row.id {
-        return Err(format!(
-            "the envelope's id {} does not match the row's id {}",
-            env.id, row.id
-        ));
-    }
-    // The columns carry the delivery state; the JSON carries the message as published.
-    env.attempts = attempts_u32(row.attempts);
-    env.available_at = to_time(row.available_at);
-    env.last_error.clone_from(&row.last_error);
-    Ok(env)
-}
-
-/// `Ok` when a statement touched the reserved row; [`Error::LeaseLost`] when the lease
-/// was gone and nothing changed.
-fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
-    if touched {
-        Ok(())
-    } else {
-        Err(Error::LeaseLost {
-            message_id: reservation.id(),
-        })
-    }
 }
 
 fn count(n: Option<i64>) -> u64 {
     u64::try_from(n.unwrap_or(0)).unwrap_or(0)
+}
+
+#[async_trait]
+impl RowClaims for PgTransport {
+    async fn claim_rows(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        self.claim(queue, max, token, start).await
+    }
+
+    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
+        self.move_to_dead(seq, token, reason::MALFORMED, Some(why))
+            .await
+    }
 }
 
 #[async_trait]
@@ -826,12 +708,12 @@ impl Transport for PgTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, Start::All).await?;
+        let claimed = self.reserve_inner(queue, max, StartMode::All).await?;
         Ok(claimed.into_iter().map(|(r, _)| r).collect())
     }
 
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, Start::None).await?;
+        let claimed = self.reserve_inner(queue, max, StartMode::None).await?;
         Ok(claimed.into_iter().map(|(r, _)| r).collect())
     }
 
@@ -840,7 +722,7 @@ impl Transport for PgTransport {
         queue: &QueueName,
         max: usize,
     ) -> Result<Vec<(Reservation, bool)>> {
-        self.reserve_inner(queue, max, Start::Fresh).await
+        self.reserve_inner(queue, max, StartMode::Fresh).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -957,10 +839,10 @@ impl Transport for PgTransport {
                 row.try_get::<String, _>(0).backend()?,
                 row.try_get::<String, _>(1).backend()?,
                 row.try_get::<String, _>(4).backend()?,
-                to_time(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
+                time_from_micros(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
             );
             d.kind = row.try_get(2).backend()?;
-            d.attempts = attempts_u32(row.try_get(3).backend()?);
+            d.attempts = attempts_of(row.try_get(3).backend()?);
             d.last_error = row.try_get(5).backend()?;
             let body: String = row.try_get(7).backend()?;
             match Envelope::from_json(&body) {
@@ -981,7 +863,7 @@ impl Transport for PgTransport {
         queue: Option<&QueueName>,
         selection: &DeadSelection,
     ) -> Result<u64> {
-        let (id, age) = Self::selection(selection)?;
+        let (id, age) = selection_parts(selection)?;
         let mut tx = self.pool.begin().await.backend()?;
         let moved: Vec<(String, i64)> = sqlx::query_as(&self.sql.replay_dead)
             .bind(queue.map(QueueName::as_str))
@@ -1009,16 +891,7 @@ impl Transport for PgTransport {
                     .fetch_one(&self.pool)
                     .await
                     .backend()?;
-                return Err(if exists {
-                    Error::InvalidInput(format!(
-                        "dead letter {id} was not replayed: a live message has the same id"
-                    ))
-                } else {
-                    Error::NotFound {
-                        what: "dead letter",
-                        id: id.clone(),
-                    }
-                });
+                return Err(replay_refused(id, exists));
             }
         }
         queues.iter().for_each(|q| self.wakers.wake(q));
@@ -1031,7 +904,7 @@ impl Transport for PgTransport {
         queue: Option<&QueueName>,
         selection: &DeadSelection,
     ) -> Result<u64> {
-        let (id, age) = Self::selection(selection)?;
+        let (id, age) = selection_parts(selection)?;
         let purged = sqlx::query(&self.sql.purge_dead)
             .bind(queue.map(QueueName::as_str))
             .bind(id.as_deref())

@@ -5,10 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
+use queue_core::sql::{
+    attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
+    time_from_micros, ClaimedRow, RowClaims, StartMode,
+};
 use queue_core::{
     reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
-    Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
+    Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
@@ -28,8 +32,6 @@ const INSERT_CHUNK: usize = 500;
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How long a promotion of due rows counts as fresh.
 const PROMOTE_EVERY: Duration = Duration::from_millis(50);
-/// How many rounds one reserve spends skipping malformed rows before it returns.
-const QUARANTINE_ROUNDS: usize = 16;
 
 /// A [`Transport`] over one SQLite database file.
 ///
@@ -57,29 +59,6 @@ impl fmt::Debug for SqliteTransport {
     }
 }
 
-/// Which claimed messages a claim marks started (the SQL's mode parameter).
-#[derive(Debug, Clone, Copy)]
-enum Start {
-    /// None: claimed ahead of use (a prefetch).
-    None = 0,
-    /// All (a plain reserve).
-    All = 1,
-    /// Those that come with no attempts (a fast worker's prefetch).
-    Fresh = 2,
-}
-
-/// A claimed row before decoding.
-struct ClaimedRow {
-    seq: i64,
-    id: String,
-    priority: i64,
-    attempts: i64,
-    available_at: i64,
-    last_error: Option<String>,
-    envelope: Vec<u8>,
-    started: bool,
-}
-
 /// Reads a claimed row as bytes and integers, so that no stored value can fail the claim.
 fn claimed_row(row: &SqliteRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
     Ok(ClaimedRow {
@@ -96,25 +75,6 @@ fn claimed_row(row: &SqliteRow) -> std::result::Result<ClaimedRow, sqlx::Error> 
 
 fn lossy(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
-fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
-    (to - from)
-        .num_microseconds()
-        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
-}
-
-fn to_time(us: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
-fn attempts_u32(n: i64) -> u32 {
-    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
 impl SqliteTransport {
@@ -218,13 +178,12 @@ impl SqliteTransport {
         }
     }
 
-    /// Claims up to `max` messages; `started` says whether they count as started (a plain
-    /// reserve) or are only claimed ahead (a worker's prefetch).
+    /// Claims up to `max` messages, marking started as `start` says.
     async fn reserve_inner(
         &self,
         queue: &QueueName,
         max: usize,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<(Reservation, bool)>> {
         if max == 0 {
             return Ok(Vec::new());
@@ -232,57 +191,7 @@ impl SqliteTransport {
         if let Err(err) = self.sweep_expired().await {
             tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
         }
-        let mut out = Vec::with_capacity(max.min(1024));
-        for _ in 0..QUARANTINE_ROUNDS {
-            let token = LeaseToken::generate();
-            let mut rows = match self.claim(queue, max - out.len(), token, start).await {
-                Ok(rows) => rows,
-                // What was claimed in an earlier round is returned, never left leased.
-                Err(err) if !out.is_empty() => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
-                Err(err) => return Err(err),
-            };
-            if rows.is_empty() {
-                break;
-            }
-            rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
-            let mut quarantined = 0;
-            for row in rows {
-                match self.decode(&row) {
-                    Ok(envelope) => out.push((
-                        Reservation {
-                            receipt: Receipt::new(
-                                envelope.id,
-                                token,
-                                u64::try_from(row.seq).unwrap_or(0),
-                            ),
-                            envelope,
-                        },
-                        row.started,
-                    )),
-                    Err(why) => {
-                        tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
-                        // If the move fails the row stays leased and is quarantined again
-                        // when its lease runs out; the good rows are still returned.
-                        match self
-                            .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
-                            .await
-                        {
-                            Ok(_) => quarantined += 1,
-                            Err(err) => {
-                                tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
-                            }
-                        }
-                    }
-                }
-            }
-            if quarantined == 0 || out.len() >= max {
-                break;
-            }
-        }
-        Ok(out)
+        reserve_rows(self, queue, max, start).await
     }
 
     /// Runs a batch statement over `[id, token]` pairs (and an optional second
@@ -293,9 +202,8 @@ impl SqliteTransport {
         reservations: &[Reservation],
         second: Option<i64>,
     ) -> Result<AckReport> {
-        let mut report = AckReport::default();
         if reservations.is_empty() {
-            return Ok(report);
+            return Ok(AckReport::default());
         }
         let pairs: Vec<[String; 2]> = reservations
             .iter()
@@ -310,15 +218,12 @@ impl SqliteTransport {
         // Matched on (id, token): a batch may hold a stale copy of a message beside the
         // current one.
         let touched: Vec<(String, String)> = query.fetch_all(&self.writer).await.backend()?;
-        let touched: std::collections::HashSet<(String, String)> = touched.into_iter().collect();
-        for r in reservations {
-            if touched.contains(&(r.id().to_string(), r.token().to_string())) {
-                report.acked.push(r.id());
-            } else {
-                report.lost.push(r.id());
-            }
-        }
-        Ok(report)
+        // A token this transport wrote always parses; anything else matches nothing.
+        let touched: std::collections::HashSet<(String, uuid::Uuid)> = touched
+            .into_iter()
+            .filter_map(|(id, token)| Some((id, uuid::Uuid::parse_str(&token).ok()?)))
+            .collect();
+        Ok(pair_report(reservations, &touched))
     }
 
     /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
@@ -418,7 +323,7 @@ impl SqliteTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let recent = self
             .last_promote
@@ -443,7 +348,7 @@ impl SqliteTransport {
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         let token = token.to_string();
@@ -480,7 +385,7 @@ impl SqliteTransport {
         max: usize,
         token: &str,
         lease: i64,
-        start: Start,
+        start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let mut claimed = Vec::new();
         for _ in 0..4 {
@@ -551,23 +456,6 @@ impl SqliteTransport {
         Ok(true)
     }
 
-    fn decode(&self, row: &ClaimedRow) -> std::result::Result<Envelope, String> {
-        let text = std::str::from_utf8(&row.envelope)
-            .map_err(|e| format!("cannot decode envelope: not UTF-8 text ({e})"))?;
-        let mut env = Envelope::from_json(text).map_err(|e| e.to_string())?;
-        if env.id.to_string() != row.id {
-            return Err(format!(
-                "the envelope's id {} does not match the row's id {}",
-                env.id, row.id
-            ));
-        }
-        // The columns carry the delivery state; the JSON carries the message as published.
-        env.attempts = attempts_u32(row.attempts);
-        env.available_at = to_time(row.available_at);
-        env.last_error.clone_from(&row.last_error);
-        Ok(env)
-    }
-
     async fn insert_envelopes(
         &self,
         conn: &mut sqlx::SqliteConnection,
@@ -604,15 +492,21 @@ impl SqliteTransport {
     }
 }
 
-/// `Ok` when a statement touched the reserved row; [`Error::LeaseLost`] when the lease
-/// was gone and nothing changed.
-fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
-    if touched {
-        Ok(())
-    } else {
-        Err(Error::LeaseLost {
-            message_id: reservation.id(),
-        })
+#[async_trait]
+impl RowClaims for SqliteTransport {
+    async fn claim_rows(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        self.claim(queue, max, token, start).await
+    }
+
+    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
+        self.move_to_dead(seq, token, reason::MALFORMED, Some(why))
+            .await
     }
 }
 
@@ -673,12 +567,12 @@ impl Transport for SqliteTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, Start::All).await?;
+        let claimed = self.reserve_inner(queue, max, StartMode::All).await?;
         Ok(claimed.into_iter().map(|(r, _)| r).collect())
     }
 
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, Start::None).await?;
+        let claimed = self.reserve_inner(queue, max, StartMode::None).await?;
         Ok(claimed.into_iter().map(|(r, _)| r).collect())
     }
 
@@ -687,7 +581,7 @@ impl Transport for SqliteTransport {
         queue: &QueueName,
         max: usize,
     ) -> Result<Vec<(Reservation, bool)>> {
-        self.reserve_inner(queue, max, Start::Fresh).await
+        self.reserve_inner(queue, max, StartMode::Fresh).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -810,7 +704,7 @@ impl Transport for SqliteTransport {
                 text(0)?,
                 text(1)?,
                 text(4)?,
-                to_time(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
+                time_from_micros(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
             );
             d.kind = text(2)?;
             d.attempts = attempts_u32(row.try_get::<Option<i64>, _>(3).backend()?.unwrap_or(0));
@@ -865,16 +759,7 @@ impl Transport for SqliteTransport {
                     .fetch_one(&self.reader)
                     .await
                     .backend()?;
-                return Err(if exists {
-                    Error::InvalidInput(format!(
-                        "dead letter {id} was not replayed: a live message has the same id"
-                    ))
-                } else {
-                    Error::NotFound {
-                        what: "dead letter",
-                        id: id.clone(),
-                    }
-                });
+                return Err(replay_refused(id, exists));
             }
         }
         if moved > 0 {

@@ -1,0 +1,225 @@
+//! Building blocks that the SQL transports share: the claim-and-quarantine loop, the
+//! decoding of a claimed row, time conversions and fencing. For transport crates; not
+//! semver-stable.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::names::QueueName;
+use crate::transport::{AckReport, DeadSelection, LeaseToken, Receipt, Reservation};
+
+/// How many rounds one reserve spends skipping malformed rows before it returns.
+const QUARANTINE_ROUNDS: usize = 16;
+
+/// Which claimed messages a claim marks started (the mode parameter of the claim SQL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartMode {
+    /// None: claimed ahead of use (a prefetch).
+    None = 0,
+    /// All (a plain reserve).
+    All = 1,
+    /// Those that come with no attempts (a fast worker's prefetch).
+    Fresh = 2,
+}
+
+/// A claimed row, read as plainly as possible so that no stored value can fail a claim.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    /// The row number (publish order).
+    pub seq: i64,
+    /// The id column.
+    pub id: String,
+    /// The priority column.
+    pub priority: i64,
+    /// The attempts column, after the claim.
+    pub attempts: i64,
+    /// The due time, in microseconds since the epoch.
+    pub available_at: i64,
+    /// The last error column.
+    pub last_error: Option<String>,
+    /// The stored envelope text.
+    pub envelope: Vec<u8>,
+    /// Whether the claim marked the message started.
+    pub started: bool,
+}
+
+impl ClaimedRow {
+    /// The envelope, with the row's delivery state laid over it, or why the row is
+    /// malformed.
+    pub fn decode(&self) -> std::result::Result<Envelope, String> {
+        let text = std::str::from_utf8(&self.envelope)
+            .map_err(|e| format!("cannot decode envelope: not UTF-8 text ({e})"))?;
+        let mut env = Envelope::from_json(text).map_err(|e| e.to_string())?;
+        if env.id.to_string() != self.id {
+            return Err(format!(
+                "the envelope's id {} does not match the row's id {}",
+                env.id, self.id
+            ));
+        }
+        // The columns carry the delivery state; the JSON carries the message as published.
+        env.attempts = attempts_u32(self.attempts);
+        env.available_at = time_from_micros(self.available_at);
+        env.last_error.clone_from(&self.last_error);
+        Ok(env)
+    }
+}
+
+/// What a SQL transport provides for [`reserve_rows`].
+#[async_trait]
+pub trait RowClaims: Send + Sync {
+    /// Claims up to `max` rows of `queue` under `token`.
+    async fn claim_rows(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>>;
+
+    /// Moves the row `seq` held under `token` to the dead-letter store with reason
+    /// `malformed`; `false` when the lease is gone.
+    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool>;
+}
+
+/// Reserves up to `max` messages: claims rows, decodes them, quarantines the malformed
+/// ones (and claims again in their place, a bounded number of times), and returns each
+/// reservation with whether its claim started it, in delivery order.
+pub async fn reserve_rows(
+    claims: &dyn RowClaims,
+    queue: &QueueName,
+    max: usize,
+    start: StartMode,
+) -> Result<Vec<(Reservation, bool)>> {
+    let mut out = Vec::with_capacity(max.min(1024));
+    for _ in 0..QUARANTINE_ROUNDS {
+        if out.len() >= max {
+            break;
+        }
+        let token = LeaseToken::generate();
+        let mut rows = match claims
+            .claim_rows(queue, max - out.len(), token, start)
+            .await
+        {
+            Ok(rows) => rows,
+            // What was claimed in an earlier round is returned, never left leased.
+            Err(err) if !out.is_empty() => {
+                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                break;
+            }
+            Err(err) => return Err(err),
+        };
+        if rows.is_empty() {
+            break;
+        }
+        rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
+        let mut quarantined = 0;
+        for row in rows {
+            match row.decode() {
+                Ok(envelope) => out.push((
+                    Reservation {
+                        receipt: Receipt::new(
+                            envelope.id,
+                            token,
+                            u64::try_from(row.seq).unwrap_or(0),
+                        ),
+                        envelope,
+                    },
+                    row.started,
+                )),
+                Err(why) => {
+                    tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
+                    // If the move fails the row stays leased and is quarantined again
+                    // when its lease runs out; the good rows are still returned.
+                    match claims.quarantine_row(row.seq, token, &why).await {
+                        Ok(_) => quarantined += 1,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
+                        }
+                    }
+                }
+            }
+        }
+        if quarantined == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Splits a batch into the reservations a statement touched (by id and token) and those
+/// whose lease was lost.
+pub fn pair_report(reservations: &[Reservation], touched: &HashSet<(String, Uuid)>) -> AckReport {
+    let mut report = AckReport::default();
+    for r in reservations {
+        if touched.contains(&(r.id().to_string(), r.token().0)) {
+            report.acked.push(r.id());
+        } else {
+            report.lost.push(r.id());
+        }
+    }
+    report
+}
+
+/// `Ok` when a statement touched the reserved row; [`Error::LeaseLost`] when the lease
+/// was gone and nothing changed.
+pub fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
+    if touched {
+        Ok(())
+    } else {
+        Err(Error::LeaseLost {
+            message_id: reservation.id(),
+        })
+    }
+}
+
+/// The error of a replay of one id that moved nothing: the id is unknown, or a live
+/// message has it.
+pub fn replay_refused(id: &str, dead_exists: bool) -> Error {
+    if dead_exists {
+        Error::InvalidInput(format!(
+            "dead letter {id} was not replayed: a live message has the same id"
+        ))
+    } else {
+        Error::NotFound {
+            what: "dead letter",
+            id: id.to_owned(),
+        }
+    }
+}
+
+/// The id of a dead-letter selection, and its age cutoff in microseconds.
+pub fn selection_parts(selection: &DeadSelection) -> Result<(Option<String>, Option<i64>)> {
+    Ok(match selection {
+        DeadSelection::Id(id) => (Some(id.clone()), None),
+        DeadSelection::All => (None, None),
+        DeadSelection::OlderThan(age) => (None, Some(micros(*age))),
+    })
+}
+
+/// A duration in whole microseconds, saturating.
+pub fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
+pub fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    (to - from)
+        .num_microseconds()
+        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
+}
+
+/// A time from microseconds since the epoch (the earliest time when out of range).
+pub fn time_from_micros(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// An attempts column as a count (negative reads as 0).
+pub fn attempts_u32(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
