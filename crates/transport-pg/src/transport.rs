@@ -411,11 +411,24 @@ impl PgTransport {
             self.promote_due().await?;
         }
         let mut rows = self.claim_ready(queue, max, token, start).await?;
-        if rows.len() < max && recent && self.promote_due().await? > 0 {
-            rows.extend(
-                self.claim_ready(queue, max - rows.len(), token, start)
-                    .await?,
-            );
+        if rows.len() < max && recent {
+            // The rows already claimed are committed: a failure from here on must not
+            // lose them, so it only ends this claim early.
+            let more = match self.promote_due().await {
+                Ok(0) => Ok(Vec::new()),
+                Ok(_) => {
+                    self.claim_ready(queue, max - rows.len(), token, start)
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            match more {
+                Ok(more) => rows.extend(more),
+                Err(err) if rows.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
+                }
+            }
         }
         Ok(rows)
     }
@@ -491,52 +504,83 @@ impl PgTransport {
             // A wide window lets competitors that read the same candidates each find
             // rows still free; the claim itself still takes the oldest ones.
             let window = want.saturating_mul(8).clamp(64, 4096);
-            let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-                .bind(queue.as_str())
-                .bind(limit(window))
-                .fetch_all(&self.pool)
+            match self
+                .optimistic_round(queue, want, window, token, lease, start)
                 .await
-                .backend()?;
-            if candidates.is_empty() {
-                break;
-            }
-            let mut conflicts = 0;
-            let rows = loop {
-                let attempt = sqlx::query(&self.sql.claim_optimistic)
-                    .bind(token.0)
-                    .bind(lease)
-                    .bind(queue.as_str())
-                    .bind(limit(want))
-                    .bind(start as i32)
-                    .bind(&candidates)
-                    .fetch_all(&self.pool)
-                    .await;
-                match attempt {
-                    Err(err) if is_conflict(&err) && conflicts < CONFLICT_RETRIES => {
-                        conflicts += 1;
-                        self.counters
-                            .claim_conflicts
-                            .fetch_add(1, Ordering::Relaxed);
+            {
+                Ok((rows, candidates)) => {
+                    claimed.extend(rows);
+                    // Done when we got what we asked for, or the queue had no more.
+                    if claimed.len() >= max || candidates < window {
+                        break;
                     }
-                    other => break other.backend()?,
                 }
-            };
-            let tried = want.min(candidates.len()) as u64;
-            self.counters
-                .claim_requested
-                .fetch_add(tried, Ordering::Relaxed);
-            self.counters
-                .claim_wasted
-                .fetch_add(tried.saturating_sub(rows.len() as u64), Ordering::Relaxed);
-            for row in &rows {
-                claimed.push(claimed_row(row).backend()?);
-            }
-            // Done when we got what we asked for, or the queue had no more to give.
-            if claimed.len() >= max || candidates.len() < window {
-                break;
+                Err(err) if claimed.is_empty() => return Err(err),
+                // Rows of earlier rounds are committed: return them, never drop them.
+                Err(err) => {
+                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                    break;
+                }
             }
         }
         Ok(claimed)
+    }
+
+    /// One optimistic round: up to `window` candidates, then one compare-and-set that
+    /// claims up to `want` of them. Returns the claimed rows and how many candidates
+    /// there were.
+    async fn optimistic_round(
+        &self,
+        queue: &QueueName,
+        want: usize,
+        window: usize,
+        token: LeaseToken,
+        lease: i64,
+        start: StartMode,
+    ) -> Result<(Vec<ClaimedRow>, usize)> {
+        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+            .bind(queue.as_str())
+            .bind(limit(window))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        if candidates.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let mut conflicts = 0;
+        let rows = loop {
+            let attempt = sqlx::query(&self.sql.claim_optimistic)
+                .bind(token.0)
+                .bind(lease)
+                .bind(queue.as_str())
+                .bind(limit(want))
+                .bind(start as i32)
+                .bind(&candidates)
+                .fetch_all(&self.pool)
+                .await;
+            match attempt {
+                Err(err) if is_conflict(&err) && conflicts < CONFLICT_RETRIES => {
+                    conflicts += 1;
+                    self.counters
+                        .claim_conflicts
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                other => break other.backend()?,
+            }
+        };
+        let tried = want.min(candidates.len()) as u64;
+        self.counters
+            .claim_requested
+            .fetch_add(tried, Ordering::Relaxed);
+        self.counters
+            .claim_wasted
+            .fetch_add(tried.saturating_sub(rows.len() as u64), Ordering::Relaxed);
+        let rows = rows
+            .iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .backend()?;
+        Ok((rows, candidates.len()))
     }
 
     /// Moves the row `seq` that this transport holds under `token` to the dead-letter

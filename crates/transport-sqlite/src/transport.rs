@@ -334,11 +334,24 @@ impl SqliteTransport {
             self.promote_due().await?;
         }
         let mut rows = self.claim_ready(queue, max, token, start).await?;
-        if rows.len() < max && recent && self.promote_due().await? > 0 {
-            rows.extend(
-                self.claim_ready(queue, max - rows.len(), token, start)
-                    .await?,
-            );
+        if rows.len() < max && recent {
+            // The rows already claimed are committed: a failure from here on must not
+            // lose them, so it only ends this claim early.
+            let more = match self.promote_due().await {
+                Ok(0) => Ok(Vec::new()),
+                Ok(_) => {
+                    self.claim_ready(queue, max - rows.len(), token, start)
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            match more {
+                Ok(more) => rows.extend(more),
+                Err(err) if rows.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
+                }
+            }
         }
         Ok(rows)
     }
@@ -393,30 +406,46 @@ impl SqliteTransport {
             // A wide window lets competitors that read the same candidates each find
             // rows still free; the claim itself still takes the oldest ones.
             let window = want.saturating_mul(8).clamp(64, 4096);
-            let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-                .bind(queue.as_str())
-                .bind(i64::try_from(window).unwrap_or(i64::MAX))
-                .fetch_all(&self.reader)
-                .await
-                .backend()?;
-            let list = serde_json::to_string(&candidates)
-                .map_err(|e| Error::backend(TRANSPORT, false, e))?;
-            let rows = sqlx::query(&self.sql.claim_optimistic)
-                .bind(token)
-                .bind(lease)
-                .bind(list)
-                .bind(queue.as_str())
-                .bind(i64::try_from(want).unwrap_or(i64::MAX))
-                .bind(start as i64)
-                .fetch_all(&self.writer)
-                .await
-                .backend()?;
-            for row in &rows {
-                claimed.push(claimed_row(row).backend()?);
-            }
-            // Done when we got what we asked for, or the queue had no more to give.
-            if claimed.len() >= max || candidates.len() < window {
-                break;
+            let round = async {
+                let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+                    .bind(queue.as_str())
+                    .bind(i64::try_from(window).unwrap_or(i64::MAX))
+                    .fetch_all(&self.reader)
+                    .await
+                    .backend()?;
+                let list = serde_json::to_string(&candidates)
+                    .map_err(|e| Error::backend(TRANSPORT, false, e))?;
+                let rows = sqlx::query(&self.sql.claim_optimistic)
+                    .bind(token)
+                    .bind(lease)
+                    .bind(list)
+                    .bind(queue.as_str())
+                    .bind(i64::try_from(want).unwrap_or(i64::MAX))
+                    .bind(start as i64)
+                    .fetch_all(&self.writer)
+                    .await
+                    .backend()?;
+                let rows = rows
+                    .iter()
+                    .map(claimed_row)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .backend()?;
+                Ok::<_, Error>((rows, candidates.len()))
+            };
+            match round.await {
+                Ok((rows, candidates)) => {
+                    claimed.extend(rows);
+                    // Done when we got what we asked for, or the queue had no more.
+                    if claimed.len() >= max || candidates < window {
+                        break;
+                    }
+                }
+                Err(err) if claimed.is_empty() => return Err(err),
+                // Rows of earlier rounds are committed: return them, never drop them.
+                Err(err) => {
+                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                    break;
+                }
             }
         }
         Ok(claimed)
