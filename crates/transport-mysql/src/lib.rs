@@ -1,0 +1,16 @@
+//! MySQL 8 / MariaDB 10.6+ transport for switchyard: claims with `FOR UPDATE SKIP LOCKED`
+//! (or an optimistic compare-and-set), deadlocks and lock-wait timeouts retried
+//! transparently, batched publish/ack, and publishing inside the caller's own
+//! transaction (the transactional outbox).
+//!
+//! Not meant for direct use: enable the `mysql` feature of the `switchyard` crate, which
+//! re-exports [`MySqlTransport`] and [`MySqlOptions`].
+
+mod error;
+mod migrate;
+mod options;
+mod sql;
+mod transport;
+
+pub use options::MySqlOptions;
+pub use transport::{MySqlTransport, ServerInfo};

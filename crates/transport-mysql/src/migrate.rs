@@ -1,0 +1,137 @@
+use queue_core::Result;
+use sqlx::{Executor, MySqlPool};
+
+use crate::error::SqlxResultExt;
+use crate::sql::specialise;
+
+/// The schema versions, in order. Each is plain SQL for the default table name.
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/mysql/0001_init.sql"))];
+
+/// The statements of a script: split at `;` ending a line (the scripts put no `;` inside
+/// strings or comments), without comment-only chunks.
+fn statements(script: &str) -> impl Iterator<Item = String> + '_ {
+    script.split(";\n").filter_map(|chunk| {
+        let sql: Vec<&str> = chunk
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect();
+        let sql = sql.join("\n");
+        (!sql.trim().is_empty()).then_some(sql)
+    })
+}
+
+/// Applies the migrations that `schema.table` lacks. MySQL commits DDL at once, so
+/// migrators are serialised with a named lock (`GET_LOCK`) held on one connection, and
+/// every statement is idempotent (`IF NOT EXISTS`) should a migrator die half way.
+pub(crate) async fn migrate(pool: &MySqlPool, schema: Option<&str>, table: &str) -> Result<()> {
+    let ledger = match schema {
+        Some(s) => format!("`{s}`.switchyard_migrations"),
+        None => "switchyard_migrations".to_owned(),
+    };
+    let mut conn = pool.acquire().await.backend()?;
+    let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK('switchyard migrations', 60)")
+        .fetch_one(&mut *conn)
+        .await
+        .backend()?;
+    if locked != Some(1) {
+        return Err(queue_core::Error::backend(
+            crate::error::TRANSPORT,
+            true,
+            "another process held the migration lock for 60 s",
+        ));
+    }
+    let outcome = async {
+        if let Some(schema) = schema {
+            conn.execute(
+                format!(
+                    "CREATE DATABASE IF NOT EXISTS `{schema}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                )
+                .as_str(),
+            )
+            .await
+            .backend()?;
+        }
+        conn.execute(
+            format!(
+                "CREATE TABLE IF NOT EXISTS {ledger} (
+                    target     VARCHAR(64) NOT NULL,
+                    version    INT         NOT NULL,
+                    applied_at BIGINT      NOT NULL,
+                    PRIMARY KEY (target, version)) ENGINE = InnoDB"
+            )
+            .as_str(),
+        )
+        .await
+        .backend()?;
+        for (version, script) in MIGRATIONS {
+            let applied: Option<i32> = sqlx::query_scalar(&format!(
+                "SELECT version FROM {ledger} WHERE target = ? AND version = ?"
+            ))
+            .bind(table)
+            .bind(version)
+            .fetch_optional(&mut *conn)
+            .await
+            .backend()?;
+            if applied.is_some() {
+                continue;
+            }
+            for statement in statements(script) {
+                conn.execute(specialise(&statement, schema, table).as_str())
+                    .await
+                    .backend()?;
+            }
+            sqlx::query(&format!(
+                "INSERT INTO {ledger} (target, version, applied_at) \
+                 VALUES (?, ?, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))"
+            ))
+            .bind(table)
+            .bind(version)
+            .execute(&mut *conn)
+            .await
+            .backend()?;
+            tracing::info!(schema, table, version, "applied mysql migration");
+        }
+        Ok(())
+    }
+    .await;
+    let _ = sqlx::query("SELECT RELEASE_LOCK('switchyard migrations')")
+        .execute(&mut *conn)
+        .await;
+    outcome
+}
+
+/// Drops `schema.table` and its dead-letter table, and forgets their migrations.
+pub(crate) async fn uninstall(pool: &MySqlPool, schema: Option<&str>, table: &str) -> Result<()> {
+    let ledger = match schema {
+        Some(s) => format!("`{s}`.switchyard_migrations"),
+        None => "switchyard_migrations".to_owned(),
+    };
+    pool.execute(
+        specialise(
+            "DROP TABLE IF EXISTS `switchyard_jobs`, `switchyard_jobs_dead`",
+            schema,
+            table,
+        )
+        .as_str(),
+    )
+    .await
+    .backend()?;
+    sqlx::query(&format!("DELETE FROM {ledger} WHERE target = ?"))
+        .bind(table)
+        .execute(pool)
+        .await
+        .backend()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_splits_into_its_statements() {
+        let all: Vec<String> = statements(MIGRATIONS[0].1).collect();
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert!(all.iter().all(|s| s.contains("CREATE TABLE IF NOT EXISTS")));
+    }
+}

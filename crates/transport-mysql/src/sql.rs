@@ -1,0 +1,279 @@
+//! Every statement of the transport, written for the default table name and specialised
+//! once per transport for its validated database and table. `{IN}` marks where a list
+//! of `?` placeholders goes, one per bound value.
+
+/// The server's clock in integer microseconds since the epoch; constant within a
+/// statement. Sessions run with `time_zone = '+00:00'`, so no DST fold can shift it.
+const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
+
+pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
+
+/// Whether any waiting row (delayed, or leased) has become claimable: one step down the
+/// due index.
+pub(crate) const ANY_DUE: &str = "SELECT COALESCE((
+    SELECT visible_at <= {NOW} FROM `switchyard_jobs`
+     WHERE ready = 0 ORDER BY visible_at LIMIT 1), 0)";
+
+/// Moves waiting rows whose time has come into the claim order.
+pub(crate) const PROMOTE_DUE: &str = "UPDATE `switchyard_jobs` SET ready = 1
+ WHERE ready = 0 AND visible_at <= {NOW} ORDER BY visible_at LIMIT 10000";
+
+/// The rows a skip-locked claim takes, locked; rows other claims hold are skipped.
+pub(crate) const CLAIM_LOCK: &str = "SELECT seq FROM `switchyard_jobs`
+ WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW})
+ ORDER BY prio_rank, visible_at, seq
+ LIMIT ?
+ FOR UPDATE SKIP LOCKED";
+
+/// The candidates of an optimistic claim, read without locks.
+pub(crate) const CLAIM_CANDIDATES: &str = "SELECT seq FROM `switchyard_jobs`
+ WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW})
+ ORDER BY prio_rank, visible_at, seq
+ LIMIT ?";
+
+/// The lease a claim sets. Sessions run without `SIMULTANEOUS_ASSIGNMENT`, so MySQL and
+/// MariaDB both assign left to right: `attempts` sees the old token and started flag (a
+/// reclaim of a started message counts an attempt), `started` sees the new attempts
+/// (mode 2 starts only messages without attempts), and the token changes last.
+const CLAIM_SET: &str = "UPDATE `switchyard_jobs`
+   SET attempts = attempts + (token IS NOT NULL AND started = 1),
+       started = CASE ? WHEN 2 THEN attempts = 0 ELSE ? END,
+       token = ?, reserved_at = {NOW}, visible_at = {NOW} + ?, ready = 0";
+
+/// Claims the locked rows of a skip-locked claim (same transaction).
+pub(crate) const CLAIM_LOCKED: &str = "{CLAIM_SET} WHERE seq IN ({IN})";
+
+/// Compare-and-set on candidates: claims up to `?` of those still ready, oldest first.
+pub(crate) const CLAIM_OPTIMISTIC: &str = "{CLAIM_SET}
+ WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW}) AND seq IN ({IN})
+ ORDER BY prio_rank, visible_at, seq
+ LIMIT ?";
+
+/// The rows a claim took, read back (MySQL has no `UPDATE … RETURNING`).
+pub(crate) const CLAIMED: &str = "SELECT seq, id, priority, attempts, available_at, last_error,
+       CAST(envelope AS BINARY), started
+  FROM `switchyard_jobs` WHERE token = ? AND seq IN ({IN})";
+
+/// One row of a multi-row publish (the first row names the columns).
+pub(crate) const PUBLISH_ROW: &str = "SELECT ? AS id, ? AS queue, ? AS kind, ? AS priority,
+    ? AS prio_rank, ? AS attempts, ? AS ready, {NOW} + ? AS available_at,
+    {NOW} + ? AS visible_at, {NOW} + ? AS expires_at, ? AS last_error, {NOW} AS created_at,
+    ? AS envelope";
+
+/// A publish: the rows come as a `UNION ALL` of [`PUBLISH_ROW`]s in `{ROWS}`. An id
+/// already stored, live or dead, stores nothing new.
+pub(crate) const PUBLISH: &str = "INSERT INTO `switchyard_jobs`
+    (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
+     expires_at, last_error, created_at, envelope)
+SELECT v.* FROM ({ROWS}) AS v
+ WHERE NOT EXISTS (SELECT 1 FROM `switchyard_jobs_dead` d WHERE d.id = v.id)
+ON DUPLICATE KEY UPDATE seq = seq";
+
+/// The rows of a batch, locked, to match them against their tokens.
+pub(crate) const LOCK_BY_IDS: &str =
+    "SELECT seq, id, token FROM `switchyard_jobs` WHERE id IN ({IN}) FOR UPDATE";
+
+pub(crate) const DELETE_BY_SEQS: &str = "DELETE FROM `switchyard_jobs` WHERE seq IN ({IN})";
+
+/// Marks rows started and renews their leases.
+pub(crate) const START_BY_SEQS: &str = "UPDATE `switchyard_jobs`
+   SET started = 1, ready = 0, visible_at = {NOW} + ? WHERE seq IN ({IN})";
+
+/// Gives a leased row back: due after `?` µs, ready at once when that is 0.
+pub(crate) const RELEASE: &str = "UPDATE `switchyard_jobs`
+   SET attempts = attempts + 1, started = 0, available_at = {NOW} + ?,
+       visible_at = {NOW} + ?, ready = (? <= 0), last_error = COALESCE(?, last_error),
+       reserved_at = NULL, token = NULL
+ WHERE id = ? AND token = ?";
+
+/// Gives back a row that was claimed but never handled: ready at once, no attempt.
+pub(crate) const ABANDON: &str = "UPDATE `switchyard_jobs`
+   SET started = 0, visible_at = {NOW}, ready = 1, reserved_at = NULL, token = NULL
+ WHERE id = ? AND token = ?";
+
+/// Renews a lease (and hides a lapsed, promoted one again while nobody reclaimed it).
+pub(crate) const EXTEND: &str = "UPDATE `switchyard_jobs`
+   SET visible_at = {NOW} + ?, ready = 0 WHERE id = ? AND token = ?";
+
+/// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
+/// counts as an attempt if a handler started it)…
+pub(crate) const COPY_LEASED_TO_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+SELECT id, queue, kind, priority, attempts + started, expires_at, ?, COALESCE(?, last_error),
+       {NOW}, envelope
+  FROM `switchyard_jobs` WHERE seq = ? AND token = ?";
+
+/// …then deletes it (same transaction).
+pub(crate) const DELETE_LEASED: &str = "DELETE FROM `switchyard_jobs` WHERE seq = ? AND token = ?";
+
+/// Whether any row has expired (one step down the expiry index).
+pub(crate) const ANY_EXPIRED: &str = "SELECT COALESCE((
+    SELECT expires_at <= {NOW} FROM `switchyard_jobs`
+     WHERE expires_at IS NOT NULL ORDER BY expires_at LIMIT 1), 0)";
+
+/// Unleased rows that expired, locked (up to 1,000).
+pub(crate) const LOCK_EXPIRED: &str = "SELECT seq FROM `switchyard_jobs`
+ WHERE expires_at <= {NOW} AND visible_at <= {NOW}
+ ORDER BY expires_at LIMIT 1000 FOR UPDATE {SKIP}";
+
+pub(crate) const COPY_EXPIRED: &str = "REPLACE INTO `switchyard_jobs_dead`
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, {NOW}, envelope
+  FROM `switchyard_jobs` WHERE seq IN ({IN})";
+
+pub(crate) const STATS_JOBS: &str = "SELECT CAST(queue AS BINARY),
+       CAST(SUM(visible_at <= ?) AS SIGNED),
+       CAST(SUM(token IS NULL AND visible_at > ?) AS SIGNED),
+       CAST(SUM(token IS NOT NULL AND visible_at > ?) AS SIGNED),
+       MIN(CASE WHEN visible_at <= ? AND (expires_at IS NULL OR expires_at > ?)
+                THEN available_at END)
+  FROM `switchyard_jobs`
+ WHERE ? IS NULL OR queue = ?
+ GROUP BY queue";
+
+pub(crate) const STATS_DEAD: &str = "SELECT CAST(queue AS BINARY), COUNT(*)
+  FROM `switchyard_jobs_dead` WHERE ? IS NULL OR queue = ? GROUP BY queue";
+
+pub(crate) const LIST_DEAD: &str = "SELECT CAST(id AS BINARY), CAST(queue AS BINARY),
+       CAST(kind AS BINARY), attempts, CAST(reason AS BINARY), CAST(last_error AS BINARY),
+       dead_at, CAST(envelope AS BINARY)
+  FROM `switchyard_jobs_dead`
+ WHERE ? IS NULL OR queue = ?
+ ORDER BY dead_at, id
+ LIMIT ?";
+
+pub(crate) const DEAD_EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM `switchyard_jobs_dead` WHERE id = ?)";
+
+/// The selection of a replay or purge: queue, id, dead before (each bound twice).
+const DEAD_SELECTION: &str = "(? IS NULL OR d.queue = ?) AND (? IS NULL OR d.id = ?)
+   AND (? IS NULL OR d.dead_at <= ?)";
+
+pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM `switchyard_jobs`";
+
+/// Puts the selected dead letters back, byte for byte, ready now with attempts reset and
+/// no expiry. An id that is live again is left alone.
+pub(crate) const REPLAY_DEAD: &str = "INSERT INTO `switchyard_jobs`
+    (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
+     expires_at, last_error, created_at, envelope)
+SELECT id, queue, kind, priority, -priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope
+  FROM `switchyard_jobs_dead` d
+ WHERE {DEAD_SELECTION}
+   AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = d.id)
+ ORDER BY dead_at, id";
+
+/// Deletes the dead letters the replay just inserted (rows above the old maximum seq).
+pub(crate) const DELETE_REPLAYED: &str = "DELETE d FROM `switchyard_jobs_dead` d
+  JOIN `switchyard_jobs` j ON j.id = d.id AND j.seq > ?
+ WHERE {DEAD_SELECTION}";
+
+pub(crate) const PURGE_DEAD: &str = "DELETE d FROM `switchyard_jobs_dead` d WHERE {DEAD_SELECTION}";
+
+/// The statements specialised for one database and table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) select_now: String,
+    pub(crate) any_due: String,
+    pub(crate) promote_due: String,
+    pub(crate) claim_lock: String,
+    pub(crate) claim_candidates: String,
+    pub(crate) claim_locked: String,
+    pub(crate) claim_optimistic: String,
+    pub(crate) claimed: String,
+    pub(crate) publish_row: String,
+    pub(crate) publish: String,
+    pub(crate) lock_by_ids: String,
+    pub(crate) delete_by_seqs: String,
+    pub(crate) start_by_seqs: String,
+    pub(crate) release: String,
+    pub(crate) abandon: String,
+    pub(crate) extend: String,
+    pub(crate) copy_leased_to_dead: String,
+    pub(crate) delete_leased: String,
+    pub(crate) any_expired: String,
+    pub(crate) lock_expired: String,
+    pub(crate) copy_expired: String,
+    pub(crate) stats_jobs: String,
+    pub(crate) stats_dead: String,
+    pub(crate) list_dead: String,
+    pub(crate) dead_exists: String,
+    pub(crate) max_seq: String,
+    pub(crate) replay_dead: String,
+    pub(crate) delete_replayed: String,
+    pub(crate) purge_dead: String,
+}
+
+/// Rewrites SQL written for the default table: `` `switchyard_jobs…` `` (a table
+/// reference) becomes the database-qualified name, and a bare `switchyard_jobs…` (an
+/// index name) the bare table name. Both names are validated identifiers.
+pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String {
+    let qualified = match schema {
+        Some(schema) => format!("`{schema}`.`{table}"),
+        None => format!("`{table}"),
+    };
+    sql.replace("{CLAIM_SET}", CLAIM_SET)
+        .replace("{DEAD_SELECTION}", DEAD_SELECTION)
+        .replace("{NOW}", NOW)
+        .replace("`switchyard_jobs", "\u{0}")
+        .replace("switchyard_jobs", table)
+        .replace('\u{0}', &qualified)
+}
+
+/// `sql` with `{IN}` replaced by `n` placeholders.
+pub(crate) fn with_list(sql: &str, n: usize) -> String {
+    let list = vec!["?"; n.max(1)].join(", ");
+    sql.replace("{IN}", &list)
+}
+
+impl Statements {
+    pub(crate) fn new(schema: Option<&str>, table: &str, skip_locked: bool) -> Self {
+        let s = |sql: &str| specialise(sql, schema, table);
+        let skip = if skip_locked { "SKIP LOCKED" } else { "" };
+        Statements {
+            select_now: s(SELECT_NOW),
+            any_due: s(ANY_DUE),
+            promote_due: s(PROMOTE_DUE),
+            claim_lock: s(CLAIM_LOCK),
+            claim_candidates: s(CLAIM_CANDIDATES),
+            claim_locked: s(CLAIM_LOCKED),
+            claim_optimistic: s(CLAIM_OPTIMISTIC),
+            claimed: s(CLAIMED),
+            publish_row: s(PUBLISH_ROW),
+            publish: s(PUBLISH),
+            lock_by_ids: s(LOCK_BY_IDS),
+            delete_by_seqs: s(DELETE_BY_SEQS),
+            start_by_seqs: s(START_BY_SEQS),
+            release: s(RELEASE),
+            abandon: s(ABANDON),
+            extend: s(EXTEND),
+            copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
+            delete_leased: s(DELETE_LEASED),
+            any_expired: s(ANY_EXPIRED),
+            lock_expired: s(LOCK_EXPIRED).replace("{SKIP}", skip),
+            copy_expired: s(COPY_EXPIRED),
+            stats_jobs: s(STATS_JOBS),
+            stats_dead: s(STATS_DEAD),
+            list_dead: s(LIST_DEAD),
+            dead_exists: s(DEAD_EXISTS),
+            max_seq: s(MAX_SEQ),
+            replay_dead: s(REPLAY_DEAD),
+            delete_replayed: s(DELETE_REPLAYED),
+            purge_dead: s(PURGE_DEAD),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specialise_qualifies_tables_and_keeps_index_names_bare() {
+        let sql = "KEY switchyard_jobs_claim (q); SELECT 1 FROM `switchyard_jobs_dead`";
+        assert_eq!(
+            specialise(sql, Some("tenant_a"), "jobs"),
+            "KEY jobs_claim (q); SELECT 1 FROM `tenant_a`.`jobs_dead`"
+        );
+        assert_eq!(with_list("IN ({IN})", 3), "IN (?, ?, ?)");
+    }
+}

@@ -1,0 +1,1125 @@
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::Utc;
+use queue_core::sql::{
+    attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
+    selection_parts, time_from_micros, ClaimedRow, RowClaims, StartMode,
+};
+use queue_core::{
+    reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
+    Envelope, Error, Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
+use sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Row};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
+use crate::migrate::{migrate, uninstall};
+use crate::options::MySqlOptions;
+use crate::sql::{with_list, Statements};
+
+/// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
+const PUBLISH_CHUNK: usize = 500;
+/// How often a transport moves expired messages to the dead-letter store.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long a promotion of due rows counts as fresh.
+const PROMOTE_EVERY: Duration = Duration::from_millis(50);
+
+/// The server a transport talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `VERSION()` as the server reports it.
+    pub version: String,
+    /// MariaDB rather than MySQL.
+    pub mariadb: bool,
+    /// Whether it has `FOR UPDATE SKIP LOCKED` (MySQL 8.0.1+, MariaDB 10.6+).
+    pub skip_locked: bool,
+}
+
+impl ServerInfo {
+    /// Reads `VERSION()` (`8.0.36`, `10.11.19-MariaDB-0+deb12u1`).
+    pub fn parse(version: &str) -> Self {
+        let mariadb = version.to_ascii_lowercase().contains("mariadb");
+        let mut parts = version
+            .split(|c: char| !c.is_ascii_digit())
+            .filter(|p| !p.is_empty())
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor, patch) = (
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+            parts.next().unwrap_or(0),
+        );
+        let skip_locked = if mariadb {
+            (major, minor) >= (10, 6)
+        } else {
+            (major, minor, patch) >= (8, 0, 1)
+        };
+        ServerInfo {
+            version: version.to_owned(),
+            mariadb,
+            skip_locked,
+        }
+    }
+}
+
+/// A [`Transport`] over a MySQL or MariaDB (InnoDB) table.
+///
+/// Sessions run at `READ COMMITTED`, so a claim's scan takes no gap locks and never
+/// blocks publishers; deadlocks and lock-wait timeouts are retried with a bounded
+/// backoff (see [`MySqlTransport::lock_retries`]).
+pub struct MySqlTransport {
+    pool: MySqlPool,
+    sql: Arc<Statements>,
+    options: MySqlOptions,
+    schema: Option<String>,
+    table: String,
+    server: ServerInfo,
+    last_sweep: Mutex<Option<Instant>>,
+    last_promote: Mutex<Option<Instant>>,
+    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    lock_retries: AtomicU64,
+}
+
+impl fmt::Debug for MySqlTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlTransport")
+            .field("url", &self.options.url)
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("claim", &self.options.claim)
+            .field("server", &self.server.version)
+            .finish_non_exhaustive()
+    }
+}
+
+fn claimed_row(row: &MySqlRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
+    Ok(ClaimedRow {
+        seq: row.try_get(0)?,
+        // Columns with a binary collation come back as bytes.
+        id: lossy(row.try_get(1)?),
+        priority: i64::from(row.try_get::<i32, _>(2)?),
+        attempts: i64::from(row.try_get::<i32, _>(3)?),
+        available_at: row.try_get(4)?,
+        last_error: row.try_get::<Option<Vec<u8>>, _>(5)?.map(lossy),
+        envelope: row.try_get(6)?,
+        started: row.try_get::<i8, _>(7)? != 0,
+    })
+}
+
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Session settings every connection gets: UTC, a strict `sql_mode` without
+/// `SIMULTANEOUS_ASSIGNMENT` (the claim relies on left-to-right assignment), and
+/// `READ COMMITTED`, so that scans take no gap locks that would block publishers.
+const SESSION: [&str; 2] = [
+    "SET time_zone = '+00:00', sql_mode = 'STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'",
+    "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+];
+
+impl MySqlTransport {
+    /// Validates the options, connects, checks what the server can do, and applies the
+    /// schema. Configuration errors are raised before any connection is made; a server
+    /// without `SKIP LOCKED` refuses `skip-locked` with a configuration error.
+    pub async fn connect(options: MySqlOptions) -> Result<Self> {
+        let table = Identifier::table("QUEUE_TABLE (table)", options.table.clone())?;
+        let schema = options
+            .schema
+            .clone()
+            .map(|s| Identifier::new("QUEUE_SCHEMA (schema)", s))
+            .transpose()?;
+        if options.visibility_timeout < Duration::from_millis(100) {
+            return Err(ConfigError::new(
+                "QUEUE_VISIBILITY_TIMEOUT",
+                Some(format!("{:?}", options.visibility_timeout)),
+                "expected a lease of at least 100ms",
+            )
+            .into());
+        }
+        let scheme = options.url.scheme();
+        if scheme != "mysql" && scheme != "mariadb" {
+            return Err(ConfigError::new(
+                "DATABASE_URL",
+                Some(options.url.to_string()),
+                "expected mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE for the MySQL transport",
+            )
+            .into());
+        }
+        if options.max_connections == 0 {
+            return Err(ConfigError::new(
+                "max_connections",
+                Some("0".into()),
+                "expected at least 1 connection",
+            )
+            .into());
+        }
+        let url = options.url.expose().replacen("mariadb://", "mysql://", 1);
+        let connect = MySqlConnectOptions::from_str(&url)
+            .map_err(|e| {
+                ConfigError::new(
+                    "DATABASE_URL",
+                    Some(options.url.to_string()),
+                    format!("expected mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE ({e})"),
+                )
+            })?
+            .charset("utf8mb4");
+        let pool = MySqlPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .test_before_acquire(false)
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    for statement in SESSION {
+                        conn.execute(statement).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(connect)
+            .await
+            .backend()?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&pool)
+            .await
+            .backend()?;
+        let server = ServerInfo::parse(&version);
+        if options.claim == ClaimStrategy::SkipLocked && !server.skip_locked {
+            return Err(ConfigError::new(
+                "QUEUE_CLAIM",
+                Some("skip-locked".into()),
+                format!(
+                    "this server ({version}) has no FOR UPDATE SKIP LOCKED (MySQL 8.0.1+ or MariaDB 10.6+ do): use QUEUE_CLAIM=optimistic"
+                ),
+            )
+            .into());
+        }
+        let schema = schema.map(|s| s.as_str().to_owned());
+        let table = table.as_str().to_owned();
+        migrate(&pool, schema.as_deref(), &table).await?;
+        tracing::debug!(url = %options.url, schema, table, claim = %options.claim, server = version, "mysql transport ready");
+        Ok(MySqlTransport {
+            pool,
+            sql: Arc::new(Statements::new(
+                schema.as_deref(),
+                &table,
+                server.skip_locked,
+            )),
+            schema,
+            table,
+            server,
+            options,
+            last_sweep: Mutex::new(None),
+            last_promote: Mutex::new(None),
+            wakers: Mutex::default(),
+            lock_retries: AtomicU64::new(0),
+        })
+    }
+
+    /// The options this transport runs with.
+    pub fn options(&self) -> &MySqlOptions {
+        &self.options
+    }
+
+    /// The server, as detected at connect time.
+    pub fn server(&self) -> &ServerInfo {
+        &self.server
+    }
+
+    /// The connection pool, for the caller's own queries and transactions.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// How many statements lost a deadlock or a lock wait and were run again, since the
+    /// transport was opened.
+    pub fn lock_retries(&self) -> u64 {
+        self.lock_retries.load(Ordering::Relaxed)
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Drops this transport's job and dead-letter tables, messages and all.
+    pub async fn drop_store(&self) -> Result<()> {
+        uninstall(&self.pool, self.schema.as_deref(), &self.table).await
+    }
+
+    /// Publishes inside the caller's own transaction (the transactional outbox): the
+    /// message exists if and only if the transaction commits.
+    pub async fn publish_tx(
+        &self,
+        tx: &mut sqlx::Transaction<'_, MySql>,
+        envelope: Envelope,
+    ) -> Result<()> {
+        self.publish_batch_tx(tx, vec![envelope]).await
+    }
+
+    /// Publishes several messages inside the caller's own transaction.
+    pub async fn publish_batch_tx(
+        &self,
+        tx: &mut sqlx::Transaction<'_, MySql>,
+        envelopes: Vec<Envelope>,
+    ) -> Result<()> {
+        let rows = self.encode(envelopes)?;
+        for chunk in rows.chunks(PUBLISH_CHUNK) {
+            self.insert(tx, chunk).await.backend()?;
+        }
+        Ok(())
+    }
+
+    /// Runs `op` again while it loses a deadlock or a lock wait (errors 1213, 1205), with
+    /// a bounded, jittered backoff; each retry is counted and logged.
+    async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        let mut delay = Duration::from_millis(2);
+        let mut attempt = 0;
+        loop {
+            match op().await {
+                Err(err) if is_lock_conflict(&err) && attempt < self.options.lock_retries => {
+                    attempt += 1;
+                    self.lock_retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(what, attempt, error = %err, "lock conflict; running again");
+                    let jitter =
+                        Duration::from_micros(u64::from(Uuid::new_v4().as_bytes()[0]) * 20);
+                    tokio::time::sleep(delay + jitter).await;
+                    delay = (delay * 2).min(Duration::from_millis(200));
+                }
+                other => return other.backend(),
+            }
+        }
+    }
+
+    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Vec<(Envelope, String)>> {
+        let mut rows = Vec::with_capacity(envelopes.len());
+        for env in envelopes {
+            let json = env.to_json();
+            if json.len() > self.options.max_payload_bytes {
+                env.check_size(self.options.max_payload_bytes)?;
+            }
+            rows.push((env, json));
+        }
+        Ok(rows)
+    }
+
+    async fn insert(
+        &self,
+        conn: &mut MySqlConnection,
+        rows: &[(Envelope, String)],
+    ) -> std::result::Result<(), sqlx::Error> {
+        let union = vec![self.sql.publish_row.as_str(); rows.len()].join(" UNION ALL ");
+        let sql = self.sql.publish.replace("{ROWS}", &union);
+        let local_now = Utc::now();
+        let mut query = sqlx::query(&sql).persistent(rows.len() == 1);
+        for (env, json) in rows {
+            // Delay and expiry become offsets from the publisher's clock, applied to the
+            // server's.
+            let due = micros_between(local_now, env.available_at).max(0);
+            let expires = env.expires_at.map(|t| micros_between(local_now, t));
+            let priority = i32::from(env.priority);
+            query = query
+                .bind(env.id.to_string())
+                .bind(env.queue.as_str())
+                .bind(env.kind.as_str())
+                .bind(priority)
+                .bind(-priority)
+                .bind(i64::from(env.attempts))
+                .bind(i8::from(due == 0))
+                .bind(due)
+                .bind(due)
+                .bind(expires)
+                .bind(env.last_error.as_deref())
+                .bind(json.as_str());
+        }
+        query.execute(conn).await.map(|_| ())
+    }
+
+    fn wake<'a>(&self, queues: impl Iterator<Item = &'a str>) {
+        let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        if wakers.is_empty() {
+            return;
+        }
+        let mut last = "";
+        for q in queues {
+            if q != last {
+                if let Some(n) = wakers.get(q) {
+                    n.notify_waiters();
+                }
+                last = q;
+            }
+        }
+    }
+
+    async fn reserve_inner(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        start: StartMode,
+    ) -> Result<Vec<(Reservation, bool)>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        if let Err(err) = self.sweep_expired().await {
+            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+        }
+        reserve_rows(self, queue, max, start).await
+    }
+
+    /// Claims up to `max` rows; promotion of due rows as on the other SQL backends.
+    async fn claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        let recent = self
+            .last_promote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY);
+        if !recent {
+            self.promote_due().await?;
+        }
+        let mut rows = self.claim_ready(queue, max, token, start).await?;
+        if rows.len() < max && recent {
+            // The rows already claimed are committed: a failure from here on must not
+            // lose them, so it only ends this claim early.
+            let more = match self.promote_due().await {
+                Ok(0) => Ok(Vec::new()),
+                Ok(_) => {
+                    self.claim_ready(queue, max - rows.len(), token, start)
+                        .await
+                }
+                Err(err) => Err(err),
+            };
+            match more {
+                Ok(more) => rows.extend(more),
+                Err(err) if rows.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn promote_due(&self) -> Result<u64> {
+        *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let any: i64 = sqlx::query_scalar(&self.sql.any_due)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        if any == 0 {
+            return Ok(0);
+        }
+        self.retrying("promote", || async {
+            Ok(sqlx::query(&self.sql.promote_due)
+                .execute(&self.pool)
+                .await?
+                .rows_affected())
+        })
+        .await
+    }
+
+    async fn claim_ready(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
+        let rows = match self.options.claim {
+            // One transaction: a lost deadlock rolls it back whole, so it simply runs again.
+            ClaimStrategy::SkipLocked => {
+                self.retrying("claim", || {
+                    self.claim_locked(queue, max, token, start, lease)
+                })
+                .await?
+            }
+            _ => return self.claim_optimistic(queue, max, token, start, lease).await,
+        };
+        rows.iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<_, _>>()
+            .backend()
+    }
+
+    /// Locks up to `max` ready rows, skipping rows other claims hold, claims them and
+    /// reads them back, in one transaction.
+    async fn claim_locked(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+        lease: i64,
+    ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.claim_lock)
+            .bind(queue.as_str())
+            .bind(limit(max))
+            .fetch_all(&mut *tx)
+            .await?;
+        if seqs.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let update = with_list(&self.sql.claim_locked, seqs.len());
+        let mut q = sqlx::query(&update)
+            .persistent(false)
+            .bind(start as i64)
+            .bind(start as i64)
+            .bind(token.to_string())
+            .bind(lease);
+        for s in &seqs {
+            q = q.bind(s);
+        }
+        q.execute(&mut *tx).await?;
+        let rows = self.read_claimed(&mut tx, token, &seqs).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn read_claimed(
+        &self,
+        conn: &mut MySqlConnection,
+        token: LeaseToken,
+        seqs: &[i64],
+    ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
+        let select = with_list(&self.sql.claimed, seqs.len());
+        let mut q = sqlx::query(&select)
+            .persistent(false)
+            .bind(token.to_string());
+        for s in seqs {
+            q = q.bind(s);
+        }
+        q.fetch_all(conn).await
+    }
+
+    /// Reads candidates without locks, then claims up to `max` of those still ready with
+    /// one compare-and-set, a few rounds at most while competitors take some. Each
+    /// statement commits on its own, so what earlier rounds claimed is returned even when
+    /// a later round fails.
+    async fn claim_optimistic(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+        lease: i64,
+    ) -> Result<Vec<ClaimedRow>> {
+        let mut claimed = Vec::new();
+        for _ in 0..4 {
+            let want = max - claimed.len();
+            let window = want.saturating_mul(8).clamp(64, 4096);
+            let round = async {
+                let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+                    .bind(queue.as_str())
+                    .bind(limit(window))
+                    .fetch_all(&self.pool)
+                    .await
+                    .backend()?;
+                if candidates.is_empty() {
+                    return Ok((Vec::new(), 0));
+                }
+                let update = with_list(&self.sql.claim_optimistic, candidates.len());
+                let took = self
+                    .retrying("claim", || async {
+                        let mut q = sqlx::query(&update)
+                            .persistent(false)
+                            .bind(start as i64)
+                            .bind(start as i64)
+                            .bind(token.to_string())
+                            .bind(lease)
+                            .bind(queue.as_str());
+                        for s in &candidates {
+                            q = q.bind(s);
+                        }
+                        Ok(q.bind(limit(want))
+                            .execute(&self.pool)
+                            .await?
+                            .rows_affected())
+                    })
+                    .await?;
+                let mut rows = Vec::new();
+                if took > 0 {
+                    let mut conn = self.pool.acquire().await.backend()?;
+                    for row in self
+                        .read_claimed(&mut conn, token, &candidates)
+                        .await
+                        .backend()?
+                    {
+                        rows.push(claimed_row(&row).backend()?);
+                    }
+                }
+                Ok::<_, Error>((rows, candidates.len()))
+            };
+            match round.await {
+                Ok((rows, candidates)) => {
+                    claimed.extend(rows);
+                    if claimed.len() >= max || candidates < window {
+                        break;
+                    }
+                }
+                Err(err) if claimed.is_empty() => return Err(err),
+                Err(err) => {
+                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                    break;
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Moves the row `seq` held under `token` to the dead-letter store, byte for byte, in
+    /// one transaction. `false` when the lease is gone.
+    async fn move_to_dead(
+        &self,
+        seq: i64,
+        token: LeaseToken,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        let token = token.to_string();
+        self.retrying("dead-letter", || async {
+            let mut tx = self.pool.begin().await?;
+            let copied = sqlx::query(&self.sql.copy_leased_to_dead)
+                .bind(reason)
+                .bind(error)
+                .bind(seq)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if copied == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            sqlx::query(&self.sql.delete_leased)
+                .bind(seq)
+                .bind(&token)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Moves unleased expired rows to the dead-letter store, at most once per second.
+    async fn sweep_expired(&self) -> Result<()> {
+        {
+            let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        let any: i64 = sqlx::query_scalar(&self.sql.any_expired)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        if any == 0 {
+            return Ok(());
+        }
+        let moved = self
+            .retrying("expire", || async {
+                let mut tx = self.pool.begin().await?;
+                let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.lock_expired)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if !seqs.is_empty() {
+                    let copy = with_list(&self.sql.copy_expired, seqs.len());
+                    let delete = with_list(&self.sql.delete_by_seqs, seqs.len());
+                    for sql in [&copy, &delete] {
+                        let mut q = sqlx::query(sql).persistent(false);
+                        for s in &seqs {
+                            q = q.bind(s);
+                        }
+                        q.execute(&mut *tx).await?;
+                    }
+                }
+                tx.commit().await?;
+                Ok(seqs.len())
+            })
+            .await?;
+        if moved > 0 {
+            tracing::info!(
+                count = moved,
+                "expired messages moved to the dead-letter store"
+            );
+        }
+        Ok(())
+    }
+
+    /// Locks the rows of a batch, keeps those still held under their tokens, and runs
+    /// `sql` (a statement over their seqs, with `lease` first when given) on them.
+    async fn by_pairs(
+        &self,
+        what: &str,
+        sql: &str,
+        reservations: &[Reservation],
+        lease: Option<i64>,
+    ) -> Result<AckReport> {
+        if reservations.is_empty() {
+            return Ok(AckReport::default());
+        }
+        let ids: Vec<String> = reservations.iter().map(|r| r.id().to_string()).collect();
+        let wanted: std::collections::HashSet<(String, String)> = reservations
+            .iter()
+            .map(|r| (r.id().to_string(), r.token().to_string()))
+            .collect();
+        let touched = self
+            .retrying(what, || async {
+                let mut tx = self.pool.begin().await?;
+                let lock = with_list(&self.sql.lock_by_ids, ids.len());
+                let mut q =
+                    sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>)>(&lock).persistent(false);
+                for id in &ids {
+                    q = q.bind(id);
+                }
+                let rows = q.fetch_all(&mut *tx).await?;
+                let mut seqs = Vec::new();
+                let mut touched = std::collections::HashSet::new();
+                for (seq, id, token) in rows {
+                    let Some(token) = token else { continue };
+                    let (id, token) = (lossy(id), lossy(token));
+                    if wanted.contains(&(id.clone(), token.clone())) {
+                        seqs.push(seq);
+                        if let Ok(token) = Uuid::parse_str(&token) {
+                            touched.insert((id, token));
+                        }
+                    }
+                }
+                if !seqs.is_empty() {
+                    let statement = with_list(sql, seqs.len());
+                    let mut q = sqlx::query(&statement).persistent(false);
+                    if let Some(lease) = lease {
+                        q = q.bind(lease);
+                    }
+                    for s in &seqs {
+                        q = q.bind(s);
+                    }
+                    q.execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(touched)
+            })
+            .await?;
+        Ok(pair_report(reservations, &touched))
+    }
+
+    async fn on_lease(
+        &self,
+        what: &str,
+        sql: &str,
+        reservation: &Reservation,
+        binds: &[Option<i64>],
+        text: Option<&str>,
+    ) -> Result<()> {
+        let id = reservation.id().to_string();
+        let token = reservation.token().to_string();
+        let done = self
+            .retrying(what, || async {
+                let mut q = sqlx::query(sql);
+                for b in binds {
+                    q = q.bind(*b);
+                }
+                if sql.contains("last_error") {
+                    q = q.bind(text);
+                }
+                Ok(q.bind(&id)
+                    .bind(&token)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            })
+            .await?;
+        fenced(done == 1, reservation)
+    }
+
+    async fn now(&self) -> Result<i64> {
+        sqlx::query_scalar(&self.sql.select_now)
+            .fetch_one(&self.pool)
+            .await
+            .backend()
+    }
+}
+
+#[async_trait]
+impl RowClaims for MySqlTransport {
+    async fn claim_rows(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        self.claim(queue, max, token, start).await
+    }
+
+    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
+        self.move_to_dead(seq, token, reason::MALFORMED, Some(why))
+            .await
+    }
+}
+
+#[async_trait]
+impl Transport for MySqlTransport {
+    fn name(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.exact_fifo = true;
+        caps.priorities = true;
+        caps.exact_delays = true;
+        caps.lease_extension = true;
+        caps.idempotent_publish = true;
+        caps.expiry = true;
+        caps.table_isolation = true;
+        caps.transactional_publish = true;
+        caps.max_payload_bytes = self.options.max_payload_bytes;
+        caps
+    }
+
+    fn visibility_timeout(&self) -> Duration {
+        self.options.visibility_timeout
+    }
+
+    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        Some(wakers.entry(queue.as_str().to_owned()).or_default().clone())
+    }
+
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        let rows = self.encode(envelopes)?;
+        self.retrying("publish", || async {
+            if rows.len() <= PUBLISH_CHUNK {
+                let mut conn = self.pool.acquire().await?;
+                self.insert(&mut conn, &rows).await
+            } else {
+                let mut tx = self.pool.begin().await?;
+                for chunk in rows.chunks(PUBLISH_CHUNK) {
+                    self.insert(&mut tx, chunk).await?;
+                }
+                tx.commit().await
+            }
+        })
+        .await?;
+        self.wake(rows.iter().map(|(env, _)| env.queue.as_str()));
+        Ok(())
+    }
+
+    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        let claimed = self.reserve_inner(queue, max, StartMode::All).await?;
+        Ok(claimed.into_iter().map(|(r, _)| r).collect())
+    }
+
+    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        let claimed = self.reserve_inner(queue, max, StartMode::None).await?;
+        Ok(claimed.into_iter().map(|(r, _)| r).collect())
+    }
+
+    async fn prefetch_batch_starting_fresh(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<(Reservation, bool)>> {
+        self.reserve_inner(queue, max, StartMode::Fresh).await
+    }
+
+    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        self.by_pairs("ack", &self.sql.delete_by_seqs, reservations, None)
+            .await
+    }
+
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let lease = micros(self.options.visibility_timeout);
+        self.by_pairs("start", &self.sql.start_by_seqs, reservations, Some(lease))
+            .await
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        delay: Duration,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let d = micros(delay);
+        self.on_lease(
+            "release",
+            &self.sql.release,
+            reservation,
+            &[Some(d), Some(d), Some(d)],
+            error,
+        )
+        .await?;
+        if delay.is_zero() {
+            self.wake(std::iter::once(reservation.envelope.queue.as_str()));
+        }
+        Ok(())
+    }
+
+    async fn dead_letter(
+        &self,
+        reservation: &Reservation,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
+        let moved = self
+            .move_to_dead(seq, reservation.token(), reason, error)
+            .await?;
+        if moved {
+            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
+        }
+        fenced(moved, reservation)
+    }
+
+    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
+        self.on_lease("abandon", &self.sql.abandon, reservation, &[], None)
+            .await
+    }
+
+    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
+        self.on_lease(
+            "extend",
+            &self.sql.extend,
+            reservation,
+            &[Some(micros(lease))],
+            None,
+        )
+        .await
+    }
+
+    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
+        let now = self.now().await?;
+        let q = queue.map(QueueName::as_str);
+        let mut by_queue: HashMap<String, QueueStats> = HashMap::new();
+        let rows = sqlx::query(&self.sql.stats_jobs)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(q)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let count = |n: Option<i64>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+        for row in rows {
+            let name = lossy(row.try_get(0).backend()?);
+            let oldest: Option<i64> = row.try_get(4).backend()?;
+            let s = by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name));
+            s.ready = count(row.try_get(1).backend()?);
+            s.delayed = count(row.try_get(2).backend()?);
+            s.reserved = count(row.try_get(3).backend()?);
+            s.oldest_ready_age = oldest
+                .map(|t| Duration::from_micros(u64::try_from(now.saturating_sub(t)).unwrap_or(0)));
+        }
+        let rows = sqlx::query(&self.sql.stats_dead)
+            .bind(q)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        for row in rows {
+            let name = lossy(row.try_get(0).backend()?);
+            by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name))
+                .dead = count(row.try_get(1).backend()?);
+        }
+        let mut out: Vec<QueueStats> = by_queue.into_values().collect();
+        out.sort_by(|a, b| a.queue.cmp(&b.queue));
+        Ok(out)
+    }
+
+    async fn dead_list(
+        &self,
+        queue: Option<&QueueName>,
+        limit_n: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        let q = queue.map(QueueName::as_str);
+        let rows = sqlx::query(&self.sql.list_dead)
+            .bind(q)
+            .bind(q)
+            .bind(limit(limit_n))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let text = |i: usize| -> Result<String> {
+                Ok(lossy(
+                    row.try_get::<Option<Vec<u8>>, _>(i)
+                        .backend()?
+                        .unwrap_or_default(),
+                ))
+            };
+            let mut d = DeadLetter::new(
+                text(0)?,
+                text(1)?,
+                text(4)?,
+                time_from_micros(row.try_get(6).backend()?),
+            );
+            d.kind = text(2)?;
+            d.attempts = attempts_u32(i64::from(row.try_get::<i32, _>(3).backend()?));
+            d.last_error = row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy);
+            let body = text(7)?;
+            match Envelope::from_json(&body) {
+                Ok(mut env) => {
+                    env.attempts = d.attempts;
+                    env.last_error.clone_from(&d.last_error);
+                    d.envelope = Some(env);
+                }
+                Err(_) => d.raw = Some(body),
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    async fn dead_replay(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = selection_parts(selection)?;
+        let now = self.now().await?;
+        let before = age.map(|a| now.saturating_sub(a));
+        let q = queue.map(QueueName::as_str);
+        let moved = self
+            .retrying("replay", || async {
+                let mut tx = self.pool.begin().await?;
+                let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                sqlx::query(&self.sql.replay_dead)
+                    .bind(q)
+                    .bind(q)
+                    .bind(id.as_deref())
+                    .bind(id.as_deref())
+                    .bind(before)
+                    .bind(before)
+                    .execute(&mut *tx)
+                    .await?;
+                let moved = sqlx::query(&self.sql.delete_replayed)
+                    .bind(max_seq)
+                    .bind(q)
+                    .bind(q)
+                    .bind(id.as_deref())
+                    .bind(id.as_deref())
+                    .bind(before)
+                    .bind(before)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                tx.commit().await?;
+                Ok(moved)
+            })
+            .await?;
+        if moved == 0 {
+            if let DeadSelection::Id(id) = selection {
+                let exists: bool = sqlx::query_scalar(&self.sql.dead_exists)
+                    .bind(id)
+                    .fetch_one(&self.pool)
+                    .await
+                    .backend()?;
+                return Err(replay_refused(id, exists));
+            }
+        }
+        if moved > 0 {
+            let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+            wakers.values().for_each(|n| n.notify_waiters());
+        }
+        tracing::info!(count = moved, "dead letters replayed");
+        Ok(moved)
+    }
+
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = selection_parts(selection)?;
+        let now = self.now().await?;
+        let before = age.map(|a| now.saturating_sub(a));
+        let q = queue.map(QueueName::as_str);
+        let purged = self
+            .retrying("purge", || async {
+                Ok(sqlx::query(&self.sql.purge_dead)
+                    .bind(q)
+                    .bind(q)
+                    .bind(id.as_deref())
+                    .bind(id.as_deref())
+                    .bind(before)
+                    .bind(before)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            })
+            .await?;
+        if purged == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        Ok(purged)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions_tell_whether_skip_locked_exists() {
+        let cases = [
+            ("10.11.19-MariaDB-0+deb12u1", true, true),
+            ("10.5.23-MariaDB", true, false),
+            ("10.6.0-MariaDB-log", true, true),
+            ("8.0.36", false, true),
+            ("8.0.0-dmr", false, false),
+            ("5.7.44-log", false, false),
+        ];
+        for (version, mariadb, skip) in cases {
+            let info = ServerInfo::parse(version);
+            assert_eq!(
+                (info.mariadb, info.skip_locked),
+                (mariadb, skip),
+                "{version}"
+            );
+        }
+    }
+}
