@@ -25,7 +25,7 @@ pub use config::{parse_duration, BackendKind, ClaimStrategy, Config, DEFAULT_VIS
 pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use names::{Identifier, QueueName};
-pub use redact::{redact_url, SecretUrl};
+pub use redact::{redact_url, unsupported_secret_param, SecretUrl};
 pub use transport::{
     AckReport, DeadLetter, DeadSelection, LeaseToken, QueueStats, Receipt, Reservation, Transport,
 };

@@ -20,24 +20,38 @@ pub fn redact_url(url: &str) -> String {
         return redact_query(url);
     };
     let (head, rest) = url.split_at(scheme_end + 3);
-    // The user info ends at the last `@` that is not inside a query parameter.
-    let at = rest
-        .char_indices()
-        .filter(|&(_, c)| c == '@')
-        .map(|(i, _)| i)
-        .rfind(|&i| !rest[..i].contains('='));
+    // The user info ends at the last `@` before the query, and the query starts at the
+    // first `?` after the first `@` (a password may hold `@`, `=`, `/` or `?`).
+    let at = rest.find('@').map(|first| {
+        let query = rest[first..].find('?').map_or(rest.len(), |q| first + q);
+        rest[..query].rfind('@').unwrap_or(first)
+    });
     let (user_part, host_part) = match at {
         Some(at) => {
             let user_info = &rest[..at];
             let user = match user_info.find(':') {
                 Some(colon) => format!("{}:***", &user_info[..colon]),
-                None => user_info.to_owned(),
+                // No password here: perhaps not user info at all, but a query holding `@`.
+                None => redact_query(user_info),
             };
             (format!("{user}@"), &rest[at + 1..])
         }
         None => (String::new(), rest),
     };
     format!("{head}{user_part}{}", redact_query(host_part))
+}
+
+/// The first password-like query parameter of `url` that is not in `supported`: a
+/// driver that does not know a parameter may log it, value and all, so a transport
+/// refuses it instead.
+pub fn unsupported_secret_param(url: &str, supported: &[&str]) -> Option<String> {
+    let (_, query) = url.rsplit_once('?')?;
+    query.split('&').find_map(|pair| {
+        let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+        let lower = key.to_ascii_lowercase();
+        (SECRET_PARAMS.contains(&lower.as_str()) && !supported.contains(&lower.as_str()))
+            .then(|| key.to_owned())
+    })
 }
 
 fn redact_query(text: &str) -> String {
@@ -96,6 +110,43 @@ impl fmt::Display for SecretUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_with_equals_signs_and_queries_with_at_signs_never_show() {
+        for (url, secret) in [
+            ("postgres://app:abc=def@db/prod", "abc=def"),
+            (
+                "postgres://app:b64+/x==@db/prod?sslmode=require",
+                "b64+/x==",
+            ),
+            ("mysql://app:p=w@db/prod?password=q@r", "p=w"),
+            ("postgres://db/prod?password=s3cret@x", "s3cret"),
+        ] {
+            let shown = redact_url(url);
+            assert!(!shown.contains(secret), "{url} -> {shown}");
+        }
+        assert_eq!(
+            redact_url("postgres://app:abc=def@db/prod"),
+            "postgres://app:***@db/prod"
+        );
+    }
+
+    #[test]
+    fn secret_parameters_a_driver_does_not_know_are_found() {
+        let url = "postgres://app@db/prod?sslmode=require&sslpassword=x";
+        assert_eq!(
+            unsupported_secret_param(url, &["password"]).as_deref(),
+            Some("sslpassword")
+        );
+        assert_eq!(
+            unsupported_secret_param("postgres://db/p?password=x", &["password"]),
+            None
+        );
+        assert_eq!(
+            unsupported_secret_param("postgres://db/p", &["password"]),
+            None
+        );
+    }
 
     #[test]
     fn passwords_never_show() {

@@ -118,7 +118,7 @@ pub(crate) const LOCK_EXPIRED: &str = "SELECT seq FROM `switchyard_jobs`
 
 pub(crate) const COPY_EXPIRED: &str = "REPLACE INTO `switchyard_jobs_dead`
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, {NOW}, envelope
+SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, {NOW}, envelope
   FROM `switchyard_jobs` WHERE seq IN ({IN})";
 
 pub(crate) const STATS_JOBS: &str = "SELECT CAST(queue AS BINARY),

@@ -158,6 +158,18 @@ impl MySqlTransport {
             )
             .into());
         }
+        if let Some(param) =
+            queue_core::unsupported_secret_param(options.url.expose(), &["password"])
+        {
+            return Err(ConfigError::new(
+                "DATABASE_URL",
+                Some(options.url.to_string()),
+                format!(
+                    "the MySQL transport does not support the query parameter `{param}` (the driver would log its value); put the password in the URL's user info"
+                ),
+            )
+            .into());
+        }
         if options.max_connections == 0 {
             return Err(ConfigError::new(
                 "max_connections",

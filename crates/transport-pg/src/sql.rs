@@ -182,7 +182,7 @@ WITH moved AS (
     RETURNING *)
 INSERT INTO \"switchyard_jobs_dead\"
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, now(), envelope
+SELECT id, queue, kind, priority, attempts + started::int, expires_at, 'expired', last_error, now(), envelope
   FROM moved
 {ON_CONFLICT_REPLACE}";
 

@@ -136,7 +136,7 @@ pub(crate) const DELETE_LEASED: &str =
 pub(crate) const COPY_EXPIRED: &str = "
 INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
     (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts, expires_at, 'expired', last_error, ?1, envelope
+SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, ?1, envelope
   FROM \"switchyard_jobs\"
  WHERE expires_at <= ?1 AND visible_at <= ?1";
 

@@ -835,6 +835,9 @@ async fn fetch_loop(
     let mut pause = opts.poll_min;
     // Claims in flight, each with how many messages it asked for.
     let mut claims: JoinSet<(usize, ClaimOutcome)> = JoinSet::new();
+    // How many each claim in flight asked for, so that a claim task that panicked still
+    // gives its share of the buffer back.
+    let mut asked_by: HashMap<tokio::task::Id, usize> = HashMap::new();
     let mut asked = 0_usize;
     let mut backlog = false;
     let mut notified = None;
@@ -846,7 +849,12 @@ async fn fetch_loop(
         // while they are slow, only what free handlers can start now. Claims in flight
         // count as buffered.
         let fast = worker.counters.handlers_are_fast();
-        let limit = if backlog && fast { MAX_IN_FLIGHT } else { 1 };
+        // A single handler gets its messages strictly in order: no overlapping claims.
+        let limit = if backlog && fast && concurrency > 1 {
+            MAX_IN_FLIGHT
+        } else {
+            1
+        };
         if claims.len() < limit {
             // While handlers are slow, messages marked and waiting in the dispatcher count
             // too, so that a slow worker claims no more than its free slots.
@@ -875,7 +883,7 @@ async fn fetch_loop(
                     notified = n;
                 }
                 let (transport, queue) = (worker.transport.clone(), worker.queue.clone());
-                claims.spawn(async move {
+                let handle = claims.spawn(async move {
                     // While handlers keep up, messages start as they are claimed (one
                     // round trip fewer per batch); a crash then charges them an attempt
                     // each, at most once, because a message with attempts is never
@@ -890,6 +898,7 @@ async fn fetch_loop(
                     };
                     (room, claimed)
                 });
+                asked_by.insert(handle.id(), room);
                 asked += room;
                 continue;
             }
@@ -897,16 +906,20 @@ async fn fetch_loop(
         let joined = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            joined = claims.join_next(), if !claims.is_empty() => joined,
+            joined = claims.join_next_with_id(), if !claims.is_empty() => joined,
             // Room for a claim: a job finished, or the buffer drained as jobs started.
             _ = finished.notified(), if claims.len() < limit => continue,
             _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))), if claims.len() < limit => continue,
         };
         let (n, claimed) = match joined {
-            Some(Ok(done)) => done,
+            Some(Ok((id, done))) => {
+                asked_by.remove(&id);
+                done
+            }
+            // What a panicked claim took stays leased until its lease runs out.
             Some(Err(err)) => {
                 tracing::error!(error = %err, "a claim task failed");
-                asked = 0;
+                asked = asked.saturating_sub(asked_by.remove(&err.id()).unwrap_or(0));
                 continue;
             }
             None => continue,
