@@ -51,6 +51,10 @@ pub use transport_sqlite::{SqliteOptions, SqliteSynchronous, SqliteTransport};
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use transport_pg::{sqlx, ClaimCounters, PgOptions, PgTransport};
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use transport_mysql::{MySqlOptions, MySqlTransport, ServerInfo};
+
 /// Builds the transport that `config` selects: `QUEUE_BACKEND=exec` uses the SQL
 /// database of `DATABASE_URL`, chosen by its scheme.
 ///
@@ -108,10 +112,15 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
             &config.database_url.to_string(),
             "this build has no PostgreSQL transport: enable the Cargo feature `postgres`",
         )),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(
+            MySqlTransport::connect(MySqlOptions::from_config(config)).await?,
+        )),
+        #[cfg(not(feature = "mysql"))]
         "mysql" | "mariadb" => Err(missing_backend(
             "DATABASE_URL",
             &config.database_url.to_string(),
-            "the MySQL transport is not part of this build yet (Cargo feature `mysql`); use sqlite://PATH",
+            "this build has no MySQL transport: enable the Cargo feature `mysql`",
         )),
         _ => Err(missing_backend(
             "DATABASE_URL",

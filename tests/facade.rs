@@ -27,7 +27,10 @@ async fn rabbitmq_without_its_transport_is_a_configuration_error_naming_the_feat
 
 #[tokio::test]
 async fn a_sql_url_without_its_transport_names_the_feature_and_hides_the_password() {
-    let mut cases = vec![("mysql://app:s3cret@127.0.0.1:1/db", "`mysql`")];
+    let mut cases = Vec::new();
+    if cfg!(not(feature = "mysql")) {
+        cases.push(("mysql://app:s3cret@127.0.0.1:1/db", "`mysql`"));
+    }
     if cfg!(not(feature = "postgres")) {
         cases.push(("postgres://app:s3cret@127.0.0.1:1/db", "`postgres`"));
     }
@@ -98,5 +101,36 @@ async fn a_postgres_url_selects_the_postgres_transport() -> switchyard::Result<(
     t.ack(&r).await?;
     let pg = switchyard::PgTransport::connect(switchyard::PgOptions::from_config(&cfg)).await?;
     pg.drop_store().await?;
+    Ok(())
+}
+
+/// `DATABASE_URL=mysql://…` selects the MySQL transport.
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn a_mysql_url_selects_the_mysql_transport() -> switchyard::Result<()> {
+    let url = std::env::var("SWITCHYARD_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    if let Some(why) = queue_core::conformance::skip_unless_reachable("MySQL", &url, 3306) {
+        eprintln!("SKIPPED: {why}");
+        return Ok(());
+    }
+    let table = format!(
+        "facade_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let cfg = config(&[("DATABASE_URL", url), ("QUEUE_TABLE", table)]);
+    let t = switchyard::connect(&cfg).await?;
+    assert_eq!(t.name(), "mysql");
+    let env = Envelope::builder("facade", "ping").build()?;
+    t.publish(env.clone()).await?;
+    let r = t
+        .reserve(&QueueName::new("facade")?)
+        .await?
+        .expect("the message");
+    assert_eq!(r.id(), env.id);
+    t.ack(&r).await?;
+    let my =
+        switchyard::MySqlTransport::connect(switchyard::MySqlOptions::from_config(&cfg)).await?;
+    my.drop_store().await?;
     Ok(())
 }

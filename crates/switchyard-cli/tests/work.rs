@@ -270,6 +270,15 @@ fn workers_killed_mid_drain_lose_nothing_on_postgres() {
     }
 }
 
+/// The same on MariaDB.
+#[cfg(feature = "mysql")]
+#[test]
+fn workers_killed_mid_drain_lose_nothing_on_mariadb() {
+    if let Some(sb) = Sandbox::mysql() {
+        workers_killed_mid_drain_lose_nothing_on(&sb);
+    }
+}
+
 fn workers_killed_mid_drain_lose_nothing_on(sb: &Sandbox) {
     const MESSAGES: usize = 5_000;
     const WORKERS: usize = 4;
@@ -368,6 +377,15 @@ fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store_on_postg
     }
 }
 
+/// The same on MariaDB.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store_on_mariadb() {
+    if let Some(sb) = Sandbox::mysql() {
+        poison_message_ends_dead_on(&sb);
+    }
+}
+
 fn poison_message_ends_dead_on(sb: &Sandbox) {
     let good = sb.publish_lines("poison", "fine", &"{}\n".repeat(20));
     let poison = sb.publish_lines("poison", "poison", "{}\n");
@@ -439,6 +457,15 @@ fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it() {
 #[test]
 fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it_on_postgres() {
     if let Some(sb) = Sandbox::postgres() {
+        poison_amid_healthy_on(&sb);
+    }
+}
+
+/// The same on MariaDB.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_poison_message_amid_healthy_ones_takes_no_bystander_with_it_on_mariadb() {
+    if let Some(sb) = Sandbox::mysql() {
         poison_amid_healthy_on(&sb);
     }
 }

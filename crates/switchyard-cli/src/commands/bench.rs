@@ -219,6 +219,8 @@ struct Target {
     _dir: Option<tempfile::TempDir>,
     #[cfg(feature = "postgres")]
     pg: Mutex<Vec<Arc<switchyard::PgTransport>>>,
+    #[cfg(feature = "mysql")]
+    mysql: Mutex<Vec<Arc<switchyard::MySqlTransport>>>,
 }
 
 impl Target {
@@ -253,6 +255,8 @@ impl Target {
             _dir: dir,
             #[cfg(feature = "postgres")]
             pg: Mutex::default(),
+            #[cfg(feature = "mysql")]
+            mysql: Mutex::default(),
         })
     }
 
@@ -271,6 +275,21 @@ impl Target {
             let t = Arc::new(switchyard::PgTransport::connect(options).await?);
             if let Ok(mut pg) = self.pg.lock() {
                 pg.push(t.clone());
+            }
+            return Ok(t);
+        }
+        #[cfg(feature = "mysql")]
+        if matches!(
+            self.config.database_url.scheme().as_str(),
+            "mysql" | "mariadb"
+        ) {
+            let mut options = switchyard::MySqlOptions::from_config(&self.config);
+            if let Some(n) = pool {
+                options = options.with_max_connections(n);
+            }
+            let t = Arc::new(switchyard::MySqlTransport::connect(options).await?);
+            if let Ok(mut my) = self.mysql.lock() {
+                my.push(t.clone());
             }
             return Ok(t);
         }
@@ -383,6 +402,22 @@ impl Target {
                 }
             }
             for t in pg {
+                t.close().await;
+            }
+        }
+        #[cfg(feature = "mysql")]
+        {
+            let my: Vec<_> = self
+                .mysql
+                .lock()
+                .map(|mut my| my.drain(..).collect())
+                .unwrap_or_default();
+            if let Some(t) = my.first() {
+                if let Err(err) = t.drop_store().await {
+                    eprintln!("bench: could not drop the benchmark tables: {err}");
+                }
+            }
+            for t in my {
                 t.close().await;
             }
         }

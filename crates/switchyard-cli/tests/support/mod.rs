@@ -9,6 +9,14 @@ pub struct Sandbox {
     pub dir: tempfile::TempDir,
     /// `Some(schema)` when the sandbox's queue lives in PostgreSQL.
     pub pg_schema: Option<String>,
+    /// `Some(database)` when the sandbox's queue lives in MySQL/MariaDB.
+    pub mysql_db: Option<String>,
+}
+
+/// The MySQL server of the tests: `SWITCHYARD_TEST_MYSQL_URL`, by default the local one.
+pub fn mysql_url() -> String {
+    std::env::var("SWITCHYARD_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 /// The PostgreSQL server of the tests: `SWITCHYARD_TEST_PG_URL`, by default the local one.
@@ -23,7 +31,27 @@ impl Sandbox {
         Sandbox {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_schema: None,
+            mysql_db: None,
         }
+    }
+
+    /// A sandbox with its own database on the test MySQL server, or `None` (having said
+    /// why) when no server is reachable outside CI.
+    pub fn mysql() -> Option<Self> {
+        if let Some(why) =
+            queue_core::conformance::skip_unless_reachable("MySQL/MariaDB", &mysql_url(), 3306)
+        {
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Some(Sandbox {
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            pg_schema: None,
+            mysql_db: Some(format!("sy_test_{secs}_{:08x}", fastrand::u32(..))),
+        })
     }
 
     /// A sandbox with its own schema in the test PostgreSQL database, or `None` (having
@@ -42,6 +70,7 @@ impl Sandbox {
         Some(Sandbox {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_schema: Some(schema),
+            mysql_db: None,
         })
     }
 
@@ -64,11 +93,12 @@ impl Sandbox {
         ] {
             cmd.env_remove(var);
         }
-        match &self.pg_schema {
-            Some(schema) => cmd
+        match (&self.pg_schema, &self.mysql_db) {
+            (Some(schema), _) => cmd
                 .env("DATABASE_URL", pg_url())
                 .env("QUEUE_SCHEMA", schema),
-            None => cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display())),
+            (None, Some(db)) => cmd.env("DATABASE_URL", mysql_url()).env("QUEUE_SCHEMA", db),
+            (None, None) => cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display())),
         };
         cmd
     }
@@ -172,6 +202,14 @@ pub fn assert_one_line_error(out: &Output, needles: &[&str]) {
 impl Drop for Sandbox {
     fn drop(&mut self) {
         // The transport-pg tests also drop test schemas left behind for over an hour.
+        if let Some(db) = &self.mysql_db {
+            let _ = Command::new("mariadb")
+                .args(["--protocol=tcp", "-h", "127.0.0.1", "-uroot", "-e"])
+                .arg(format!("DROP DATABASE IF EXISTS `{db}`"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
         if let Some(schema) = &self.pg_schema {
             let _ = Command::new("psql")
                 .args([
