@@ -54,20 +54,21 @@ pub(crate) const CLAIMED: &str = "SELECT seq, id, priority, attempts, available_
        CAST(envelope AS BINARY), started
   FROM `switchyard_jobs` WHERE token = ? AND seq IN ({IN})";
 
-/// One row of a multi-row publish (the first row names the columns).
-pub(crate) const PUBLISH_ROW: &str = "SELECT ? AS id, ? AS queue, ? AS kind, ? AS priority,
-    ? AS prio_rank, ? AS attempts, ? AS ready, {NOW} + ? AS available_at,
-    {NOW} + ? AS visible_at, {NOW} + ? AS expires_at, ? AS last_error, {NOW} AS created_at,
-    ? AS envelope";
+/// One row of a multi-row publish.
+pub(crate) const PUBLISH_ROW: &str =
+    "(?, ?, ?, ?, ?, ?, ?, {NOW} + ?, {NOW} + ?, {NOW} + ?, ?, {NOW}, ?)";
 
-/// A publish: the rows come as a `UNION ALL` of [`PUBLISH_ROW`]s in `{ROWS}`. An id
-/// already stored, live or dead, stores nothing new.
+/// A publish: the rows come as [`PUBLISH_ROW`]s in `{ROWS}`. An id already stored stores
+/// nothing new (the caller leaves out ids that are dead).
 pub(crate) const PUBLISH: &str = "INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
      expires_at, last_error, created_at, envelope)
-SELECT v.* FROM ({ROWS}) AS v
- WHERE NOT EXISTS (SELECT 1 FROM `switchyard_jobs_dead` d WHERE d.id = v.id)
+VALUES {ROWS}
 ON DUPLICATE KEY UPDATE seq = seq";
+
+/// Which of a batch's ids are dead.
+pub(crate) const DEAD_IDS: &str =
+    "SELECT CAST(id AS BINARY) FROM `switchyard_jobs_dead` WHERE id IN ({IN})";
 
 /// The rows of a batch, locked, to match them against their tokens.
 pub(crate) const LOCK_BY_IDS: &str =
@@ -182,6 +183,7 @@ pub(crate) struct Statements {
     pub(crate) claimed: String,
     pub(crate) publish_row: String,
     pub(crate) publish: String,
+    pub(crate) dead_ids: String,
     pub(crate) lock_by_ids: String,
     pub(crate) delete_by_seqs: String,
     pub(crate) start_by_seqs: String,
@@ -219,10 +221,22 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         .replace('\u{0}', &qualified)
 }
 
-/// `sql` with `{IN}` replaced by `n` placeholders.
+/// `sql` with `{IN}` replaced by placeholders for `n` values, rounded up to a power of
+/// two so that a connection prepares a handful of statements, not one per batch size;
+/// bind the values through [`padded`].
 pub(crate) fn with_list(sql: &str, n: usize) -> String {
-    let list = vec!["?"; n.max(1)].join(", ");
+    let list = vec!["?"; n.max(1).next_power_of_two()].join(", ");
     sql.replace("{IN}", &list)
+}
+
+/// `values` repeated at the end up to the list length of [`with_list`] (a repeated value
+/// changes nothing in an `IN` list).
+pub(crate) fn padded<T: Clone>(values: &[T]) -> impl Iterator<Item = T> + '_ {
+    let n = values.len().max(1).next_power_of_two();
+    values
+        .iter()
+        .cloned()
+        .chain(std::iter::repeat_n(values.last().cloned(), n - values.len()).flatten())
 }
 
 impl Statements {
@@ -240,6 +254,7 @@ impl Statements {
             claimed: s(CLAIMED),
             publish_row: s(PUBLISH_ROW),
             publish: s(PUBLISH),
+            dead_ids: s(DEAD_IDS),
             lock_by_ids: s(LOCK_BY_IDS),
             delete_by_seqs: s(DELETE_BY_SEQS),
             start_by_seqs: s(START_BY_SEQS),
@@ -274,6 +289,7 @@ mod tests {
             specialise(sql, Some("tenant_a"), "jobs"),
             "KEY jobs_claim (q); SELECT 1 FROM `tenant_a`.`jobs_dead`"
         );
-        assert_eq!(with_list("IN ({IN})", 3), "IN (?, ?, ?)");
+        assert_eq!(with_list("IN ({IN})", 3), "IN (?, ?, ?, ?)");
+        assert_eq!(padded(&[1, 2, 3]).collect::<Vec<_>>(), [1, 2, 3, 3]);
     }
 }

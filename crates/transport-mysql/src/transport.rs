@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{migrate, uninstall};
 use crate::options::MySqlOptions;
-use crate::sql::{with_list, Statements};
+use crate::sql::{padded, with_list, Statements};
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
@@ -336,10 +336,30 @@ impl MySqlTransport {
         conn: &mut MySqlConnection,
         rows: &[(Envelope, String)],
     ) -> std::result::Result<(), sqlx::Error> {
-        let union = vec![self.sql.publish_row.as_str(); rows.len()].join(" UNION ALL ");
-        let sql = self.sql.publish.replace("{ROWS}", &union);
+        // An id that is dead stores nothing new either.
+        let ids: Vec<String> = rows.iter().map(|(env, _)| env.id.to_string()).collect();
+        let lookup = with_list(&self.sql.dead_ids, ids.len());
+        let mut q = sqlx::query_scalar::<_, Vec<u8>>(&lookup);
+        for id in padded(&ids) {
+            q = q.bind(id);
+        }
+        let dead: std::collections::HashSet<String> = q
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(lossy)
+            .collect();
+        let rows: Vec<&(Envelope, String)> = rows
+            .iter()
+            .filter(|(env, _)| !dead.contains(&env.id.to_string()))
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let values = vec![self.sql.publish_row.as_str(); rows.len()].join(", ");
+        let sql = self.sql.publish.replace("{ROWS}", &values);
         let local_now = Utc::now();
-        let mut query = sqlx::query(&sql).persistent(rows.len() == 1);
+        let mut query = sqlx::query(&sql);
         for (env, json) in rows {
             // Delay and expiry become offsets from the publisher's clock, applied to the
             // server's.
@@ -497,12 +517,11 @@ impl MySqlTransport {
         }
         let update = with_list(&self.sql.claim_locked, seqs.len());
         let mut q = sqlx::query(&update)
-            .persistent(false)
             .bind(start as i64)
             .bind(start as i64)
             .bind(token.to_string())
             .bind(lease);
-        for s in &seqs {
+        for s in padded(&seqs) {
             q = q.bind(s);
         }
         q.execute(&mut *tx).await?;
@@ -518,10 +537,8 @@ impl MySqlTransport {
         seqs: &[i64],
     ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
         let select = with_list(&self.sql.claimed, seqs.len());
-        let mut q = sqlx::query(&select)
-            .persistent(false)
-            .bind(token.to_string());
-        for s in seqs {
+        let mut q = sqlx::query(&select).bind(token.to_string());
+        for s in padded(seqs) {
             q = q.bind(s);
         }
         q.fetch_all(conn).await
@@ -557,13 +574,12 @@ impl MySqlTransport {
                 let took = self
                     .retrying("claim", || async {
                         let mut q = sqlx::query(&update)
-                            .persistent(false)
                             .bind(start as i64)
                             .bind(start as i64)
                             .bind(token.to_string())
                             .bind(lease)
                             .bind(queue.as_str());
-                        for s in &candidates {
+                        for s in padded(&candidates) {
                             q = q.bind(s);
                         }
                         Ok(q.bind(limit(want))
@@ -663,8 +679,8 @@ impl MySqlTransport {
                     let copy = with_list(&self.sql.copy_expired, seqs.len());
                     let delete = with_list(&self.sql.delete_by_seqs, seqs.len());
                     for sql in [&copy, &delete] {
-                        let mut q = sqlx::query(sql).persistent(false);
-                        for s in &seqs {
+                        let mut q = sqlx::query(sql);
+                        for s in padded(&seqs) {
                             q = q.bind(s);
                         }
                         q.execute(&mut *tx).await?;
@@ -704,9 +720,8 @@ impl MySqlTransport {
             .retrying(what, || async {
                 let mut tx = self.pool.begin().await?;
                 let lock = with_list(&self.sql.lock_by_ids, ids.len());
-                let mut q =
-                    sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>)>(&lock).persistent(false);
-                for id in &ids {
+                let mut q = sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>)>(&lock);
+                for id in padded(&ids) {
                     q = q.bind(id);
                 }
                 let rows = q.fetch_all(&mut *tx).await?;
@@ -724,11 +739,11 @@ impl MySqlTransport {
                 }
                 if !seqs.is_empty() {
                     let statement = with_list(sql, seqs.len());
-                    let mut q = sqlx::query(&statement).persistent(false);
+                    let mut q = sqlx::query(&statement);
                     if let Some(lease) = lease {
                         q = q.bind(lease);
                     }
-                    for s in &seqs {
+                    for s in padded(&seqs) {
                         q = q.bind(s);
                     }
                     q.execute(&mut *tx).await?;
