@@ -3,7 +3,8 @@
 //! semver-stable.
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -70,17 +71,46 @@ impl ClaimedRow {
     }
 }
 
+/// How long a promotion of due rows counts as fresh.
+const PROMOTE_EVERY: Duration = Duration::from_millis(50);
+
+/// Paces the promotion of due rows (delayed messages, lapsed leases) into the claim
+/// order, so that a busy drain does not pay for it on every batch.
+#[derive(Debug, Default)]
+pub struct PromotePacer(Mutex<Option<Instant>>);
+
+impl PromotePacer {
+    fn recent(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY)
+    }
+
+    /// Notes that a promotion runs now.
+    pub fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+}
+
 /// What a SQL transport provides for [`reserve_rows`].
 #[async_trait]
 pub trait RowClaims: Send + Sync {
-    /// Claims up to `max` rows of `queue` under `token`.
-    async fn claim_rows(
+    /// Claims up to `max` ready rows of `queue` under `token`.
+    async fn claim_ready(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>>;
+
+    /// Moves due waiting rows into the claim order; returns how many. Calls
+    /// [`PromotePacer::mark`].
+    async fn promote_due(&self) -> Result<u64>;
+
+    /// The transport's pacer for [`promote_due`](RowClaims::promote_due).
+    fn promote_pacer(&self) -> &PromotePacer;
 
     /// Moves the row `seq` held under `token` to the dead-letter store with reason
     /// `malformed`; `false` when the lease is gone.
@@ -102,10 +132,7 @@ pub async fn reserve_rows(
             break;
         }
         let token = LeaseToken::generate();
-        let mut rows = match claims
-            .claim_rows(queue, max - out.len(), token, start)
-            .await
-        {
+        let mut rows = match claim_rows(claims, queue, max - out.len(), token, start).await {
             Ok(rows) => rows,
             // What was claimed in an earlier round is returned, never left leased.
             Err(err) if !out.is_empty() => {
@@ -150,6 +177,44 @@ pub async fn reserve_rows(
         }
     }
     Ok(out)
+}
+
+/// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
+/// few milliseconds; then it runs only when the claim comes back short, so a busy drain
+/// does not pay for it on every batch and an idle queue still sees due rows at once.
+async fn claim_rows(
+    claims: &dyn RowClaims,
+    queue: &QueueName,
+    max: usize,
+    token: LeaseToken,
+    start: StartMode,
+) -> Result<Vec<ClaimedRow>> {
+    let recent = claims.promote_pacer().recent();
+    if !recent {
+        claims.promote_due().await?;
+    }
+    let mut rows = claims.claim_ready(queue, max, token, start).await?;
+    if rows.len() < max && recent {
+        // The rows already claimed are committed: a failure from here on must not lose
+        // them, so it only ends this claim early.
+        let more = match claims.promote_due().await {
+            Ok(0) => Ok(Vec::new()),
+            Ok(_) => {
+                claims
+                    .claim_ready(queue, max - rows.len(), token, start)
+                    .await
+            }
+            Err(err) => Err(err),
+        };
+        match more {
+            Ok(more) => rows.extend(more),
+            Err(err) if rows.is_empty() => return Err(err),
+            Err(err) => {
+                tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
+            }
+        }
+    }
+    Ok(rows)
 }
 
 /// Splits a batch into the reservations a statement touched (by id and token) and those

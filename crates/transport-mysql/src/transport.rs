@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, time_from_micros, ClaimedRow, RowClaims, StartMode,
+    selection_parts, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -30,8 +30,6 @@ use crate::sql::{padded, with_list, Statements};
 const PUBLISH_CHUNK: usize = 500;
 /// How often a transport moves expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How long a promotion of due rows counts as fresh.
-const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 
 /// The server a transport talks to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +81,7 @@ pub struct MySqlTransport {
     table: String,
     server: ServerInfo,
     last_sweep: Mutex<Option<Instant>>,
-    last_promote: Mutex<Option<Instant>>,
+    pacer: PromotePacer,
     wakers: Mutex<HashMap<String, Arc<Notify>>>,
     lock_retries: AtomicU64,
 }
@@ -234,7 +232,7 @@ impl MySqlTransport {
             server,
             options,
             last_sweep: Mutex::new(None),
-            last_promote: Mutex::new(None),
+            pacer: PromotePacer::default(),
             wakers: Mutex::default(),
             lock_retries: AtomicU64::new(0),
         })
@@ -414,47 +412,8 @@ impl MySqlTransport {
         reserve_rows(self, queue, max, start).await
     }
 
-    /// Claims up to `max` rows; promotion of due rows as on the other SQL backends.
-    async fn claim(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let recent = self
-            .last_promote
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY);
-        if !recent {
-            self.promote_due().await?;
-        }
-        let mut rows = self.claim_ready(queue, max, token, start).await?;
-        if rows.len() < max && recent {
-            // The rows already claimed are committed: a failure from here on must not
-            // lose them, so it only ends this claim early.
-            let more = match self.promote_due().await {
-                Ok(0) => Ok(Vec::new()),
-                Ok(_) => {
-                    self.claim_ready(queue, max - rows.len(), token, start)
-                        .await
-                }
-                Err(err) => Err(err),
-            };
-            match more {
-                Ok(more) => rows.extend(more),
-                Err(err) if rows.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
-                }
-            }
-        }
-        Ok(rows)
-    }
-
     async fn promote_due(&self) -> Result<u64> {
-        *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.pacer.mark();
         let any: i64 = sqlx::query_scalar(&self.sql.any_due)
             .fetch_one(&self.pool)
             .await
@@ -794,14 +753,22 @@ impl MySqlTransport {
 
 #[async_trait]
 impl RowClaims for MySqlTransport {
-    async fn claim_rows(
+    async fn claim_ready(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
-        self.claim(queue, max, token, start).await
+        self.claim_ready(queue, max, token, start).await
+    }
+
+    async fn promote_due(&self) -> Result<u64> {
+        self.promote_due().await
+    }
+
+    fn promote_pacer(&self) -> &PromotePacer {
+        &self.pacer
     }
 
     async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {

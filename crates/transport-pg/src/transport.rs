@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, time_from_micros, ClaimedRow, RowClaims, StartMode,
+    selection_parts, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -31,8 +31,6 @@ use crate::sql::Statements;
 const PUBLISH_CHUNK: usize = 1_000;
 /// How often a transport moves expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How long a promotion of due rows counts as fresh.
-const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 /// How often an optimistic claim that lost a deadlock runs again.
 const CONFLICT_RETRIES: usize = 5;
 
@@ -51,7 +49,7 @@ pub struct PgTransport {
     table: String,
     channel: String,
     last_sweep: Mutex<Option<Instant>>,
-    last_promote: Mutex<Option<Instant>>,
+    pacer: PromotePacer,
     wakers: Arc<Wakers>,
     listening: Mutex<bool>,
     stop: CancellationToken,
@@ -218,7 +216,7 @@ impl PgTransport {
             table,
             options,
             last_sweep: Mutex::new(None),
-            last_promote: Mutex::new(None),
+            pacer: PromotePacer::default(),
             wakers: Arc::default(),
             listening: Mutex::new(false),
             _stop_on_drop: stop.clone().drop_guard(),
@@ -403,52 +401,10 @@ impl PgTransport {
         reserve_rows(self, queue, max, start).await
     }
 
-    /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
-    /// few milliseconds; then it runs only when the claim comes back short, so a busy
-    /// drain does not pay for it on every batch and an idle queue still sees due rows at
-    /// once.
-    async fn claim(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let recent = self
-            .last_promote
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY);
-        if !recent {
-            self.promote_due().await?;
-        }
-        let mut rows = self.claim_ready(queue, max, token, start).await?;
-        if rows.len() < max && recent {
-            // The rows already claimed are committed: a failure from here on must not
-            // lose them, so it only ends this claim early.
-            let more = match self.promote_due().await {
-                Ok(0) => Ok(Vec::new()),
-                Ok(_) => {
-                    self.claim_ready(queue, max - rows.len(), token, start)
-                        .await
-                }
-                Err(err) => Err(err),
-            };
-            match more {
-                Ok(more) => rows.extend(more),
-                Err(err) if rows.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
-                }
-            }
-        }
-        Ok(rows)
-    }
-
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
     /// index, returning how many. An idle poll only reads.
     async fn promote_due(&self) -> Result<u64> {
-        *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.pacer.mark();
         // These statements have no parameters, so PostgreSQL would plan them once per
         // connection and keep that plan: made on a new, empty table it is a sequential
         // scan for ever. Unnamed statements are planned afresh (and cheaply) each time.
@@ -690,14 +646,22 @@ fn count(n: Option<i64>) -> u64 {
 
 #[async_trait]
 impl RowClaims for PgTransport {
-    async fn claim_rows(
+    async fn claim_ready(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
-        self.claim(queue, max, token, start).await
+        self.claim_ready(queue, max, token, start).await
+    }
+
+    async fn promote_due(&self) -> Result<u64> {
+        self.promote_due().await
+    }
+
+    fn promote_pacer(&self) -> &PromotePacer {
+        &self.pacer
     }
 
     async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    time_from_micros, ClaimedRow, RowClaims, StartMode,
+    time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
@@ -30,8 +30,6 @@ use crate::sql::Statements;
 const INSERT_CHUNK: usize = 500;
 /// How often a transport moves expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How long a promotion of due rows counts as fresh.
-const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 
 /// A [`Transport`] over one SQLite database file.
 ///
@@ -44,7 +42,7 @@ pub struct SqliteTransport {
     sql: Arc<Statements>,
     options: SqliteOptions,
     last_sweep: Mutex<Option<Instant>>,
-    last_promote: std::sync::Mutex<Option<Instant>>,
+    pacer: PromotePacer,
     /// Wakes this process's idle workers of a queue when this transport publishes to it.
     wakers: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
 }
@@ -156,7 +154,7 @@ impl SqliteTransport {
             sql: Arc::new(Statements::new(table.as_str())),
             options,
             last_sweep: Mutex::new(None),
-            last_promote: std::sync::Mutex::new(None),
+            pacer: PromotePacer::default(),
             wakers: std::sync::Mutex::default(),
         })
     }
@@ -299,7 +297,7 @@ impl SqliteTransport {
     /// index, returning how many. Checks on the reader first, so an idle poll takes no
     /// write lock.
     async fn promote_due(&self) -> Result<u64> {
-        *self.last_promote.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.pacer.mark();
         let any: bool = sqlx::query_scalar(&self.sql.any_due)
             .fetch_one(&self.reader)
             .await
@@ -312,48 +310,6 @@ impl SqliteTransport {
             .await
             .backend()?
             .rows_affected())
-    }
-
-    /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
-    /// few milliseconds; then it runs only when the claim comes back short, so a busy
-    /// drain does not pay for it on every batch and an idle queue still sees due rows at
-    /// once.
-    async fn claim(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let recent = self
-            .last_promote
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY);
-        if !recent {
-            self.promote_due().await?;
-        }
-        let mut rows = self.claim_ready(queue, max, token, start).await?;
-        if rows.len() < max && recent {
-            // The rows already claimed are committed: a failure from here on must not
-            // lose them, so it only ends this claim early.
-            let more = match self.promote_due().await {
-                Ok(0) => Ok(Vec::new()),
-                Ok(_) => {
-                    self.claim_ready(queue, max - rows.len(), token, start)
-                        .await
-                }
-                Err(err) => Err(err),
-            };
-            match more {
-                Ok(more) => rows.extend(more),
-                Err(err) if rows.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
-                }
-            }
-        }
-        Ok(rows)
     }
 
     async fn claim_ready(
@@ -523,14 +479,22 @@ impl SqliteTransport {
 
 #[async_trait]
 impl RowClaims for SqliteTransport {
-    async fn claim_rows(
+    async fn claim_ready(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
-        self.claim(queue, max, token, start).await
+        self.claim_ready(queue, max, token, start).await
+    }
+
+    async fn promote_due(&self) -> Result<u64> {
+        self.promote_due().await
+    }
+
+    fn promote_pacer(&self) -> &PromotePacer {
+        &self.pacer
     }
 
     async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
