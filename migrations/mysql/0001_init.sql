@@ -2,7 +2,9 @@
 --
 -- Plain SQL for the default table name `switchyard_jobs`; the transport applies it with
 -- every occurrence of `switchyard_jobs` replaced by the configured, validated QUEUE_TABLE
--- (and `QUEUE_SCHEMA`.`…` when a schema, MySQL's database, is configured).
+-- (and `QUEUE_SCHEMA`.`…` when a schema, MySQL's database, is configured). Index names
+-- are scoped to their table in MySQL, so they are short and fixed: a 57-character table
+-- name cannot push them past the 64-character limit.
 --
 -- InnoDB, utf8mb4 with binary collation (ids and queue names compare byte for byte).
 -- Times are integer microseconds since the epoch from the server's clock, so ordering
@@ -27,12 +29,12 @@ CREATE TABLE IF NOT EXISTS `switchyard_jobs` (
     created_at   BIGINT       NOT NULL,
     envelope     LONGTEXT     NOT NULL,                -- the v1 envelope JSON as published
     PRIMARY KEY (seq),
-    UNIQUE KEY switchyard_jobs_id (id),
+    UNIQUE KEY id_key (id),
     -- The claim walks this index in delivery order (ready rows of one queue first).
-    KEY switchyard_jobs_claim (queue, ready, prio_rank, visible_at, seq),
+    KEY claim_idx (queue, ready, prio_rank, visible_at, seq),
     -- Waiting rows by the time they become claimable, for promotion.
-    KEY switchyard_jobs_due (ready, visible_at),
-    KEY switchyard_jobs_expiry (expires_at)
+    KEY due_idx (ready, visible_at),
+    KEY expiry_idx (expires_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 CREATE TABLE IF NOT EXISTS `switchyard_jobs_dead` (
@@ -47,5 +49,5 @@ CREATE TABLE IF NOT EXISTS `switchyard_jobs_dead` (
     dead_at    BIGINT       NOT NULL,
     envelope   LONGTEXT     NOT NULL,                  -- kept verbatim, even when it cannot be decoded
     PRIMARY KEY (id),
-    KEY switchyard_jobs_dead_queue (queue, dead_at)
+    KEY queue_idx (queue, dead_at)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

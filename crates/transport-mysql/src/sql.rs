@@ -96,6 +96,11 @@ pub(crate) const ABANDON: &str = "UPDATE `switchyard_jobs`
 pub(crate) const EXTEND: &str = "UPDATE `switchyard_jobs`
    SET visible_at = {NOW} + ?, ready = 0 WHERE id = ? AND token = ?";
 
+/// Locks a leased row while its lease holds, before it moves to the dead table (the copy
+/// below reads without locks at READ COMMITTED).
+pub(crate) const LOCK_LEASED: &str =
+    "SELECT seq FROM `switchyard_jobs` WHERE seq = ? AND token = ? FOR UPDATE";
+
 /// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
 /// counts as an attempt if a handler started it)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
@@ -190,6 +195,7 @@ pub(crate) struct Statements {
     pub(crate) release: String,
     pub(crate) abandon: String,
     pub(crate) extend: String,
+    pub(crate) lock_leased: String,
     pub(crate) copy_leased_to_dead: String,
     pub(crate) delete_leased: String,
     pub(crate) any_expired: String,
@@ -261,6 +267,7 @@ impl Statements {
             release: s(RELEASE),
             abandon: s(ABANDON),
             extend: s(EXTEND),
+            lock_leased: s(LOCK_LEASED),
             copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
             delete_leased: s(DELETE_LEASED),
             any_expired: s(ANY_EXPIRED),

@@ -28,6 +28,8 @@ use crate::sql::{padded, with_list, Statements};
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
+/// The most values one `IN` list carries.
+const MAX_LIST: usize = 4_096;
 /// How often a transport moves expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -467,7 +469,9 @@ impl MySqlTransport {
         let mut tx = self.pool.begin().await?;
         let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.claim_lock)
             .bind(queue.as_str())
-            .bind(limit(max))
+            // IN lists of up to 4,096 values stay far below MySQL's 65,535
+            // placeholders; a larger reserve comes back short, as the contract allows.
+            .bind(limit(max.min(MAX_LIST)))
             .fetch_all(&mut *tx)
             .await?;
         if seqs.is_empty() {
@@ -589,6 +593,17 @@ impl MySqlTransport {
         let token = token.to_string();
         self.retrying("dead-letter", || async {
             let mut tx = self.pool.begin().await?;
+            // Lock the row under this lease first: a reclaim in between then waits for
+            // this move, or this move finds the lease gone and changes nothing.
+            let held: Option<i64> = sqlx::query_scalar(&self.sql.lock_leased)
+                .bind(seq)
+                .bind(&token)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if held.is_none() {
+                tx.rollback().await?;
+                return Ok(false);
+            }
             let copied = sqlx::query(&self.sql.copy_leased_to_dead)
                 .bind(reason)
                 .bind(error)
@@ -601,11 +616,16 @@ impl MySqlTransport {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            sqlx::query(&self.sql.delete_leased)
+            let deleted = sqlx::query(&self.sql.delete_leased)
                 .bind(seq)
                 .bind(&token)
                 .execute(&mut *tx)
-                .await?;
+                .await?
+                .rows_affected();
+            if deleted != 1 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
             tx.commit().await?;
             Ok(true)
         })
@@ -661,6 +681,22 @@ impl MySqlTransport {
     /// Locks the rows of a batch, keeps those still held under their tokens, and runs
     /// `sql` (a statement over their seqs, with `lease` first when given) on them.
     async fn by_pairs(
+        &self,
+        what: &str,
+        sql: &str,
+        reservations: &[Reservation],
+        lease: Option<i64>,
+    ) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        for chunk in reservations.chunks(MAX_LIST) {
+            let part = self.by_pairs_chunk(what, sql, chunk, lease).await?;
+            report.acked.extend(part.acked);
+            report.lost.extend(part.lost);
+        }
+        Ok(report)
+    }
+
+    async fn by_pairs_chunk(
         &self,
         what: &str,
         sql: &str,

@@ -211,3 +211,21 @@ fn thirty_two_reservers_and_four_publishers_lose_and_double_nothing() {
         Ok(())
     });
 }
+
+/// The longest table name the configuration accepts (57 characters) migrates: index
+/// names are scoped to their table and never grow with it.
+#[test]
+fn the_longest_table_name_migrates() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let table = "t".repeat(57);
+        let t = MySqlTransport::connect(db.options(ClaimStrategy::SkipLocked).with_table(table))
+            .await?;
+        let q = queue();
+        t.publish(job(&q, 1)).await?;
+        let r = t.reserve(&q).await?.expect("the message");
+        t.dead_letter(&r, "failed", Some("x")).await?;
+        assert_eq!(t.dead_list(Some(&q), 10).await?.len(), 1);
+        Ok(())
+    });
+}
