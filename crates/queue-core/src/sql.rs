@@ -2,17 +2,21 @@
 //! decoding of a claimed row, time conversions and fencing. For transport crates; not
 //! semver-stable.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::envelope::Envelope;
+use crate::error::ConfigError;
 use crate::error::{Error, Result};
+use crate::names::Identifier;
 use crate::names::QueueName;
+use crate::redact::{unsupported_secret_param, SecretUrl};
 use crate::transport::{AckReport, DeadSelection, LeaseToken, Receipt, Reservation};
 
 /// How many rounds one reserve spends skipping malformed rows before it returns.
@@ -287,4 +291,124 @@ pub fn time_from_micros(us: i64) -> DateTime<Utc> {
 /// An attempts column as a count (negative reads as 0).
 pub fn attempts_u32(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+/// The idle workers' wake-up signals of one transport, by queue: a publish of this
+/// process wakes them at once (other processes are seen by polling, or `NOTIFY`).
+#[derive(Debug, Default)]
+pub struct Wakers {
+    by_queue: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Wakers {
+    /// The signal of `queue`.
+    pub fn get(&self, queue: &str) -> Arc<Notify> {
+        let mut map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(queue.to_owned()).or_default().clone()
+    }
+
+    /// Wakes the workers of `queue`.
+    pub fn wake(&self, queue: &str) {
+        let map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get(queue) {
+            n.notify_waiters();
+        }
+    }
+
+    /// Wakes the workers of these queues (consecutive repeats are skipped).
+    pub fn wake_each<'a>(&self, queues: impl IntoIterator<Item = &'a str>) {
+        let map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
+        if map.is_empty() {
+            return;
+        }
+        let mut last = None;
+        for q in queues {
+            if last != Some(q) {
+                if let Some(n) = map.get(q) {
+                    n.notify_waiters();
+                }
+                last = Some(q);
+            }
+        }
+    }
+
+    /// Wakes every queue's workers.
+    pub fn wake_all(&self) {
+        let map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
+        map.values().for_each(|n| n.notify_waiters());
+    }
+}
+
+/// Text from bytes a database returned, with invalid UTF-8 replaced rather than failing.
+pub fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// What a server-backed SQL transport checks before it connects.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSettings<'a> {
+    /// The backend's name in errors (`PostgreSQL`).
+    pub backend: &'a str,
+    /// The URL schemes it accepts.
+    pub schemes: &'a [&'a str],
+    /// The URL's form, for errors (`postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`).
+    pub url_form: &'a str,
+    /// `DATABASE_URL`.
+    pub url: &'a SecretUrl,
+    /// `QUEUE_TABLE`.
+    pub table: &'a str,
+    /// `QUEUE_SCHEMA`.
+    pub schema: Option<&'a str>,
+    /// `QUEUE_VISIBILITY_TIMEOUT`.
+    pub lease: Duration,
+    /// The pool size.
+    pub max_connections: u32,
+}
+
+impl StoreSettings<'_> {
+    /// Validates the settings, raising configuration errors before any connection is
+    /// made: the table and schema names, the lease, the URL's scheme, and no password-like
+    /// URL parameter the driver would log. Returns the table and schema names.
+    pub fn validate(&self) -> Result<(String, Option<String>)> {
+        let table = Identifier::table("QUEUE_TABLE (table)", self.table)?;
+        let schema = self
+            .schema
+            .map(|s| Identifier::new("QUEUE_SCHEMA (schema)", s))
+            .transpose()?;
+        if self.lease < Duration::from_millis(100) {
+            return Err(ConfigError::new(
+                "QUEUE_VISIBILITY_TIMEOUT",
+                Some(format!("{:?}", self.lease)),
+                "expected a lease of at least 100ms",
+            )
+            .into());
+        }
+        let url_error = |expected: String| -> Error {
+            ConfigError::new("DATABASE_URL", Some(self.url.to_string()), expected).into()
+        };
+        if !self.schemes.contains(&self.url.scheme().as_str()) {
+            return Err(url_error(format!(
+                "expected {} for the {} transport",
+                self.url_form, self.backend
+            )));
+        }
+        if let Some(param) = unsupported_secret_param(self.url.expose(), &["password"]) {
+            return Err(url_error(format!(
+                "the {} transport does not support the query parameter `{param}` (the driver would log its value); put the password in the URL's user info",
+                self.backend
+            )));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::new(
+                "max_connections",
+                Some("0".into()),
+                "expected at least 1 connection",
+            )
+            .into());
+        }
+        Ok((
+            table.as_str().to_owned(),
+            schema.map(|s| s.as_str().to_owned()),
+        ))
+    }
 }

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
-    attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
+    attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
     selection_parts, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
+    StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
-    Envelope, Error, Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
+    Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Row};
@@ -84,7 +85,7 @@ pub struct MySqlTransport {
     server: ServerInfo,
     last_sweep: Mutex<Option<Instant>>,
     pacer: PromotePacer,
-    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    wakers: Wakers,
     lock_retries: AtomicU64,
 }
 
@@ -114,10 +115,6 @@ fn claimed_row(row: &MySqlRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
     })
 }
 
-fn lossy(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
 fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -135,49 +132,17 @@ impl MySqlTransport {
     /// schema. Configuration errors are raised before any connection is made; a server
     /// without `SKIP LOCKED` refuses `skip-locked` with a configuration error.
     pub async fn connect(options: MySqlOptions) -> Result<Self> {
-        let table = Identifier::table("QUEUE_TABLE (table)", options.table.clone())?;
-        let schema = options
-            .schema
-            .clone()
-            .map(|s| Identifier::new("QUEUE_SCHEMA (schema)", s))
-            .transpose()?;
-        if options.visibility_timeout < Duration::from_millis(100) {
-            return Err(ConfigError::new(
-                "QUEUE_VISIBILITY_TIMEOUT",
-                Some(format!("{:?}", options.visibility_timeout)),
-                "expected a lease of at least 100ms",
-            )
-            .into());
+        let (table, schema) = StoreSettings {
+            backend: "MySQL",
+            schemes: &["mysql", "mariadb"],
+            url_form: "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
+            url: &options.url,
+            table: &options.table,
+            schema: options.schema.as_deref(),
+            lease: options.visibility_timeout,
+            max_connections: options.max_connections,
         }
-        let scheme = options.url.scheme();
-        if scheme != "mysql" && scheme != "mariadb" {
-            return Err(ConfigError::new(
-                "DATABASE_URL",
-                Some(options.url.to_string()),
-                "expected mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE for the MySQL transport",
-            )
-            .into());
-        }
-        if let Some(param) =
-            queue_core::unsupported_secret_param(options.url.expose(), &["password"])
-        {
-            return Err(ConfigError::new(
-                "DATABASE_URL",
-                Some(options.url.to_string()),
-                format!(
-                    "the MySQL transport does not support the query parameter `{param}` (the driver would log its value); put the password in the URL's user info"
-                ),
-            )
-            .into());
-        }
-        if options.max_connections == 0 {
-            return Err(ConfigError::new(
-                "max_connections",
-                Some("0".into()),
-                "expected at least 1 connection",
-            )
-            .into());
-        }
+        .validate()?;
         let url = options.url.expose().replacen("mariadb://", "mysql://", 1);
         let connect = MySqlConnectOptions::from_str(&url)
             .map_err(|e| {
@@ -218,8 +183,6 @@ impl MySqlTransport {
             )
             .into());
         }
-        let schema = schema.map(|s| s.as_str().to_owned());
-        let table = table.as_str().to_owned();
         migrate(&pool, schema.as_deref(), &table).await?;
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, server = version, "mysql transport ready");
         Ok(MySqlTransport {
@@ -235,7 +198,7 @@ impl MySqlTransport {
             options,
             last_sweep: Mutex::new(None),
             pacer: PromotePacer::default(),
-            wakers: Mutex::default(),
+            wakers: Wakers::default(),
             lock_retries: AtomicU64::new(0),
         })
     }
@@ -381,22 +344,6 @@ impl MySqlTransport {
                 .bind(json.as_str());
         }
         query.execute(conn).await.map(|_| ())
-    }
-
-    fn wake<'a>(&self, queues: impl Iterator<Item = &'a str>) {
-        let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        if wakers.is_empty() {
-            return;
-        }
-        let mut last = "";
-        for q in queues {
-            if q != last {
-                if let Some(n) = wakers.get(q) {
-                    n.notify_waiters();
-                }
-                last = q;
-            }
-        }
     }
 
     async fn reserve_inner(
@@ -838,8 +785,7 @@ impl Transport for MySqlTransport {
     }
 
     fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
-        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        Some(wakers.entry(queue.as_str().to_owned()).or_default().clone())
+        Some(self.wakers.get(queue.as_str()))
     }
 
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
@@ -860,7 +806,8 @@ impl Transport for MySqlTransport {
             }
         })
         .await?;
-        self.wake(rows.iter().map(|(env, _)| env.queue.as_str()));
+        self.wakers
+            .wake_each(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
     }
 
@@ -909,7 +856,7 @@ impl Transport for MySqlTransport {
         )
         .await?;
         if delay.is_zero() {
-            self.wake(std::iter::once(reservation.envelope.queue.as_str()));
+            self.wakers.wake(reservation.envelope.queue.as_str());
         }
         Ok(())
     }
@@ -1087,8 +1034,7 @@ impl Transport for MySqlTransport {
             }
         }
         if moved > 0 {
-            let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-            wakers.values().for_each(|n| n.notify_waiters());
+            self.wakers.wake_all();
         }
         tracing::info!(count = moved, "dead letters replayed");
         Ok(moved)

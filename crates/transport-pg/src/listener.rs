@@ -2,38 +2,12 @@
 //! signals for publishes made by this very transport. A hint only; polling stays the
 //! truth, so a dropped listener costs latency, never a message.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use queue_core::sql::Wakers;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-
-/// The idle workers' signals, by queue.
-#[derive(Debug, Default)]
-pub(crate) struct Wakers {
-    by_queue: Mutex<HashMap<String, Arc<Notify>>>,
-}
-
-impl Wakers {
-    pub(crate) fn get(&self, queue: &str) -> Arc<Notify> {
-        let mut map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(queue.to_owned()).or_default().clone()
-    }
-
-    pub(crate) fn wake(&self, queue: &str) {
-        let map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = map.get(queue) {
-            n.notify_waiters();
-        }
-    }
-
-    pub(crate) fn wake_all(&self) {
-        let map = self.by_queue.lock().unwrap_or_else(|e| e.into_inner());
-        map.values().for_each(|n| n.notify_waiters());
-    }
-}
 
 /// The `NOTIFY` channel of a store: `schema.table`, or a stable hash of it when that is
 /// longer than PostgreSQL's 63-byte identifiers. Every process computes the same name.

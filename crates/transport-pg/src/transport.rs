@@ -10,10 +10,11 @@ use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
     selection_parts, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
+    StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
-    Envelope, Error, Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
+    Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row};
@@ -22,7 +23,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
 use crate::error::{is_conflict, SqlxResultExt, TRANSPORT};
-use crate::listener::{self, Wakers};
+use crate::listener;
 use crate::migrate::{migrate, uninstall};
 use crate::options::PgOptions;
 use crate::sql::Statements;
@@ -140,49 +141,17 @@ impl PgTransport {
     /// processes may do it at once). Configuration errors are raised before any
     /// connection is made.
     pub async fn connect(options: PgOptions) -> Result<Self> {
-        let table = Identifier::table("QUEUE_TABLE (table)", options.table.clone())?;
-        let schema = options
-            .schema
-            .clone()
-            .map(|s| Identifier::new("QUEUE_SCHEMA (schema)", s))
-            .transpose()?;
-        if options.visibility_timeout < Duration::from_millis(100) {
-            return Err(ConfigError::new(
-                "QUEUE_VISIBILITY_TIMEOUT",
-                Some(format!("{:?}", options.visibility_timeout)),
-                "expected a lease of at least 100ms",
-            )
-            .into());
+        let (table, schema) = StoreSettings {
+            backend: "PostgreSQL",
+            schemes: &["postgres", "postgresql"],
+            url_form: "postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
+            url: &options.url,
+            table: &options.table,
+            schema: options.schema.as_deref(),
+            lease: options.visibility_timeout,
+            max_connections: options.max_connections,
         }
-        let scheme = options.url.scheme();
-        if scheme != "postgres" && scheme != "postgresql" {
-            return Err(ConfigError::new(
-                "DATABASE_URL",
-                Some(options.url.to_string()),
-                "expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE for the PostgreSQL transport",
-            )
-            .into());
-        }
-        if let Some(param) =
-            queue_core::unsupported_secret_param(options.url.expose(), &["password"])
-        {
-            return Err(ConfigError::new(
-                "DATABASE_URL",
-                Some(options.url.to_string()),
-                format!(
-                    "the PostgreSQL transport does not support the query parameter `{param}` (the driver would log its value); put the password in the URL's user info"
-                ),
-            )
-            .into());
-        }
-        if options.max_connections == 0 {
-            return Err(ConfigError::new(
-                "max_connections",
-                Some("0".into()),
-                "expected at least 1 connection",
-            )
-            .into());
-        }
+        .validate()?;
         let connect = PgConnectOptions::from_str(options.url.expose())
             .map_err(|e| {
                 ConfigError::new(
@@ -202,8 +171,6 @@ impl PgTransport {
             .connect_with(connect.clone())
             .await
             .backend()?;
-        let schema = schema.map(|s| s.as_str().to_owned());
-        let table = table.as_str().to_owned();
         migrate(&pool, schema.as_deref(), &table).await?;
         let stop = CancellationToken::new();
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, "postgres transport ready");
@@ -717,13 +684,11 @@ impl Transport for PgTransport {
             tx.commit().await.backend()?;
         }
         // Workers of this transport need not wait for the round trip of the NOTIFY.
-        let mut last = "";
-        for q in chunks.iter().flat_map(|c| c.queues.iter()) {
-            if q != last {
-                self.wakers.wake(q);
-                last = q;
-            }
-        }
+        self.wakers.wake_each(
+            chunks
+                .iter()
+                .flat_map(|c| c.queues.iter().map(String::as_str)),
+        );
         Ok(())
     }
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
-    attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
+    attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
+    time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
@@ -44,7 +44,7 @@ pub struct SqliteTransport {
     last_sweep: Mutex<Option<Instant>>,
     pacer: PromotePacer,
     /// Wakes this process's idle workers of a queue when this transport publishes to it.
-    wakers: std::sync::Mutex<HashMap<String, Arc<Notify>>>,
+    wakers: Wakers,
 }
 
 impl fmt::Debug for SqliteTransport {
@@ -69,10 +69,6 @@ fn claimed_row(row: &SqliteRow) -> std::result::Result<ClaimedRow, sqlx::Error> 
         envelope: row.try_get::<Option<Vec<u8>>, _>(6)?.unwrap_or_default(),
         started: row.try_get::<Option<bool>, _>(7)?.unwrap_or(false),
     })
-}
-
-fn lossy(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 impl SqliteTransport {
@@ -155,25 +151,8 @@ impl SqliteTransport {
             options,
             last_sweep: Mutex::new(None),
             pacer: PromotePacer::default(),
-            wakers: std::sync::Mutex::default(),
+            wakers: Wakers::default(),
         })
-    }
-
-    /// Wakes the idle workers of these queues in this process (other processes poll).
-    fn wake<'a>(&self, queues: impl Iterator<Item = &'a str>) {
-        let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        if wakers.is_empty() {
-            return;
-        }
-        let mut last = "";
-        for q in queues {
-            if q != last {
-                if let Some(n) = wakers.get(q) {
-                    n.notify_waiters();
-                }
-                last = q;
-            }
-        }
     }
 
     /// Claims up to `max` messages, marking started as `start` says.
@@ -528,8 +507,7 @@ impl Transport for SqliteTransport {
     }
 
     fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
-        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        Some(wakers.entry(queue.as_str().to_owned()).or_default().clone())
+        Some(self.wakers.get(queue.as_str()))
     }
 
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
@@ -555,7 +533,8 @@ impl Transport for SqliteTransport {
             tx.commit().await.backend()?;
         }
         tracing::debug!(count = rows.len(), "published");
-        self.wake(rows.iter().map(|(env, _)| env.queue.as_str()));
+        self.wakers
+            .wake_each(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
     }
 
@@ -756,8 +735,7 @@ impl Transport for SqliteTransport {
             }
         }
         if moved > 0 {
-            let wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-            wakers.values().for_each(|n| n.notify_waiters());
+            self.wakers.wake_all();
         }
         tracing::info!(count = moved, "dead letters replayed");
         Ok(moved)
