@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::capabilities::Capabilities;
 use crate::envelope::Envelope;
 use crate::error::ConfigError;
 use crate::error::{Error, Result};
@@ -410,5 +411,22 @@ impl StoreSettings<'_> {
             table.as_str().to_owned(),
             schema.map(|s| s.as_str().to_owned()),
         ))
+    }
+}
+
+/// What every SQL transport promises: exact FIFO, priorities, exact delays, lease
+/// extension, idempotent publish, expiry, table isolation and transactional publish.
+pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
+    Capabilities {
+        exact_fifo: true,
+        priorities: true,
+        exact_delays: true,
+        lease_extension: true,
+        idempotent_publish: true,
+        expiry: true,
+        table_isolation: true,
+        transactional_publish: true,
+        max_payload_bytes,
+        ..Capabilities::default()
     }
 }

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
-    StoreSettings, Wakers,
+    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims,
+    StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -767,17 +767,7 @@ impl Transport for MySqlTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.exact_fifo = true;
-        caps.priorities = true;
-        caps.exact_delays = true;
-        caps.lease_extension = true;
-        caps.idempotent_publish = true;
-        caps.expiry = true;
-        caps.table_isolation = true;
-        caps.transactional_publish = true;
-        caps.max_payload_bytes = self.options.max_payload_bytes;
-        caps
+        sql_capabilities(self.options.max_payload_bytes)
     }
 
     fn visibility_timeout(&self) -> Duration {

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
-    StoreSettings, Wakers,
+    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims,
+    StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -644,17 +644,8 @@ impl Transport for PgTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.exact_fifo = true;
-        caps.priorities = true;
-        caps.exact_delays = true;
-        caps.lease_extension = true;
-        caps.idempotent_publish = true;
-        caps.expiry = true;
-        caps.table_isolation = true;
-        caps.transactional_publish = true;
+        let mut caps = sql_capabilities(self.options.max_payload_bytes);
         caps.wake_signal = self.options.notify;
-        caps.max_payload_bytes = self.options.max_payload_bytes;
         caps
     }
 

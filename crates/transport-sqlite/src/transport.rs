@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode, Wakers,
+    sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
@@ -489,17 +489,7 @@ impl Transport for SqliteTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.exact_fifo = true;
-        caps.priorities = true;
-        caps.exact_delays = true;
-        caps.lease_extension = true;
-        caps.idempotent_publish = true;
-        caps.expiry = true;
-        caps.table_isolation = true;
-        caps.transactional_publish = true;
-        caps.max_payload_bytes = self.options.max_payload_bytes;
-        caps
+        sql_capabilities(self.options.max_payload_bytes)
     }
 
     fn visibility_timeout(&self) -> Duration {
