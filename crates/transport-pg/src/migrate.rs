@@ -5,10 +5,16 @@ use crate::error::SqlxResultExt;
 use crate::sql::specialise;
 
 /// The schema versions, in order. Each is plain SQL for the default table name.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    include_str!("../../../migrations/postgres/0001_init.sql"),
-)];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        include_str!("../../../migrations/postgres/0001_init.sql"),
+    ),
+    (
+        2,
+        include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
+    ),
+];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at
 /// once: a transaction-scoped advisory lock serialises migrators (concurrent

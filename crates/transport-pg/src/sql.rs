@@ -10,6 +10,10 @@ const ON_CONFLICT_REPLACE: &str = "
        attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at, reason = EXCLUDED.reason,
        last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope";
 
+/// What a claim writes: only columns no index covers, so that the update is heap-only.
+const CLAIM_SET: &str = "token = $1, reserved_at = now(), lease_until = now() + $2 {US},
+       {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int";
+
 /// The started flag a claim sets from its mode ($5: 0 no, 1 yes, 2 only when the message
 /// comes with no attempts); SET expressions see the row's old values.
 const STARTED: &str = "started = CASE $5::int
@@ -23,12 +27,18 @@ const US: &str = "* interval '1 microsecond'";
 const CLAIM_RETURNING: &str = "RETURNING j.seq, j.id, j.priority, j.attempts, \
     floor(extract(epoch FROM j.available_at) * 1000000)::bigint, j.last_error, j.envelope, j.started";
 
-/// The claim's filter and order: the claim index `(queue, priority DESC, visible_at, seq)
-/// WHERE ready`, walked in order and cut at the limit.
-const CLAIMABLE: &str = "queue = $3 AND ready AND (expires_at IS NULL OR expires_at > now())
-   ORDER BY priority DESC, visible_at, seq";
+/// Not held under a lease (never leased, given back, or the lease ran out).
+const FREE: &str = "(lease_until IS NULL OR lease_until <= now())";
+const FREE_J: &str = "(j.lease_until IS NULL OR j.lease_until <= now())";
 
-/// Whether any waiting row (delayed, or leased) has become claimable. Written as "the
+/// The claim's filter and order: the claim index `(queue, priority DESC, available_at,
+/// seq) WHERE ready`, walked in order and cut at the limit. Rows claimed briefly stay in
+/// that index under their lease and are stepped over.
+const CLAIMABLE: &str =
+    "queue = $3 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now())
+   ORDER BY priority DESC, available_at, seq";
+
+/// Whether any waiting row (delayed, or held long under a lease) has become claimable. Written as "the
 /// earliest waiting row" rather than `EXISTS`: with stale statistics the planner may
 /// expect `EXISTS` to hit a match early in a sequential scan, whereas an ordered
 /// `LIMIT 1` is one step down the due index whatever the estimates say.
@@ -42,8 +52,8 @@ pub(crate) const ANY_EXPIRED: &str = "SELECT COALESCE((
      WHERE expires_at IS NOT NULL ORDER BY expires_at LIMIT 1), false)";
 
 /// Moves waiting rows whose time has come into the claim index: due delayed messages and
-/// messages whose lease ran out (they keep their old token, so their reclaim counts an
-/// attempt). Rows another transaction holds are left for the next round.
+/// messages whose long lease ran out (they keep their old token, so their reclaim counts
+/// an attempt). Rows another transaction holds are left for the next round.
 pub(crate) const PROMOTE_DUE: &str = "
 WITH due AS (
     SELECT seq FROM \"switchyard_jobs\"
@@ -55,46 +65,47 @@ UPDATE \"switchyard_jobs\" j SET ready = true FROM due WHERE j.seq = due.seq";
 
 /// Claims up to $4 ready rows of queue $3: the CTE locks exactly the rows it returns
 /// (skipping rows other claims hold) and the UPDATE touches only those, so the planner can
-/// never claim more than the limit. A reclaim (the old token is still there) counts an
-/// attempt only if a handler had started the message; $5 says whether this claim starts
-/// it (1, a plain reserve), only claims it ahead (0, a prefetch), or starts it only if it
-/// comes with no attempts (2, a fast worker's prefetch).
+/// never claim more than the limit. The UPDATE finds each locked row by its `ctid` (the
+/// lock keeps it in place; `seq` guards the match) and writes no indexed column, so it is
+/// a heap-only update. A reclaim (the old token is still there) counts an attempt only if
+/// a handler had started the message; $5 says whether this claim starts it (1, a plain
+/// reserve), only claims it ahead (0, a prefetch), or starts it only if it comes with no
+/// attempts (2, a fast worker's prefetch).
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
 WITH c AS (
-    SELECT seq FROM \"switchyard_jobs\"
+    SELECT ctid AS tid, seq FROM \"switchyard_jobs\"
      WHERE {CLAIMABLE}
      LIMIT $4
        FOR UPDATE SKIP LOCKED)
 UPDATE \"switchyard_jobs\" j
-   SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,
-       {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
+   SET {CLAIM_SET}
   FROM c
- WHERE j.seq = c.seq
+ WHERE j.ctid = c.tid AND j.seq = c.seq
 {RETURNING}";
 
 /// The candidates of an optimistic claim, in delivery order, read without locks.
 pub(crate) const CLAIM_CANDIDATES: &str = "
 SELECT seq FROM \"switchyard_jobs\"
- WHERE queue = $1 AND ready AND (expires_at IS NULL OR expires_at > now())
- ORDER BY priority DESC, visible_at, seq
+ WHERE queue = $1 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now())
+ ORDER BY priority DESC, available_at, seq
  LIMIT $2";
 
 /// Compare-and-set on candidates ($6: seqs) of queue $3: claims up to $4 of those still
-/// ready, oldest first. The candidates drive the join (one primary-key lookup each), so
-/// the plan cannot turn into a walk of the queue's claim index at any depth. A candidate a competitor is claiming is waited for and then, no
-/// longer ready, skipped (`ready` is checked again on the row's newest version).
+/// free, oldest first. The candidates drive the join (one primary-key lookup each), so
+/// the plan cannot turn into a walk of the queue's claim index at any depth. A candidate
+/// a competitor is claiming is waited for and then, leased, skipped (the UPDATE's
+/// condition is checked again on the row's newest version).
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 WITH c AS (
     SELECT j.seq FROM UNNEST($6::bigint[]) AS u(seq)
       JOIN \"switchyard_jobs\" j ON j.seq = u.seq
-     WHERE j.queue = $3 AND j.ready AND (j.expires_at IS NULL OR j.expires_at > now())
-     ORDER BY j.priority DESC, j.visible_at, j.seq
+     WHERE j.queue = $3 AND j.ready AND {FREE_J} AND (j.expires_at IS NULL OR j.expires_at > now())
+     ORDER BY j.priority DESC, j.available_at, j.seq
      LIMIT $4)
 UPDATE \"switchyard_jobs\" j
-   SET token = $1, reserved_at = now(), visible_at = now() + $2 {US}, ready = false,
-       {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int
+   SET {CLAIM_SET}
   FROM c
- WHERE j.seq = c.seq AND j.ready
+ WHERE j.seq = c.seq AND j.ready AND {FREE_J}
 {RETURNING}";
 
 /// Publishes a batch given as parallel arrays, in their order. An id already stored, live
@@ -129,10 +140,11 @@ DELETE FROM \"switchyard_jobs\" j
 RETURNING j.id, j.token";
 
 /// Marks a batch as started and renews the leases by $3 µs: from now on a lapsed lease
-/// counts an attempt.
+/// counts an attempt. Slow handlers get their messages this way, so the rows leave the
+/// claim index for the due index, where claims need not step over them.
 pub(crate) const START_BATCH: &str = "
 UPDATE \"switchyard_jobs\" j
-   SET started = true, ready = false, visible_at = now() + $3 {US}
+   SET started = true, ready = false, visible_at = now() + $3 {US}, lease_until = now() + $3 {US}
   FROM UNNEST($1::text[], $2::uuid[]) AS p(id, token)
  WHERE j.id = p.id AND j.token = p.token
 RETURNING j.id, j.token";
@@ -140,22 +152,26 @@ RETURNING j.id, j.token";
 /// Gives a leased row back: due after $1 µs, and ready at once when $1 is 0.
 pub(crate) const RELEASE: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, attempts = attempts + 1, started = false,
+   SET token = NULL, reserved_at = NULL, lease_until = NULL, attempts = attempts + 1, started = false,
        available_at = now() + $1 {US}, visible_at = now() + $1 {US}, ready = ($1 <= 0),
        last_error = COALESCE($2, last_error)
  WHERE id = $3 AND token = $4";
 
-/// Gives back a row that was claimed but never handled: ready at once, and no attempt
-/// counted (the token is cleared, so the next claim is not a reclaim).
+/// Gives back a row that was claimed but never handled: ready at once, in its old place
+/// in line, and no attempt counted (the token is cleared, so the next claim is not a
+/// reclaim). A row still in the claim index keeps its indexed columns (a heap-only
+/// update).
 pub(crate) const ABANDON: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, started = false, visible_at = now(), ready = true
+   SET token = NULL, reserved_at = NULL, lease_until = NULL, started = false,
+       visible_at = CASE WHEN ready THEN visible_at ELSE now() END, ready = true
  WHERE id = $1 AND token = $2";
 
-/// Renews a lease. A lapsed lease may already have been promoted into the claim index;
-/// while the token still matches nobody has reclaimed it, so it is hidden again.
+/// Renews a lease, and moves a row still in the claim index out to the due index: a
+/// message held this long would otherwise be stepped over by every claim. While the token
+/// matches nobody has reclaimed it, even if the lease lapsed.
 pub(crate) const EXTEND: &str = "
-UPDATE \"switchyard_jobs\" SET visible_at = now() + $1 {US}, ready = false
+UPDATE \"switchyard_jobs\" SET visible_at = now() + $1 {US}, lease_until = now() + $1 {US}, ready = false
  WHERE id = $2 AND token = $3";
 
 /// Moves a leased row, byte for byte, into the dead table in one statement (the delivery
@@ -175,7 +191,7 @@ pub(crate) const MOVE_EXPIRED: &str = "
 WITH moved AS (
     DELETE FROM \"switchyard_jobs\" WHERE seq IN (
         SELECT seq FROM \"switchyard_jobs\"
-         WHERE expires_at <= now() AND visible_at <= now()
+         WHERE expires_at <= now() AND visible_at <= now() AND {FREE}
          ORDER BY expires_at
          LIMIT 1000
            FOR UPDATE SKIP LOCKED)
@@ -188,11 +204,11 @@ SELECT id, queue, kind, priority, attempts + started::int, expires_at, 'expired'
 
 pub(crate) const STATS_JOBS: &str = "
 SELECT queue,
-       count(*) FILTER (WHERE visible_at <= now()),
+       count(*) FILTER (WHERE visible_at <= now() AND {FREE}),
        count(*) FILTER (WHERE token IS NULL AND visible_at > now()),
-       count(*) FILTER (WHERE token IS NOT NULL AND visible_at > now()),
+       count(*) FILTER (WHERE token IS NOT NULL AND lease_until > now()),
        floor(extract(epoch FROM now() - min(available_at) FILTER (
-           WHERE visible_at <= now() AND (expires_at IS NULL OR expires_at > now()))) * 1000000)::bigint
+           WHERE visible_at <= now() AND {FREE} AND (expires_at IS NULL OR expires_at > now()))) * 1000000)::bigint
   FROM \"switchyard_jobs\"
  WHERE $1::text IS NULL OR queue = $1
  GROUP BY queue";
@@ -283,9 +299,12 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         None => format!("\"{table}"),
     };
     sql.replace("{CLAIM}", CLAIM_SKIP_LOCKED)
+        .replace("{CLAIM_SET}", CLAIM_SET)
         .replace("{RETURNING}", CLAIM_RETURNING)
         .replace("{STARTED}", STARTED)
         .replace("{CLAIMABLE}", CLAIMABLE)
+        .replace("{FREE}", FREE)
+        .replace("{FREE_J}", FREE_J)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{ON_CONFLICT_REPLACE}", ON_CONFLICT_REPLACE)
         .replace("{US}", US)

@@ -263,3 +263,111 @@ fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
         Ok(())
     });
 }
+
+/// A claim writes no indexed column, so PostgreSQL updates the row in place (a heap-only
+/// tuple): draining a queue adds no index entries that vacuum must clean up later.
+#[test]
+fn claims_are_heap_only_updates() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        t.publish_batch((0..2_000).map(|n| job(&q, n)).collect())
+            .await?;
+        let mut claimed = 0;
+        while let batch @ [_, ..] = &t.reserve_batch(&q, 100).await?[..] {
+            claimed += batch.len();
+            t.ack_batch(batch).await?;
+        }
+        assert_eq!(claimed, 2_000);
+        // Statistics reach the cumulative views when a session ends (or after it idled
+        // for ten seconds).
+        t.close().await;
+        let mut conn = sqlx::PgConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (updated, hot): (i64, i64) = sqlx::query_as(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+                  WHERE schemaname = $1 AND relname = 'switchyard_jobs'",
+            )
+            .bind(&schema.name)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(err)?;
+            if updated >= 2_000 {
+                assert!(
+                    hot * 100 >= updated * 95,
+                    "only {hot} of {updated} claims were heap-only updates"
+                );
+                return Ok(());
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the statistics show {updated} updates, not the 2,000 claims"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+/// A table created at schema version 1, with a message under a live lease and a ready
+/// one, is upgraded on connect: the lease still holds, the ready message is claimed.
+#[test]
+fn a_version_one_table_upgrades_with_its_leases_intact() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let mut conn = sqlx::PgConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
+        let table = format!("\"{}\".\"switchyard_jobs\"", schema.name);
+        let v1 = include_str!("../../../migrations/postgres/0001_init.sql").replace(
+            "\"switchyard_jobs",
+            &format!("\"{}\".\"switchyard_jobs", schema.name),
+        );
+        sqlx::raw_sql(&format!(
+            "CREATE SCHEMA \"{s}\";
+             CREATE TABLE \"{s}\".switchyard_migrations (
+                 target text NOT NULL, version integer NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version));
+             INSERT INTO \"{s}\".switchyard_migrations (target, version) VALUES ('switchyard_jobs', 1);
+             {v1}",
+            s = schema.name
+        ))
+        .execute(&mut conn)
+        .await
+        .map_err(err)?;
+        let q = queue();
+        let (leased, ready) = (job(&q, 1), job(&q, 2));
+        for (env, state) in [
+            (
+                &leased,
+                "false, now(), now() + interval '1 hour', gen_random_uuid(), true",
+            ),
+            (&ready, "true, now(), now(), NULL, false"),
+        ] {
+            sqlx::query(&format!(
+                "INSERT INTO {table} (id, queue, kind, ready, available_at, visible_at, token, started, envelope)
+                 VALUES ($1, $2, 'job', {state}, $3)"
+            ))
+            .bind(env.id.to_string())
+            .bind(q.as_str())
+            .bind(env.to_json())
+            .execute(&mut conn)
+            .await
+            .map_err(err)?;
+        }
+
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let got = t.reserve_batch(&q, 10).await?;
+        assert_eq!(
+            got.iter().map(|r| r.id()).collect::<Vec<_>>(),
+            vec![ready.id],
+            "only the ready message is claimable"
+        );
+        let stats = t.stats(Some(&q)).await?;
+        assert_eq!(stats.first().map(|s| s.reserved), Some(2), "{stats:?}");
+        Ok(())
+    });
+}
