@@ -131,12 +131,12 @@ ins AS (
     RETURNING queue, ready)
 SELECT count(*) FROM (SELECT queue, pg_notify($10, queue) FROM ins WHERE ready AND $11 GROUP BY queue) n";
 
-/// Acks a batch in one statement: $1/$2 are the ids and tokens; only rows still held
-/// under their token are deleted.
+/// Acks a batch in one statement: $1/$2 are the rows' seqs and tokens (a step down the
+/// primary key each); only rows still held under their token are deleted.
 pub(crate) const ACK_BATCH: &str = "
 DELETE FROM \"switchyard_jobs\" j
- USING UNNEST($1::text[], $2::uuid[]) AS p(id, token)
- WHERE j.id = p.id AND j.token = p.token
+ USING UNNEST($1::bigint[], $2::uuid[]) AS p(seq, token)
+ WHERE j.seq = p.seq AND j.token = p.token
 RETURNING j.id, j.token";
 
 /// Marks a batch as started and renews the leases by $3 µs: from now on a lapsed lease
@@ -145,8 +145,8 @@ RETURNING j.id, j.token";
 pub(crate) const START_BATCH: &str = "
 UPDATE \"switchyard_jobs\" j
    SET started = true, ready = false, visible_at = now() + $3 {US}, lease_until = now() + $3 {US}
-  FROM UNNEST($1::text[], $2::uuid[]) AS p(id, token)
- WHERE j.id = p.id AND j.token = p.token
+  FROM UNNEST($1::bigint[], $2::uuid[]) AS p(seq, token)
+ WHERE j.seq = p.seq AND j.token = p.token
 RETURNING j.id, j.token";
 
 /// Gives a leased row back: due after $1 µs, and ready at once when $1 is 0.

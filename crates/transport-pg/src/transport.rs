@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims,
-    StartMode, StoreSettings, Wakers,
+    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections, PromotePacer,
+    RowClaims, StartMode, StoreSettings, Wakers, KEPT_CONNECTIONS,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -36,10 +36,6 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How often an optimistic claim that lost a deadlock runs again.
 const CONFLICT_RETRIES: usize = 5;
 
-/// How many connections the hot path (claims, acks, publishes) keeps between
-/// statements: enough for a worker's two overlapping claims and its ack flush.
-const HOT_CONNECTIONS: usize = 3;
-
 /// A [`Transport`] over a PostgreSQL table.
 ///
 /// Claims are one statement each: `FOR UPDATE SKIP LOCKED` (the default) or an
@@ -61,8 +57,8 @@ pub struct PgTransport {
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
     counters: Counters,
-    /// Connections kept out of the pool for the hot path (see [`PgTransport::hot`]).
-    hot: Mutex<Vec<PoolConnection<Postgres>>>,
+    /// Connections kept out of the pool for the hot path.
+    kept: KeptConnections<PoolConnection<Postgres>>,
 }
 
 impl fmt::Debug for PgTransport {
@@ -196,7 +192,7 @@ impl PgTransport {
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
             counters: Counters::default(),
-            hot: Mutex::default(),
+            kept: KeptConnections::new(KEPT_CONNECTIONS),
         })
     }
 
@@ -227,9 +223,7 @@ impl PgTransport {
     /// Closes the pool and stops listening.
     pub async fn close(&self) {
         self.stop.cancel();
-        // The pool waits for every connection it lent out.
-        let kept = std::mem::take(&mut *self.hot.lock().unwrap_or_else(|e| e.into_inner()));
-        drop(kept);
+        self.kept.release_all();
         self.pool.close().await;
     }
 
@@ -392,7 +386,7 @@ impl PgTransport {
             .fetch_one(&mut *conn)
             .await
             .backend()?;
-        self.keep(conn);
+        self.kept.keep(conn);
         if !any {
             return Ok(0);
         }
@@ -424,7 +418,7 @@ impl PgTransport {
                     .fetch_all(&mut *conn)
                     .await
                     .backend()?;
-                self.keep(conn);
+                self.kept.keep(conn);
                 rows.iter()
                     .map(claimed_row)
                     .collect::<std::result::Result<_, _>>()
@@ -597,9 +591,13 @@ impl PgTransport {
         if reservations.is_empty() {
             return Ok(AckReport::default());
         }
-        let ids: Vec<String> = reservations.iter().map(|r| r.id().to_string()).collect();
+        // A receipt's tag is its row's seq.
+        let seqs: Vec<i64> = reservations
+            .iter()
+            .map(|r| i64::try_from(r.receipt.tag()).unwrap_or(-1))
+            .collect();
         let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
-        let mut query = sqlx::query_as(sql).bind(&ids).bind(&tokens);
+        let mut query = sqlx::query_as(sql).bind(&seqs).bind(&tokens);
         if let Some(lease) = lease {
             query = query.bind(lease);
         }
@@ -607,30 +605,16 @@ impl PgTransport {
         // current one.
         let mut conn = self.hot().await?;
         let touched: Vec<(String, Uuid)> = query.fetch_all(&mut *conn).await.backend()?;
-        self.keep(conn);
+        self.kept.keep(conn);
         let touched: HashSet<(String, Uuid)> = touched.into_iter().collect();
         Ok(pair_report(reservations, &touched))
     }
 
-    /// A connection for a claim, an ack or a publish. sqlx's pool pings every connection
-    /// it gets back (one more round trip and two wake-ups per statement: a third of the
-    /// drain's throughput), so the hot path keeps a few connections out of the pool
-    /// between statements. One whose statement failed is not kept: it goes back to the
-    /// pool, whose ping finds out whether it is broken.
+    /// A connection for a claim, an ack or a publish (see [`KeptConnections`]).
     async fn hot(&self) -> Result<PoolConnection<Postgres>> {
-        let kept = self.hot.lock().ok().and_then(|mut kept| kept.pop());
-        match kept {
+        match self.kept.take() {
             Some(conn) => Ok(conn),
             None => self.pool.acquire().await.backend(),
-        }
-    }
-
-    /// Keeps a connection that just finished a statement for the next claim or ack.
-    fn keep(&self, conn: PoolConnection<Postgres>) {
-        if let Ok(mut kept) = self.hot.lock() {
-            if kept.len() < HOT_CONNECTIONS {
-                kept.push(conn);
-            }
         }
     }
 
@@ -706,7 +690,7 @@ impl Transport for PgTransport {
             // One statement is atomic on its own: no explicit transaction needed.
             let mut conn = self.hot().await?;
             self.insert(&mut conn, chunk).await?;
-            self.keep(conn);
+            self.kept.keep(conn);
         } else {
             let mut tx = self.pool.begin().await.backend()?;
             for chunk in &chunks {
