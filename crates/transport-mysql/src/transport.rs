@@ -10,15 +10,16 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims,
-    StartMode, StoreSettings, Wakers,
+    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections, PromotePacer,
+    RowClaims, StartMode, StoreSettings, Wakers, KEPT_CONNECTIONS,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
     Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
-use sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Row};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -87,6 +88,8 @@ pub struct MySqlTransport {
     pacer: PromotePacer,
     wakers: Wakers,
     lock_retries: AtomicU64,
+    /// Connections kept out of the pool for the hot path.
+    kept: KeptConnections<PoolConnection<MySql>>,
 }
 
 impl fmt::Debug for MySqlTransport {
@@ -200,6 +203,7 @@ impl MySqlTransport {
             pacer: PromotePacer::default(),
             wakers: Wakers::default(),
             lock_retries: AtomicU64::new(0),
+            kept: KeptConnections::new(KEPT_CONNECTIONS),
         })
     }
 
@@ -226,6 +230,7 @@ impl MySqlTransport {
 
     /// Closes the pool.
     pub async fn close(&self) {
+        self.kept.release_all();
         self.pool.close().await;
     }
 
@@ -255,6 +260,14 @@ impl MySqlTransport {
             self.insert(tx, chunk).await.backend()?;
         }
         Ok(())
+    }
+
+    /// A connection for a claim, an ack or a publish (see [`KeptConnections`]).
+    async fn hot(&self) -> std::result::Result<PoolConnection<MySql>, sqlx::Error> {
+        match self.kept.take() {
+            Some(conn) => Ok(conn),
+            None => self.pool.acquire().await,
+        }
     }
 
     /// Runs `op` again while it loses a deadlock or a lock wait (errors 1213, 1205), with
@@ -363,10 +376,12 @@ impl MySqlTransport {
 
     async fn promote_due(&self) -> Result<u64> {
         self.pacer.mark();
+        let mut conn = self.hot().await.backend()?;
         let any: i64 = sqlx::query_scalar(&self.sql.any_due)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *conn)
             .await
             .backend()?;
+        self.kept.keep(conn);
         if any == 0 {
             return Ok(0);
         }
@@ -413,7 +428,8 @@ impl MySqlTransport {
         start: StartMode,
         lease: i64,
     ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.hot().await?;
+        let mut tx = conn.begin().await?;
         let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.claim_lock)
             .bind(queue.as_str())
             // IN lists of up to 4,096 values stay far below MySQL's 65,535
@@ -423,6 +439,7 @@ impl MySqlTransport {
             .await?;
         if seqs.is_empty() {
             tx.commit().await?;
+            self.kept.keep(conn);
             return Ok(Vec::new());
         }
         let update = with_list(&self.sql.claim_locked, seqs.len());
@@ -437,6 +454,7 @@ impl MySqlTransport {
         q.execute(&mut *tx).await?;
         let rows = self.read_claimed(&mut tx, token, &seqs).await?;
         tx.commit().await?;
+        self.kept.keep(conn);
         Ok(rows)
     }
 
@@ -660,7 +678,8 @@ impl MySqlTransport {
             .collect();
         let touched = self
             .retrying(what, || async {
-                let mut tx = self.pool.begin().await?;
+                let mut conn = self.hot().await?;
+                let mut tx = conn.begin().await?;
                 let lock = with_list(&self.sql.lock_by_ids, ids.len());
                 let mut q = sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>)>(&lock);
                 for id in padded(&ids) {
@@ -691,6 +710,7 @@ impl MySqlTransport {
                     q.execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
+                self.kept.keep(conn);
                 Ok(touched)
             })
             .await?;
@@ -785,8 +805,10 @@ impl Transport for MySqlTransport {
         let rows = self.encode(envelopes)?;
         self.retrying("publish", || async {
             if rows.len() <= PUBLISH_CHUNK {
-                let mut conn = self.pool.acquire().await?;
-                self.insert(&mut conn, &rows).await
+                let mut conn = self.hot().await?;
+                self.insert(&mut conn, &rows).await?;
+                self.kept.keep(conn);
+                Ok(())
             } else {
                 let mut tx = self.pool.begin().await?;
                 for chunk in rows.chunks(PUBLISH_CHUNK) {
