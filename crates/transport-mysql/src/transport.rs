@@ -11,7 +11,7 @@ use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
     selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections, PromotePacer,
-    RowClaims, StartMode, StoreSettings, Wakers, KEPT_CONNECTIONS,
+    RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -188,6 +188,7 @@ impl MySqlTransport {
         }
         migrate(&pool, schema.as_deref(), &table).await?;
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, server = version, "mysql transport ready");
+        let kept = KeptConnections::for_pool(options.max_connections);
         Ok(MySqlTransport {
             pool,
             sql: Arc::new(Statements::new(
@@ -203,7 +204,7 @@ impl MySqlTransport {
             pacer: PromotePacer::default(),
             wakers: Wakers::default(),
             lock_retries: AtomicU64::new(0),
-            kept: KeptConnections::new(KEPT_CONNECTIONS),
+            kept,
         })
     }
 
@@ -230,7 +231,7 @@ impl MySqlTransport {
 
     /// Closes the pool.
     pub async fn close(&self) {
-        self.kept.release_all();
+        self.kept.close();
         self.pool.close().await;
     }
 

@@ -10,7 +10,7 @@ use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
     selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections, PromotePacer,
-    RowClaims, StartMode, StoreSettings, Wakers, KEPT_CONNECTIONS,
+    RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -177,6 +177,7 @@ impl PgTransport {
         migrate(&pool, schema.as_deref(), &table).await?;
         let stop = CancellationToken::new();
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, "postgres transport ready");
+        let kept = KeptConnections::for_pool(options.max_connections);
         Ok(PgTransport {
             pool,
             connect,
@@ -192,7 +193,7 @@ impl PgTransport {
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
             counters: Counters::default(),
-            kept: KeptConnections::new(KEPT_CONNECTIONS),
+            kept,
         })
     }
 
@@ -223,7 +224,7 @@ impl PgTransport {
     /// Closes the pool and stops listening.
     pub async fn close(&self) {
         self.stop.cancel();
-        self.kept.release_all();
+        self.kept.close();
         self.pool.close().await;
     }
 
