@@ -3,7 +3,7 @@
 -- In version 1 a claim moved its row out of the claim index (ready = false, visible_at =
 -- lease end), so every claimed row cost a new heap tuple and an entry in every index:
 -- about 16 buffer touches per row, most of the drain's server time. Now a claim writes
--- only columns no index covers (token, lease_until, started, attempts, reserved_at), and
+-- only columns no index covers (token, lease_until, started, attempts, claimed_at), and
 -- with room left on each page PostgreSQL updates the row in place (a heap-only tuple):
 -- no index entry is written and the claim index needs no cleanup afterwards.
 --
@@ -12,6 +12,13 @@
 -- Rows held for long (a heartbeat or a start mark renewed their lease) leave the claim
 -- index for the due index, as every claimed row did in version 1, so claims only ever
 -- step over the messages that workers hold in their prefetch buffers.
+--
+-- The upgrade takes an exclusive lock on the table while it rebuilds the claim index
+-- (about a second per million queued rows). It gives up after 10 s of waiting for that
+-- lock, behind a long transaction say, rather than stall every session queued behind it;
+-- the next connect or `switchyard migrate` tries again.
+
+SET LOCAL lock_timeout = '10s';
 
 ALTER TABLE "switchyard_jobs" ADD COLUMN IF NOT EXISTS lease_until timestamptz; -- lease end while reserved
 
@@ -19,8 +26,14 @@ ALTER TABLE "switchyard_jobs" ADD COLUMN IF NOT EXISTS lease_until timestamptz; 
 -- visible_at.
 UPDATE "switchyard_jobs" SET lease_until = visible_at WHERE token IS NOT NULL AND NOT ready;
 
+-- A worker of version 1 still running against this table would claim rows that
+-- version-2 workers hold, because it knows nothing of lease_until. Renaming a column its
+-- claims write makes them fail loudly instead (its publishes and acks still work), until
+-- it is stopped or upgraded.
+ALTER TABLE "switchyard_jobs" RENAME COLUMN reserved_at TO claimed_at;
+
 -- Inserts leave 60% of each page free for the claimed versions of its rows (a claim
--- writes some 40 bytes more per row: token, lease end, reserved_at); without room on the
+-- writes some 40 bytes more per row: token, lease end, claimed_at); without room on the
 -- same page an update cannot be heap-only. Queue rows are short-lived, so the space is
 -- reused as soon as they are acknowledged.
 ALTER TABLE "switchyard_jobs" SET (fillfactor = 40);

@@ -11,7 +11,7 @@ const ON_CONFLICT_REPLACE: &str = "
        last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope";
 
 /// What a claim writes: only columns no index covers, so that the update is heap-only.
-const CLAIM_SET: &str = "token = $1, reserved_at = now(), lease_until = now() + $2 {US},
+const CLAIM_SET: &str = "token = $1, claimed_at = now(), lease_until = now() + $2 {US},
        {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int";
 
 /// The started flag a claim sets from its mode ($5: 0 no, 1 yes, 2 only when the message
@@ -65,22 +65,24 @@ UPDATE \"switchyard_jobs\" j SET ready = true FROM due WHERE j.seq = due.seq";
 
 /// Claims up to $4 ready rows of queue $3: the CTE locks exactly the rows it returns
 /// (skipping rows other claims hold) and the UPDATE touches only those, so the planner can
-/// never claim more than the limit. The UPDATE finds each locked row by its `ctid` (the
-/// lock keeps it in place; `seq` guards the match) and writes no indexed column, so it is
-/// a heap-only update. A reclaim (the old token is still there) counts an attempt only if
-/// a handler had started the message; $5 says whether this claim starts it (1, a plain
-/// reserve), only claims it ahead (0, a prefetch), or starts it only if it comes with no
-/// attempts (2, a fast worker's prefetch).
+/// never claim more than the limit. The UPDATE writes no indexed column, so it is a
+/// heap-only update. (It finds the locked rows by `seq`, not by `ctid`: a row that changed
+/// after the statement's snapshot and still qualifies is locked in its newest version,
+/// whose `ctid` the UPDATE cannot see, and would come back unclaimed.) A reclaim (the
+/// old token is still there) counts an attempt only if a handler had started the
+/// message; $5 says whether this claim starts it (1, a plain reserve), only claims it
+/// ahead (0, a prefetch), or starts it only if it comes with no attempts (2, a fast
+/// worker's prefetch).
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
 WITH c AS (
-    SELECT ctid AS tid, seq FROM \"switchyard_jobs\"
+    SELECT seq FROM \"switchyard_jobs\"
      WHERE {CLAIMABLE}
      LIMIT $4
        FOR UPDATE SKIP LOCKED)
 UPDATE \"switchyard_jobs\" j
    SET {CLAIM_SET}
   FROM c
- WHERE j.ctid = c.tid AND j.seq = c.seq
+ WHERE j.seq = c.seq
 {RETURNING}";
 
 /// The candidates of an optimistic claim, in delivery order, read without locks.
@@ -152,7 +154,7 @@ RETURNING j.id, j.token";
 /// Gives a leased row back: due after $1 µs, and ready at once when $1 is 0.
 pub(crate) const RELEASE: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, lease_until = NULL, attempts = attempts + 1, started = false,
+   SET token = NULL, claimed_at = NULL, lease_until = NULL, attempts = attempts + 1, started = false,
        available_at = now() + $1 {US}, visible_at = now() + $1 {US}, ready = ($1 <= 0),
        last_error = COALESCE($2, last_error)
  WHERE id = $3 AND token = $4";
@@ -163,7 +165,7 @@ UPDATE \"switchyard_jobs\"
 /// update).
 pub(crate) const ABANDON: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, lease_until = NULL, started = false,
+   SET token = NULL, claimed_at = NULL, lease_until = NULL, started = false,
        visible_at = CASE WHEN ready THEN visible_at ELSE now() END, ready = true
  WHERE id = $1 AND token = $2";
 

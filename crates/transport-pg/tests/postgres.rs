@@ -312,8 +312,30 @@ fn claims_are_heap_only_updates() {
     });
 }
 
-/// A table created at schema version 1, with a message under a live lease and a ready
-/// one, is upgraded on connect: the lease still holds, the ready message is claimed.
+/// Creates `schema`'s queue table at schema version 1, as an earlier build left it.
+async fn version_one_table(conn: &mut sqlx::PgConnection, schema: &str) -> Result<()> {
+    let v1 = include_str!("../../../migrations/postgres/0001_init.sql").replace(
+        "\"switchyard_jobs",
+        &format!("\"{schema}\".\"switchyard_jobs"),
+    );
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA \"{schema}\";
+         CREATE TABLE \"{schema}\".switchyard_migrations (
+             target text NOT NULL, version integer NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version));
+         INSERT INTO \"{schema}\".switchyard_migrations (target, version) VALUES ('switchyard_jobs', 1);
+         {v1}"
+    ))
+    .execute(conn)
+    .await
+    .map_err(err)?;
+    Ok(())
+}
+
+/// A table created at schema version 1 is upgraded on connect with what it holds: a
+/// message under a live lease stays leased, a started message whose lapsed lease was
+/// promoted is reclaimed with the attempt counted, a ready message is claimed. A claim
+/// written for version 1 (an old worker still running) then fails instead of claiming.
 #[test]
 fn a_version_one_table_upgrades_with_its_leases_intact() {
     with_server(|| async {
@@ -321,35 +343,26 @@ fn a_version_one_table_upgrades_with_its_leases_intact() {
         let mut conn = sqlx::PgConnection::connect(&support::url())
             .await
             .map_err(err)?;
+        version_one_table(&mut conn, &schema.name).await?;
         let table = format!("\"{}\".\"switchyard_jobs\"", schema.name);
-        let v1 = include_str!("../../../migrations/postgres/0001_init.sql").replace(
-            "\"switchyard_jobs",
-            &format!("\"{}\".\"switchyard_jobs", schema.name),
-        );
-        sqlx::raw_sql(&format!(
-            "CREATE SCHEMA \"{s}\";
-             CREATE TABLE \"{s}\".switchyard_migrations (
-                 target text NOT NULL, version integer NOT NULL,
-                 applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, version));
-             INSERT INTO \"{s}\".switchyard_migrations (target, version) VALUES ('switchyard_jobs', 1);
-             {v1}",
-            s = schema.name
-        ))
-        .execute(&mut conn)
-        .await
-        .map_err(err)?;
         let q = queue();
-        let (leased, ready) = (job(&q, 1), job(&q, 2));
+        let (leased, lapsed, ready) = (job(&q, 1), job(&q, 2), job(&q, 3));
         for (env, state) in [
+            // How version 1 left each: leased rows out of the claim index with their
+            // lease end in visible_at; a lapsed lease promoted back with its token.
             (
                 &leased,
-                "false, now(), now() + interval '1 hour', gen_random_uuid(), true",
+                "false, now() + interval '1 hour', gen_random_uuid(), true",
             ),
-            (&ready, "true, now(), now(), NULL, false"),
+            (
+                &lapsed,
+                "true, now() - interval '1 minute', gen_random_uuid(), true",
+            ),
+            (&ready, "true, now(), NULL, false"),
         ] {
             sqlx::query(&format!(
-                "INSERT INTO {table} (id, queue, kind, ready, available_at, visible_at, token, started, envelope)
-                 VALUES ($1, $2, 'job', {state}, $3)"
+                "INSERT INTO {table} (id, queue, kind, ready, visible_at, token, started, available_at, envelope)
+                 VALUES ($1, $2, 'job', {state}, now() - interval '2 minutes', $3)"
             ))
             .bind(env.id.to_string())
             .bind(q.as_str())
@@ -360,14 +373,62 @@ fn a_version_one_table_upgrades_with_its_leases_intact() {
         }
 
         let t = schema.open(ClaimStrategy::SkipLocked).await?;
-        let got = t.reserve_batch(&q, 10).await?;
-        assert_eq!(
-            got.iter().map(|r| r.id()).collect::<Vec<_>>(),
-            vec![ready.id],
-            "only the ready message is claimable"
-        );
         let stats = t.stats(Some(&q)).await?;
-        assert_eq!(stats.first().map(|s| s.reserved), Some(2), "{stats:?}");
+        assert_eq!(
+            stats.first().map(|s| (s.ready, s.reserved)),
+            Some((2, 1)),
+            "the live lease is counted as reserved: {stats:?}"
+        );
+        let got = t.reserve_batch(&q, 10).await?;
+        let mut claimed: Vec<_> = got.iter().map(|r| (r.id(), r.envelope.attempts)).collect();
+        claimed.sort();
+        let mut expected = vec![(lapsed.id, 1), (ready.id, 0)];
+        expected.sort();
+        assert_eq!(
+            claimed, expected,
+            "the live lease holds; the lapsed one counts an attempt"
+        );
+
+        let old_claim = sqlx::query(&format!(
+            "UPDATE {table} SET token = gen_random_uuid(), reserved_at = now(), ready = false
+              WHERE ready"
+        ))
+        .execute(&mut conn)
+        .await;
+        assert!(
+            old_claim.is_err(),
+            "a version-1 claim still runs: {old_claim:?}"
+        );
+        Ok(())
+    });
+}
+
+/// A build refuses a table whose schema is newer than the versions it knows.
+#[test]
+fn a_table_from_a_newer_build_is_refused() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        drop(schema.open(ClaimStrategy::SkipLocked).await?);
+        let mut conn = sqlx::PgConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
+        sqlx::query(&format!(
+            "INSERT INTO \"{}\".switchyard_migrations (target, version) VALUES ('switchyard_jobs', 99)",
+            schema.name
+        ))
+        .execute(&mut conn)
+        .await
+        .map_err(err)?;
+        let refused = schema
+            .open(ClaimStrategy::SkipLocked)
+            .await
+            .expect_err("a newer schema is refused");
+        let message = refused.to_string();
+        assert!(
+            message.contains("schema version 99") || message.contains("version 99"),
+            "{message}"
+        );
+        assert!(message.contains("upgrade"), "{message}");
         Ok(())
     });
 }
