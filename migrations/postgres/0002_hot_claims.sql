@@ -38,6 +38,17 @@ ALTER TABLE "switchyard_jobs" RENAME COLUMN reserved_at TO claimed_at;
 -- reused as soon as they are acknowledged.
 ALTER TABLE "switchyard_jobs" SET (fillfactor = 40);
 
+-- Ids and queue names are compared byte for byte: under a linguistic collation (a
+-- database created with en_US.UTF-8, say) every comparison in the id and claim indexes
+-- would call the locale's strcoll. Both are identifiers, so byte order is also the
+-- right order. The indexes on them are rebuilt.
+ALTER TABLE "switchyard_jobs"
+    ALTER COLUMN id TYPE text COLLATE "C",
+    ALTER COLUMN queue TYPE text COLLATE "C";
+ALTER TABLE "switchyard_jobs_dead"
+    ALTER COLUMN id TYPE text COLLATE "C",
+    ALTER COLUMN queue TYPE text COLLATE "C";
+
 -- Claim order is now the due time, which a claim never changes (a lease runs in
 -- lease_until): a message whose lease lapsed is taken again from its place in line.
 DROP INDEX IF EXISTS "switchyard_jobs_claim";
