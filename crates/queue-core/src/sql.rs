@@ -152,6 +152,25 @@ impl<C> KeptConnections<C> {
 /// two overlapping claims and its ack flush.
 pub const KEPT_CONNECTIONS: usize = 3;
 
+/// Refuses a table whose newest applied schema version (`newest`, from the migration
+/// ledger) is beyond the `known` versions of this build: an older build misreads a newer
+/// schema, and could for example claim messages that newer workers hold.
+pub fn check_schema_version(table: &str, newest: Option<i64>, known: i64) -> Result<()> {
+    match newest {
+        Some(newest) if newest > known => Err(ConfigError::new(
+            "QUEUE_TABLE",
+            Some(table.to_owned()),
+            format!(
+                "a table at schema version {known} or older; this one is at version {newest}, \
+                 written by a newer switchyard: upgrade this build (an older one could claim \
+                 messages twice)"
+            ),
+        )
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 /// How long a promotion of due rows counts as fresh.
 const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 
@@ -510,6 +529,20 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schemas_newer_than_the_build_are_refused() {
+        assert!(check_schema_version("jobs", None, 2).is_ok());
+        assert!(check_schema_version("jobs", Some(2), 2).is_ok());
+        let err = check_schema_version("jobs", Some(3), 2)
+            .expect_err("a newer schema is refused")
+            .to_string();
+        assert!(
+            err.contains("QUEUE_TABLE") && err.contains("version 3"),
+            "{err}"
+        );
+        assert!(err.contains("upgrade"), "{err}");
+    }
 
     #[test]
     fn kept_connections_leave_most_of_a_small_pool_free_and_none_after_close() {

@@ -1,3 +1,4 @@
+use queue_core::sql::check_schema_version;
 use queue_core::Result;
 use sqlx::{Executor, MySqlPool};
 
@@ -91,7 +92,15 @@ pub(crate) async fn migrate(pool: &MySqlPool, schema: Option<&str>, table: &str)
             .backend()?;
             tracing::info!(schema, table, version, "applied mysql migration");
         }
-        Ok(())
+        let newest: Option<i32> = sqlx::query_scalar(&format!(
+            "SELECT MAX(version) FROM {ledger} WHERE target = ?"
+        ))
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await
+        .backend()?;
+        let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+        check_schema_version(table, newest.map(i64::from), i64::from(known))
     }
     .await;
     let _ = sqlx::query("SELECT RELEASE_LOCK('switchyard migrations')")

@@ -229,3 +229,31 @@ fn the_longest_table_name_migrates() {
         Ok(())
     });
 }
+
+/// A build refuses a table whose schema is newer than the versions it knows.
+#[test]
+fn a_table_from_a_newer_build_is_refused() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        sqlx::query(&format!(
+            "INSERT INTO `{}`.switchyard_migrations (target, version, applied_at) \
+             VALUES ('switchyard_jobs', 99, 0)",
+            db.name
+        ))
+        .execute(t.pool())
+        .await
+        .map_err(err)?;
+        t.close().await;
+        let refused = db
+            .open(ClaimStrategy::SkipLocked)
+            .await
+            .expect_err("a newer schema is refused")
+            .to_string();
+        assert!(
+            refused.contains("version 99") && refused.contains("upgrade"),
+            "{refused}"
+        );
+        Ok(())
+    });
+}

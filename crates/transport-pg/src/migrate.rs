@@ -1,4 +1,5 @@
-use queue_core::{ConfigError, Result};
+use queue_core::sql::check_schema_version;
+use queue_core::Result;
 use sqlx::{Executor, PgPool};
 
 use crate::error::SqlxResultExt;
@@ -74,8 +75,6 @@ pub(crate) async fn migrate(pool: &PgPool, schema: Option<&str>, table: &str) ->
         .backend()?;
         tracing::info!(schema, table, version, "applied postgres migration");
     }
-    // A build older than the table's schema would misread it (version 2's leases are
-    // invisible to version 1 and its messages could be claimed twice).
     let newest: Option<i32> = sqlx::query_scalar(&format!(
         "SELECT max(version) FROM {ledger} WHERE target = $1"
     ))
@@ -84,18 +83,7 @@ pub(crate) async fn migrate(pool: &PgPool, schema: Option<&str>, table: &str) ->
     .await
     .backend()?;
     let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
-    if let Some(newest) = newest.filter(|v| *v > known) {
-        return Err(ConfigError::new(
-            "QUEUE_TABLE",
-            Some(table.to_owned()),
-            format!(
-                "a table at schema version {known} or older; this one is at version {newest}, \
-                 written by a newer switchyard: upgrade this build (an older one could claim \
-                 messages twice)"
-            ),
-        )
-        .into());
-    }
+    check_schema_version(table, newest.map(i64::from), i64::from(known))?;
     tx.commit().await.backend()
 }
 

@@ -1,3 +1,4 @@
+use queue_core::sql::check_schema_version;
 use queue_core::Result;
 use sqlx::{Executor, SqlitePool};
 
@@ -47,5 +48,12 @@ pub(crate) async fn migrate(pool: &SqlitePool, table: &str) -> Result<()> {
         tx.commit().await.backend()?;
         tracing::info!(table, version, "applied sqlite migration");
     }
-    Ok(())
+    let newest: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM switchyard_migrations WHERE target = ?1")
+            .bind(table)
+            .fetch_one(pool)
+            .await
+            .backend()?;
+    let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+    check_schema_version(table, newest, known)
 }

@@ -124,3 +124,25 @@ async fn row_numbers_are_never_reused_and_keywords_work_as_table_names() {
         "a deleted row's number was reused"
     );
 }
+
+/// A build refuses a table whose schema is newer than the versions it knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_a_newer_build_is_refused() {
+    let (dir, t, mut raw) = open().await;
+    drop(t);
+    sqlx::query(
+        "INSERT INTO switchyard_migrations (target, version, applied_at) VALUES ('switchyard_jobs', 99, 0)",
+    )
+    .execute(&mut raw)
+    .await
+    .expect("record a newer version");
+    let url = format!("sqlite://{}", dir.path().join("q.db").display());
+    let refused = SqliteTransport::connect(SqliteOptions::new(url))
+        .await
+        .expect_err("a newer schema is refused")
+        .to_string();
+    assert!(
+        refused.contains("version 99") && refused.contains("upgrade"),
+        "{refused}"
+    );
+}
