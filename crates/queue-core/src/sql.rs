@@ -128,6 +128,17 @@ impl<C> KeptConnections<C> {
         conn
     }
 
+    /// A kept connection, or else one from `acquire` (the pool's, awaited only then).
+    pub async fn take_or<E>(
+        &self,
+        acquire: impl std::future::Future<Output = std::result::Result<C, E>>,
+    ) -> std::result::Result<C, E> {
+        match self.take() {
+            Some(conn) => Ok(conn),
+            None => acquire.await,
+        }
+    }
+
     /// Keeps a connection whose statement succeeded; beyond the limit, or once the
     /// transport is closing, it is dropped (back to the pool).
     pub fn keep(&self, conn: C) {

@@ -263,14 +263,6 @@ impl MySqlTransport {
         Ok(())
     }
 
-    /// A connection for a claim, an ack or a publish (see [`KeptConnections`]).
-    async fn hot(&self) -> std::result::Result<PoolConnection<MySql>, sqlx::Error> {
-        match self.kept.take() {
-            Some(conn) => Ok(conn),
-            None => self.pool.acquire().await,
-        }
-    }
-
     /// Runs `op` again while it loses a deadlock or a lock wait (errors 1213, 1205), with
     /// a bounded, jittered backoff; each retry is counted and logged.
     async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
@@ -377,7 +369,7 @@ impl MySqlTransport {
 
     async fn promote_due(&self) -> Result<u64> {
         self.pacer.mark();
-        let mut conn = self.hot().await.backend()?;
+        let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
         let any: i64 = sqlx::query_scalar(&self.sql.any_due)
             .fetch_one(&mut *conn)
             .await
@@ -429,7 +421,7 @@ impl MySqlTransport {
         start: StartMode,
         lease: i64,
     ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
-        let mut conn = self.hot().await?;
+        let mut conn = self.kept.take_or(self.pool.acquire()).await?;
         let mut tx = conn.begin().await?;
         let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.claim_lock)
             .bind(queue.as_str())
@@ -679,7 +671,7 @@ impl MySqlTransport {
             .collect();
         let touched = self
             .retrying(what, || async {
-                let mut conn = self.hot().await?;
+                let mut conn = self.kept.take_or(self.pool.acquire()).await?;
                 let mut tx = conn.begin().await?;
                 let lock = with_list(&self.sql.lock_by_ids, ids.len());
                 let mut q = sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>)>(&lock);
@@ -806,7 +798,7 @@ impl Transport for MySqlTransport {
         let rows = self.encode(envelopes)?;
         self.retrying("publish", || async {
             if rows.len() <= PUBLISH_CHUNK {
-                let mut conn = self.hot().await?;
+                let mut conn = self.kept.take_or(self.pool.acquire()).await?;
                 self.insert(&mut conn, &rows).await?;
                 self.kept.keep(conn);
                 Ok(())

@@ -381,7 +381,7 @@ impl PgTransport {
         // These statements have no parameters, so PostgreSQL would plan them once per
         // connection and keep that plan: made on a new, empty table it is a sequential
         // scan for ever. Unnamed statements are planned afresh (and cheaply) each time.
-        let mut conn = self.hot().await?;
+        let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
         let any: bool = sqlx::query_scalar(&self.sql.any_due)
             .persistent(false)
             .fetch_one(&mut *conn)
@@ -409,7 +409,7 @@ impl PgTransport {
         let lease = micros(self.options.visibility_timeout);
         match self.options.claim {
             ClaimStrategy::SkipLocked => {
-                let mut conn = self.hot().await?;
+                let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
                 let rows = sqlx::query(&self.sql.claim_skip_locked)
                     .bind(token.0)
                     .bind(lease)
@@ -604,19 +604,11 @@ impl PgTransport {
         }
         // Matched on (id, token): a batch may hold a stale copy of a message beside the
         // current one.
-        let mut conn = self.hot().await?;
+        let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
         let touched: Vec<(String, Uuid)> = query.fetch_all(&mut *conn).await.backend()?;
         self.kept.keep(conn);
         let touched: HashSet<(String, Uuid)> = touched.into_iter().collect();
         Ok(pair_report(reservations, &touched))
-    }
-
-    /// A connection for a claim, an ack or a publish (see [`KeptConnections`]).
-    async fn hot(&self) -> Result<PoolConnection<Postgres>> {
-        match self.kept.take() {
-            Some(conn) => Ok(conn),
-            None => self.pool.acquire().await.backend(),
-        }
     }
 
     /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
@@ -689,7 +681,7 @@ impl Transport for PgTransport {
         let chunks = self.encode(envelopes)?;
         if let [chunk] = chunks.as_slice() {
             // One statement is atomic on its own: no explicit transaction needed.
-            let mut conn = self.hot().await?;
+            let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
             self.insert(&mut conn, chunk).await?;
             self.kept.keep(conn);
         } else {
