@@ -29,7 +29,6 @@ const CLAIM_RETURNING: &str = "RETURNING j.seq, j.id, j.priority, j.attempts, \
 
 /// Not held under a lease (never leased, given back, or the lease ran out).
 const FREE: &str = "(lease_until IS NULL OR lease_until <= now())";
-const FREE_J: &str = "(j.lease_until IS NULL OR j.lease_until <= now())";
 
 /// The claim's filter and order: the claim index `(queue, priority DESC, available_at,
 /// seq) WHERE ready`, walked in order and cut at the limit. Rows claimed briefly stay in
@@ -101,13 +100,13 @@ pub(crate) const CLAIM_OPTIMISTIC: &str = "
 WITH c AS (
     SELECT j.seq FROM UNNEST($6::bigint[]) AS u(seq)
       JOIN \"switchyard_jobs\" j ON j.seq = u.seq
-     WHERE j.queue = $3 AND j.ready AND {FREE_J} AND (j.expires_at IS NULL OR j.expires_at > now())
+     WHERE j.queue = $3 AND j.ready AND {FREE} AND (j.expires_at IS NULL OR j.expires_at > now())
      ORDER BY j.priority DESC, j.available_at, j.seq
      LIMIT $4)
 UPDATE \"switchyard_jobs\" j
    SET {CLAIM_SET}
   FROM c
- WHERE j.seq = c.seq AND j.ready AND {FREE_J}
+ WHERE j.seq = c.seq AND j.ready AND {FREE}
 {RETURNING}";
 
 /// Publishes a batch given as parallel arrays, in their order. An id already stored, live
@@ -306,7 +305,6 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         .replace("{STARTED}", STARTED)
         .replace("{CLAIMABLE}", CLAIMABLE)
         .replace("{FREE}", FREE)
-        .replace("{FREE_J}", FREE_J)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{ON_CONFLICT_REPLACE}", ON_CONFLICT_REPLACE)
         .replace("{US}", US)
