@@ -328,6 +328,12 @@ async fn claim_rows(
     Ok(rows)
 }
 
+/// The row a SQL transport's reservation came from: its receipt's tag is the row's
+/// `seq` ([`reserve_rows`] sets it); -1, which matches no row, if it is out of range.
+pub fn row_seq(reservation: &Reservation) -> i64 {
+    i64::try_from(reservation.receipt.tag()).unwrap_or(-1)
+}
+
 /// Splits a batch into the reservations a statement touched (by id and token) and those
 /// whose lease was lost.
 pub fn pair_report(reservations: &[Reservation], touched: &HashSet<(String, Uuid)>) -> AckReport {

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections, PromotePacer,
-    RowClaims, StartMode, StoreSettings, Wakers,
+    row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
+    PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -872,7 +872,7 @@ impl Transport for MySqlTransport {
         reason: &str,
         error: Option<&str>,
     ) -> Result<()> {
-        let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
+        let seq = row_seq(reservation);
         let moved = self
             .move_to_dead(seq, reservation.token(), reason, error)
             .await?;

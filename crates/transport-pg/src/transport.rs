@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections, PromotePacer,
-    RowClaims, StartMode, StoreSettings, Wakers,
+    row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
+    PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
@@ -592,17 +592,13 @@ impl PgTransport {
         if reservations.is_empty() {
             return Ok(AckReport::default());
         }
-        // A receipt's tag is its row's seq.
-        let seqs: Vec<i64> = reservations
-            .iter()
-            .map(|r| i64::try_from(r.receipt.tag()).unwrap_or(-1))
-            .collect();
+        let seqs: Vec<i64> = reservations.iter().map(row_seq).collect();
         let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
         let mut query = sqlx::query_as(sql).bind(&seqs).bind(&tokens);
         if let Some(lease) = lease {
             query = query.bind(lease);
         }
-        // Matched on (id, token): a batch may hold a stale copy of a message beside the
+        // Matched on (seq, token): a batch may hold a stale copy of a message beside the
         // current one.
         let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
         let touched: Vec<(String, Uuid)> = query.fetch_all(&mut *conn).await.backend()?;
@@ -753,7 +749,7 @@ impl Transport for PgTransport {
         error: Option<&str>,
     ) -> Result<()> {
         // The receipt's tag is the row's seq; a replayed message gets a new row.
-        let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
+        let seq = row_seq(reservation);
         let moved = self
             .move_to_dead(seq, reservation.token(), reason, error)
             .await?;

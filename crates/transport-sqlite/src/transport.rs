@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode, Wakers,
+    row_seq, sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
+    Wakers,
 };
 use queue_core::{
     reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
@@ -192,7 +193,7 @@ impl SqliteTransport {
         if let Some(second) = second {
             query = query.bind(second);
         }
-        // Matched on (id, token): a batch may hold a stale copy of a message beside the
+        // Matched on (seq, token): a batch may hold a stale copy of a message beside the
         // current one.
         let touched: Vec<(String, String)> = query.fetch_all(&self.writer).await.backend()?;
         // A token this transport wrote always parses; anything else matches nothing.
@@ -577,7 +578,7 @@ impl Transport for SqliteTransport {
         error: Option<&str>,
     ) -> Result<()> {
         // The receipt's tag is the row's seq; a replayed message gets a new row.
-        let seq = i64::try_from(reservation.receipt.tag()).unwrap_or(-1);
+        let seq = row_seq(reservation);
         let moved = self
             .move_to_dead(seq, reservation.token(), reason, error)
             .await?;
