@@ -33,6 +33,11 @@ pub(crate) fn is_conflict(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "40P01" || c == "40001"))
 }
 
+/// Whether the error is a unique violation (SQLSTATE 23505).
+pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "23505"))
+}
+
 /// Shorthand for mapping sqlx results.
 pub(crate) trait SqlxResultExt<T> {
     fn backend(self) -> Result<T, Error>;

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
-use crate::error::{is_conflict, SqlxResultExt, TRANSPORT};
+use crate::error::{is_conflict, is_unique_violation, SqlxResultExt, TRANSPORT};
 use crate::listener;
 use crate::migrate::{migrate, uninstall};
 use crate::options::PgOptions;
@@ -319,7 +319,19 @@ impl PgTransport {
     }
 
     async fn insert(&self, conn: &mut PgConnection, rows: &PublishArrays) -> Result<()> {
-        sqlx::query(&self.sql.publish)
+        self.insert_with(&self.sql.publish, conn, rows)
+            .await
+            .backend()
+    }
+
+    /// Runs `sql`, one of the publish statements, on `rows`.
+    async fn insert_with(
+        &self,
+        sql: &str,
+        conn: &mut PgConnection,
+        rows: &PublishArrays,
+    ) -> std::result::Result<(), sqlx::Error> {
+        sqlx::query(sql)
             .bind(&rows.ids)
             .bind(&rows.queues)
             .bind(&rows.kinds)
@@ -332,8 +344,28 @@ impl PgTransport {
             .bind(&self.channel)
             .bind(self.options.notify)
             .execute(conn)
-            .await
-            .backend()?;
+            .await?;
+        Ok(())
+    }
+
+    /// Stores the chunks atomically with `sql`.
+    async fn store(
+        &self,
+        sql: &str,
+        chunks: &[PublishArrays],
+    ) -> std::result::Result<(), sqlx::Error> {
+        if let [chunk] = chunks {
+            // One statement is atomic on its own: no explicit transaction needed.
+            let mut conn = self.kept.take_or(self.pool.acquire()).await?;
+            self.insert_with(sql, &mut conn, chunk).await?;
+            self.kept.keep(conn);
+        } else {
+            let mut tx = self.pool.begin().await?;
+            for chunk in chunks {
+                self.insert_with(sql, &mut tx, chunk).await?;
+            }
+            tx.commit().await?;
+        }
         Ok(())
     }
 
@@ -675,17 +707,13 @@ impl Transport for PgTransport {
             return Ok(());
         }
         let chunks = self.encode(envelopes)?;
-        if let [chunk] = chunks.as_slice() {
-            // One statement is atomic on its own: no explicit transaction needed.
-            let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
-            self.insert(&mut conn, chunk).await?;
-            self.kept.keep(conn);
-        } else {
-            let mut tx = self.pool.begin().await.backend()?;
-            for chunk in &chunks {
-                self.insert(&mut tx, chunk).await?;
+        match self.store(&self.sql.publish_fresh, &chunks).await {
+            // An id was stored already (or twice in this batch): nothing of the failed
+            // statement was kept, so store it again, skipping what is stored.
+            Err(err) if is_unique_violation(&err) => {
+                self.store(&self.sql.publish, &chunks).await.backend()?;
             }
-            tx.commit().await.backend()?;
+            stored => stored.backend()?,
         }
         // Workers of this transport need not wait for the round trip of the NOTIFY.
         self.wakers.wake_each(

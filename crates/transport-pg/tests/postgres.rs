@@ -120,6 +120,48 @@ fn publish_in_the_callers_transaction_exists_only_after_commit() {
     });
 }
 
+/// Publishes are plain inserts until an id is already stored; then the batch is stored
+/// again, skipping stored ids, with nothing lost from any of its statements. Inside the
+/// caller's transaction a stored id must not abort the caller's work either.
+#[test]
+fn stored_ids_are_skipped_and_the_rest_of_the_batch_kept() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let stored = job(&q, 0);
+        t.publish(stored.clone()).await?;
+
+        // Three statements in one transaction; the stored id is in the last, and an id
+        // of the first comes again in the second.
+        let mut batch: Vec<Envelope> = (1..=2_400).map(|n| job(&q, n)).collect();
+        batch.insert(1_500, batch[10].clone());
+        batch.push(stored.clone());
+        t.publish_batch(batch).await?;
+
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        t.publish_tx(&mut tx, stored.clone()).await?;
+        let outboxed = job(&q, 2_401);
+        t.publish_tx(&mut tx, outboxed.clone()).await?;
+        tx.commit().await.map_err(err)?;
+
+        let mut ids = std::collections::HashSet::new();
+        loop {
+            let got = t.reserve_batch(&q, 500).await?;
+            if got.is_empty() {
+                break;
+            }
+            for r in &got {
+                assert!(ids.insert(r.id()), "{} stored twice", r.id());
+            }
+            t.ack_batch(&got).await?;
+        }
+        assert_eq!(ids.len(), 2_402, "every distinct id once");
+        assert!(ids.contains(&stored.id) && ids.contains(&outboxed.id));
+        Ok(())
+    });
+}
+
 #[test]
 fn a_commit_wakes_idle_workers_of_other_transports() {
     with_server(|| async {
