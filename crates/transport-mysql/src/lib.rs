@@ -6,6 +6,7 @@
 //! Not meant for direct use: enable the `mysql` feature of the `switchyard` crate, which
 //! re-exports [`MySqlTransport`] and [`MySqlOptions`].
 
+mod cursor;
 mod error;
 mod migrate;
 mod options;

@@ -23,6 +23,7 @@ use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Row};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::cursor::ClaimCursors;
 use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{migrate, uninstall};
 use crate::options::MySqlOptions;
@@ -90,6 +91,8 @@ pub struct MySqlTransport {
     lock_retries: AtomicU64,
     /// Connections kept out of the pool for the hot path.
     kept: KeptConnections<PoolConnection<MySql>>,
+    /// Where each queue's last full skip-locked claim ended.
+    cursors: ClaimCursors,
 }
 
 impl fmt::Debug for MySqlTransport {
@@ -205,6 +208,7 @@ impl MySqlTransport {
             wakers: Wakers::default(),
             lock_retries: AtomicU64::new(0),
             kept,
+            cursors: ClaimCursors::default(),
         })
     }
 
@@ -344,7 +348,6 @@ impl MySqlTransport {
                 .bind(i64::from(env.attempts))
                 .bind(i8::from(due == 0))
                 .bind(due)
-                .bind(due)
                 .bind(expires)
                 .bind(env.last_error.as_deref())
                 .bind(json.as_str());
@@ -378,13 +381,19 @@ impl MySqlTransport {
         if any == 0 {
             return Ok(0);
         }
-        self.retrying("promote", || async {
-            Ok(sqlx::query(&self.sql.promote_due)
-                .execute(&self.pool)
-                .await?
-                .rows_affected())
-        })
-        .await
+        let promoted = self
+            .retrying("promote", || async {
+                Ok(sqlx::query(&self.sql.promote_due)
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            })
+            .await?;
+        if promoted > 0 {
+            // Promoted rows keep their due times, which may lie before a cursor.
+            self.cursors.clear();
+        }
+        Ok(promoted)
     }
 
     async fn claim_ready(
@@ -421,18 +430,35 @@ impl MySqlTransport {
         start: StartMode,
         lease: i64,
     ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
+        // IN lists of up to 4,096 values stay far below MySQL's 65,535 placeholders; a
+        // larger reserve comes back short, as the contract allows.
+        let max = max.min(MAX_LIST);
         let mut conn = self.kept.take_or(self.pool.acquire()).await?;
         let mut tx = conn.begin().await?;
-        let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.claim_lock)
-            .bind(queue.as_str())
-            // IN lists of up to 4,096 values stay far below MySQL's 65,535
-            // placeholders; a larger reserve comes back short, as the contract allows.
-            .bind(limit(max.min(MAX_LIST)))
-            .fetch_all(&mut *tx)
-            .await?;
+        let mut locked: Vec<(i64, i32, i64)> = Vec::new();
+        if let Some(c) = self.cursors.get(queue.as_str()) {
+            locked = sqlx::query_as(&self.sql.claim_lock_after)
+                .bind(queue.as_str())
+                .bind(c.prio_rank)
+                .bind(c.visible_at)
+                .bind(c.visible_at)
+                .bind(c.seq)
+                .bind(limit(max))
+                .fetch_all(&mut *tx)
+                .await?;
+        }
+        if locked.is_empty() {
+            locked = sqlx::query_as(&self.sql.claim_lock)
+                .bind(queue.as_str())
+                .bind(limit(max))
+                .fetch_all(&mut *tx)
+                .await?;
+        }
+        let seqs: Vec<i64> = locked.iter().map(|(seq, _, _)| *seq).collect();
         if seqs.is_empty() {
             tx.commit().await?;
             self.kept.keep(conn);
+            self.cursors.after_claim(queue.as_str(), &locked, max);
             return Ok(Vec::new());
         }
         let update = with_list(&self.sql.claim_locked, seqs.len());
@@ -448,6 +474,9 @@ impl MySqlTransport {
         let rows = self.read_claimed(&mut tx, token, &seqs).await?;
         tx.commit().await?;
         self.kept.keep(conn);
+        // Only a committed claim moves the cursor: rows of a claim rolled back stay
+        // ahead of it.
+        self.cursors.after_claim(queue.as_str(), &locked, max);
         Ok(rows)
     }
 

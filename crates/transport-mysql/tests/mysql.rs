@@ -212,6 +212,51 @@ fn thirty_two_reservers_and_four_publishers_lose_and_double_nothing() {
     });
 }
 
+/// While a queue has a backlog, a claim starts where the last one ended (past the
+/// delete-marked index entries at the head); a message that became ready before that
+/// position, here a higher priority published by another process, is still claimed
+/// first once the cursor has expired (100 ms), and nothing is stranded behind it.
+#[test]
+fn a_message_behind_the_claim_cursor_is_claimed_after_it_expires() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let worker = db.open(ClaimStrategy::SkipLocked).await?;
+        let other = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        worker
+            .publish_batch((0..300).map(|n| job(&q, n)).collect())
+            .await?;
+        let mut claimed = std::collections::HashSet::new();
+        let first = worker.reserve_batch(&q, 100).await?;
+        assert_eq!(first.len(), 100, "a full claim");
+        claimed.extend(first.iter().map(|r| r.id()));
+
+        let high = Envelope::builder(q.as_str(), "high")
+            .priority(5)
+            .build()?;
+        other.publish(high.clone()).await?;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let next = worker.reserve_batch(&q, 1).await?;
+        assert_eq!(
+            next.first().map(|r| r.id()),
+            Some(high.id),
+            "the higher priority first once the cursor expired"
+        );
+        claimed.extend(next.iter().map(|r| r.id()));
+        loop {
+            let got = worker.reserve_batch(&q, 100).await?;
+            if got.is_empty() {
+                break;
+            }
+            for r in &got {
+                assert!(claimed.insert(r.id()), "{} claimed twice", r.id());
+            }
+        }
+        assert_eq!(claimed.len(), 301, "every message claimed once");
+        Ok(())
+    });
+}
+
 /// The longest table name the configuration accepts (57 characters) migrates: index
 /// names are scoped to their table and never grow with it.
 #[test]
