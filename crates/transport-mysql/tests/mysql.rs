@@ -231,9 +231,7 @@ fn a_message_behind_the_claim_cursor_is_claimed_after_it_expires() {
         assert_eq!(first.len(), 100, "a full claim");
         claimed.extend(first.iter().map(|r| r.id()));
 
-        let high = Envelope::builder(q.as_str(), "high")
-            .priority(5)
-            .build()?;
+        let high = Envelope::builder(q.as_str(), "high").priority(5).build()?;
         other.publish(high.clone()).await?;
         tokio::time::sleep(Duration::from_millis(150)).await;
         let next = worker.reserve_batch(&q, 1).await?;

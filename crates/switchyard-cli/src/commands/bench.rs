@@ -13,6 +13,7 @@ use switchyard::{
 };
 use uuid::Uuid;
 
+use super::baseline::{self, Baseline};
 use crate::cli::BenchArgs;
 
 /// Messages per batched publish.
@@ -79,6 +80,46 @@ struct Report {
     /// Medians over the runs, per number of reservers (optimistic claims on PostgreSQL).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     contention: Vec<Contention>,
+    /// Bare SQL on the same server, measured once in each run (PostgreSQL, MySQL):
+    /// medians, and the medians of each run's ratios of the queue to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    baseline: Option<BaselineReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct BaselineReport {
+    #[serde(flatten)]
+    median: Baseline,
+    enqueue_single_ratio: f64,
+    enqueue_batch_ratio: f64,
+    drain_ratio: f64,
+}
+
+/// Medians of the baseline runs and of each run's ratios (`samples[i]` ran beside
+/// `bare[i]`).
+fn baseline_report(samples: &[Sample], bare: &[Baseline]) -> Option<BaselineReport> {
+    if bare.is_empty() || bare.len() != samples.len() {
+        return None;
+    }
+    let ratio = |q: fn(&Sample) -> f64, b: fn(&Baseline) -> f64| {
+        median(
+            samples
+                .iter()
+                .zip(bare)
+                .map(|(s, x)| q(s) / b(x).max(f64::MIN_POSITIVE))
+                .collect(),
+        )
+    };
+    Some(BaselineReport {
+        median: Baseline {
+            insert_single_per_s: median(bare.iter().map(|b| b.insert_single_per_s).collect()),
+            insert_batch_per_s: median(bare.iter().map(|b| b.insert_batch_per_s).collect()),
+            drain_per_s: median(bare.iter().map(|b| b.drain_per_s).collect()),
+        },
+        enqueue_single_ratio: ratio(|s| s.enqueue_single_per_s, |b| b.insert_single_per_s),
+        enqueue_batch_ratio: ratio(|s| s.enqueue_batch_per_s, |b| b.insert_batch_per_s),
+        drain_ratio: ratio(|s| s.drain_per_s, |b| b.drain_per_s),
+    })
 }
 
 pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<()> {
@@ -93,6 +134,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         let mut backend = String::new();
         let mut wake = String::new();
         let mut claim_plan = None;
+        let mut bare = Vec::new();
         for run in 0..args.runs.max(1) {
             let target = Target::new(config, claim)?;
             let t = target.open(None).await?;
@@ -125,10 +167,23 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             };
             target.cleanup().await;
             measured?;
+            if args.baseline {
+                let payloads: Vec<String> = jobs(&queue("bare")?, args.messages)?
+                    .iter()
+                    .map(Envelope::to_json)
+                    .collect();
+                let single = single_count(args.messages);
+                if let Some(b) =
+                    baseline::measure(config, &payloads, single, args.concurrency).await?
+                {
+                    bare.push(b);
+                }
+            }
         }
         let mut report = summarise(backend, wake, claim, &args, samples);
         report.claim_plan = claim_plan;
         report.contention = median_contention(&args.reservers, &contention);
+        report.baseline = baseline_report(&report.samples, &bare);
         reports.push(report);
     }
     if json {
@@ -181,6 +236,22 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             println!(
                 "{} {}: {} reservers: {:.0} jobs/s, wasted-claim ratio {:.3}, {} deadlock retries",
                 r.backend, r.claim, c.reservers, c.jobs_per_s, c.wasted_claim_ratio, c.conflicts
+            );
+        }
+    }
+    for r in &reports {
+        if let Some(b) = &r.baseline {
+            println!(
+                "{} {}: bare SQL in the same runs: {:.0} / {:.0} / {:.0} jobs/s \
+                 (enqueue 1x1 / x100 / drain); the queue's ratios to it: {:.2} / {:.2} / {:.2}",
+                r.backend,
+                r.claim,
+                b.median.insert_single_per_s,
+                b.median.insert_batch_per_s,
+                b.median.drain_per_s,
+                b.enqueue_single_ratio,
+                b.enqueue_batch_ratio,
+                b.drain_ratio
             );
         }
     }
@@ -424,6 +495,11 @@ impl Target {
     }
 }
 
+/// Messages published one by one: a tenth of the batch, 100 to 2,000.
+fn single_count(messages: usize) -> usize {
+    (messages / 10).clamp(100, 2_000)
+}
+
 fn queue(label: &str) -> Result<QueueName> {
     Ok(QueueName::new(format!(
         "bench.{label}.{}",
@@ -447,7 +523,7 @@ async fn measure(
     args: &BenchArgs,
 ) -> Result<(Sample, Option<String>)> {
     // Enqueue one by one: one commit each.
-    let single_n = (args.messages / 10).clamp(100, 2_000);
+    let single_n = single_count(args.messages);
     let q = queue("single")?;
     let envs = jobs(&q, single_n)?;
     let started = Instant::now();
@@ -661,5 +737,6 @@ fn summarise(
         samples,
         claim_plan: None,
         contention: Vec::new(),
+        baseline: None,
     }
 }

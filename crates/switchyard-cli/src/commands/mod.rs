@@ -1,5 +1,6 @@
 //! One module per command.
 
+mod baseline;
 mod bench;
 mod dead;
 mod demo;

@@ -1,0 +1,354 @@
+//! The bench's baseline: bare SQL on the same server, in the same run, so that figures
+//! from noisy, shared machines can be read as ratios. No queue contract (no leases,
+//! tokens, attempts, dead letters or wake-ups): a minimal job table (`id`, `queue`,
+//! `payload`, `run_at`, `claimed_at`, one index for the claim order), the same envelope
+//! JSON as payload, inserts one by one and in batches of 100, and a drain at the bench's
+//! concurrency that claims 100 rows at a time with `FOR UPDATE SKIP LOCKED` (one commit)
+//! and then deletes them (another).
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::sync::Arc;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use std::time::Instant;
+
+use serde::Serialize;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use switchyard::Error;
+use switchyard::{Config, Result};
+
+/// Rows per batched insert and per claim, as in the bench.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const BATCH: usize = 100;
+
+/// Bare-SQL throughput on the bench's server.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Baseline {
+    pub(crate) insert_single_per_s: f64,
+    pub(crate) insert_batch_per_s: f64,
+    pub(crate) drain_per_s: f64,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn err(e: impl std::fmt::Display) -> Error {
+    Error::InvalidInput(format!("bench baseline: {e}"))
+}
+
+/// Measures the baseline on the configured server (PostgreSQL or MySQL/MariaDB; `None`
+/// elsewhere), in a table of its own that is dropped afterwards.
+pub(crate) async fn measure(
+    config: &Config,
+    payloads: &[String],
+    single: usize,
+    concurrency: usize,
+) -> Result<Option<Baseline>> {
+    let url = config.database_url.expose();
+    match config.database_url.scheme().as_str() {
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => pg::measure(url, &bare_table(), payloads, single, concurrency)
+            .await
+            .map(Some),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => my::measure(url, &bare_table(), payloads, single, concurrency)
+            .await
+            .map(Some),
+        _ => {
+            let _ = (url, payloads, single, concurrency);
+            Ok(None)
+        }
+    }
+}
+
+/// A fresh table name for one baseline.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn bare_table() -> String {
+    format!(
+        "bench_bare_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+/// Runs `concurrency` loops of `claim` until each comes back empty; jobs per second.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn drain<F, Fut>(concurrency: usize, total: usize, claim: F) -> Result<f64>
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<usize>> + Send,
+{
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (claim, done) = (claim.clone(), done.clone());
+            tokio::spawn(async move {
+                loop {
+                    let n = claim().await?;
+                    if n == 0 {
+                        return Ok::<(), Error>(());
+                    }
+                    done.fetch_add(n, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.map_err(err)??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let drained = done.load(Ordering::Relaxed);
+    if drained != total {
+        return Err(err(format!("drained {drained} rows of {total}")));
+    }
+    Ok(total as f64 / elapsed)
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use sqlx::postgres::PgPoolOptions;
+    use sqlx::PgPool;
+
+    pub(super) async fn measure(
+        url: &str,
+        table: &str,
+        payloads: &[String],
+        single: usize,
+        concurrency: usize,
+    ) -> Result<Baseline> {
+        let pool = PgPoolOptions::new()
+            .max_connections(u32::try_from(concurrency + 1).unwrap_or(u32::MAX))
+            .connect(url)
+            .await
+            .map_err(err)?;
+        let measured = run(&pool, table, payloads, single, concurrency).await;
+        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
+            .execute(&pool)
+            .await;
+        pool.close().await;
+        let measured = measured?;
+        dropped.map_err(err)?;
+        Ok(measured)
+    }
+
+    async fn run(
+        pool: &PgPool,
+        table: &str,
+        payloads: &[String],
+        single: usize,
+        concurrency: usize,
+    ) -> Result<Baseline> {
+        sqlx::query(&format!(
+            "CREATE TABLE \"{table}\" (id bigserial PRIMARY KEY, queue text NOT NULL, \
+             payload jsonb NOT NULL, run_at timestamptz NOT NULL DEFAULT now(), \
+             claimed_at timestamptz)"
+        ))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+        sqlx::query(&format!(
+            "CREATE INDEX \"{table}_claim\" ON \"{table}\" (queue, run_at, id)"
+        ))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+
+        let insert_one =
+            format!("INSERT INTO \"{table}\" (queue, payload) VALUES ('single', $1::jsonb)");
+        let started = Instant::now();
+        for p in payloads.iter().cycle().take(single) {
+            sqlx::query(&insert_one)
+                .bind(p)
+                .execute(pool)
+                .await
+                .map_err(err)?;
+        }
+        let insert_single_per_s = single as f64 / started.elapsed().as_secs_f64();
+
+        let insert_batch = format!(
+            "INSERT INTO \"{table}\" (queue, payload) SELECT 'drain', p::jsonb FROM UNNEST($1::text[]) AS p"
+        );
+        let started = Instant::now();
+        for chunk in payloads.chunks(BATCH) {
+            sqlx::query(&insert_batch)
+                .bind(chunk)
+                .execute(pool)
+                .await
+                .map_err(err)?;
+        }
+        let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
+
+        let claim = Arc::new(format!(
+            "UPDATE \"{table}\" SET claimed_at = now() WHERE id IN (SELECT id FROM \"{table}\" \
+             WHERE queue = 'drain' AND claimed_at IS NULL ORDER BY run_at, id \
+             LIMIT {BATCH} FOR UPDATE SKIP LOCKED) RETURNING id"
+        ));
+        let delete = Arc::new(format!("DELETE FROM \"{table}\" WHERE id = ANY($1)"));
+        let drain_per_s = drain(concurrency, payloads.len(), {
+            let pool = pool.clone();
+            move || {
+                let (pool, claim, delete) = (pool.clone(), claim.clone(), delete.clone());
+                async move {
+                    let ids: Vec<i64> = sqlx::query_scalar(&claim)
+                        .fetch_all(&pool)
+                        .await
+                        .map_err(err)?;
+                    if !ids.is_empty() {
+                        sqlx::query(&delete)
+                            .bind(&ids)
+                            .execute(&pool)
+                            .await
+                            .map_err(err)?;
+                    }
+                    Ok(ids.len())
+                }
+            }
+        })
+        .await?;
+        Ok(Baseline {
+            insert_single_per_s,
+            insert_batch_per_s,
+            drain_per_s,
+        })
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod my {
+    use super::*;
+    use sqlx::mysql::MySqlPoolOptions;
+    use sqlx::{Connection, MySqlPool};
+
+    pub(super) async fn measure(
+        url: &str,
+        table: &str,
+        payloads: &[String],
+        single: usize,
+        concurrency: usize,
+    ) -> Result<Baseline> {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(u32::try_from(concurrency + 1).unwrap_or(u32::MAX))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // As the transport's sessions: no gap locks between claims.
+                    sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(err)?;
+        let measured = run(&pool, table, payloads, single, concurrency).await;
+        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS `{table}`"))
+            .execute(&pool)
+            .await;
+        pool.close().await;
+        let measured = measured?;
+        dropped.map_err(err)?;
+        Ok(measured)
+    }
+
+    async fn run(
+        pool: &MySqlPool,
+        table: &str,
+        payloads: &[String],
+        single: usize,
+        concurrency: usize,
+    ) -> Result<Baseline> {
+        sqlx::query(&format!(
+            "CREATE TABLE `{table}` (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+             queue VARCHAR(191) NOT NULL, payload LONGTEXT NOT NULL, \
+             run_at DATETIME(6) NOT NULL DEFAULT NOW(6), claimed_at DATETIME(6) NULL, \
+             KEY claim_idx (queue, claimed_at, run_at, id)) \
+             ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
+        ))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+
+        let insert_one = format!("INSERT INTO `{table}` (queue, payload) VALUES ('single', ?)");
+        let started = Instant::now();
+        for p in payloads.iter().cycle().take(single) {
+            sqlx::query(&insert_one)
+                .bind(p)
+                .execute(pool)
+                .await
+                .map_err(err)?;
+        }
+        let insert_single_per_s = single as f64 / started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        for chunk in payloads.chunks(BATCH) {
+            let rows = vec!["('drain', ?)"; chunk.len()].join(", ");
+            let sql = format!("INSERT INTO `{table}` (queue, payload) VALUES {rows}");
+            let mut q = sqlx::query(&sql);
+            for p in chunk {
+                q = q.bind(p);
+            }
+            q.execute(pool).await.map_err(err)?;
+        }
+        let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
+
+        let lock = Arc::new(format!(
+            "SELECT id FROM `{table}` WHERE queue = 'drain' AND claimed_at IS NULL \
+             ORDER BY run_at, id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
+        ));
+        let table = Arc::new(table.to_owned());
+        let drain_per_s = drain(concurrency, payloads.len(), {
+            let pool = pool.clone();
+            move || {
+                let (pool, lock, table) = (pool.clone(), lock.clone(), table.clone());
+                async move {
+                    loop {
+                        match claim_and_delete(&pool, &lock, &table).await {
+                            // A lost deadlock rolled the claim back: run it again.
+                            Err(e)
+                                if e.as_database_error()
+                                    .and_then(|d| d.code())
+                                    .is_some_and(|c| c == "40001") => {}
+                            done => return done.map_err(err),
+                        }
+                    }
+                }
+            }
+        })
+        .await?;
+        Ok(Baseline {
+            insert_single_per_s,
+            insert_batch_per_s,
+            drain_per_s,
+        })
+    }
+
+    /// Claims up to 100 rows (one commit), then deletes them (another).
+    async fn claim_and_delete(
+        pool: &MySqlPool,
+        lock: &str,
+        table: &str,
+    ) -> std::result::Result<usize, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let ids: Vec<i64> = sqlx::query_scalar(lock).fetch_all(&mut *tx).await?;
+        if ids.is_empty() {
+            tx.commit().await?;
+            return Ok(0);
+        }
+        let list = vec!["?"; ids.len()].join(", ");
+        let claim = format!("UPDATE `{table}` SET claimed_at = NOW(6) WHERE id IN ({list})");
+        let mut q = sqlx::query(&claim);
+        for id in &ids {
+            q = q.bind(id);
+        }
+        q.execute(&mut *tx).await?;
+        tx.commit().await?;
+        let delete = format!("DELETE FROM `{table}` WHERE id IN ({list})");
+        let mut q = sqlx::query(&delete);
+        for id in &ids {
+            q = q.bind(id);
+        }
+        q.execute(&mut *conn).await?;
+        Ok(ids.len())
+    }
+}
