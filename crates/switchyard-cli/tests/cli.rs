@@ -228,3 +228,65 @@ fn reading_commands_never_create_a_database() {
     }
     assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
 }
+
+/// `bench --json` on a small run: every job checked off, and on a server the bare-SQL
+/// baseline of the same run beside the queue's figures.
+fn bench_reports_on(sb: &Sandbox, with_baseline: bool) {
+    let out = sb.run(&[
+        "bench",
+        "--json",
+        "--runs",
+        "1",
+        "--messages",
+        "300",
+        "--only-claim",
+        "skip-locked",
+        "--reservers",
+        "2",
+    ]);
+    assert!(out.status.success(), "bench failed: {}", text(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bench --json prints one JSON document");
+    let r = &report["results"][0];
+    assert_eq!(r["duplicates"], 0, "{r}");
+    assert_eq!(r["missing"], 0, "{r}");
+    assert!(r["drain_per_s"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    let baseline = &r["baseline"];
+    if with_baseline {
+        for field in [
+            "insert_single_per_s",
+            "insert_batch_per_s",
+            "drain_per_s",
+            "enqueue_batch_ratio",
+            "drain_ratio",
+        ] {
+            assert!(
+                baseline[field].as_f64().is_some_and(|v| v > 0.0),
+                "{field} in {baseline}"
+            );
+        }
+    } else {
+        assert!(baseline.is_null(), "{baseline}");
+    }
+}
+
+#[test]
+fn bench_reports_every_job_checked_off() {
+    bench_reports_on(&Sandbox::new(), false);
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn bench_reports_a_bare_sql_baseline_on_postgres() {
+    if let Some(sb) = Sandbox::postgres() {
+        bench_reports_on(&sb, true);
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn bench_reports_a_bare_sql_baseline_on_mariadb() {
+    if let Some(sb) = Sandbox::mysql() {
+        bench_reports_on(&sb, true);
+    }
+}

@@ -60,7 +60,7 @@ pub(crate) async fn measure(
     }
 }
 
-/// A fresh table name for one baseline.
+/// A fresh table name for one baseline (in the configured schema, a validated identifier).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn bare_table() -> String {
     format!(
@@ -122,7 +122,7 @@ mod pg {
             .await
             .map_err(err)?;
         let measured = run(&pool, table, payloads, single, concurrency).await;
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
+        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
             .execute(&pool)
             .await;
         pool.close().await;
@@ -139,22 +139,20 @@ mod pg {
         concurrency: usize,
     ) -> Result<Baseline> {
         sqlx::query(&format!(
-            "CREATE TABLE \"{table}\" (id bigserial PRIMARY KEY, queue text NOT NULL, \
+            "CREATE TABLE {table} (id bigserial PRIMARY KEY, queue text NOT NULL, \
              payload jsonb NOT NULL, run_at timestamptz NOT NULL DEFAULT now(), \
              claimed_at timestamptz)"
         ))
         .execute(pool)
         .await
         .map_err(err)?;
-        sqlx::query(&format!(
-            "CREATE INDEX \"{table}_claim\" ON \"{table}\" (queue, run_at, id)"
-        ))
-        .execute(pool)
-        .await
-        .map_err(err)?;
+        sqlx::query(&format!("CREATE INDEX ON {table} (queue, run_at, id)"))
+            .execute(pool)
+            .await
+            .map_err(err)?;
 
         let insert_one =
-            format!("INSERT INTO \"{table}\" (queue, payload) VALUES ('single', $1::jsonb)");
+            format!("INSERT INTO {table} (queue, payload) VALUES ('single', $1::jsonb)");
         let started = Instant::now();
         for p in payloads.iter().cycle().take(single) {
             sqlx::query(&insert_one)
@@ -166,7 +164,7 @@ mod pg {
         let insert_single_per_s = single as f64 / started.elapsed().as_secs_f64();
 
         let insert_batch = format!(
-            "INSERT INTO \"{table}\" (queue, payload) SELECT 'drain', p::jsonb FROM UNNEST($1::text[]) AS p"
+            "INSERT INTO {table} (queue, payload) SELECT 'drain', p::jsonb FROM UNNEST($1::text[]) AS p"
         );
         let started = Instant::now();
         for chunk in payloads.chunks(BATCH) {
@@ -179,11 +177,11 @@ mod pg {
         let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
 
         let claim = Arc::new(format!(
-            "UPDATE \"{table}\" SET claimed_at = now() WHERE id IN (SELECT id FROM \"{table}\" \
+            "UPDATE {table} SET claimed_at = now() WHERE id IN (SELECT id FROM {table} \
              WHERE queue = 'drain' AND claimed_at IS NULL ORDER BY run_at, id \
              LIMIT {BATCH} FOR UPDATE SKIP LOCKED) RETURNING id"
         ));
-        let delete = Arc::new(format!("DELETE FROM \"{table}\" WHERE id = ANY($1)"));
+        let delete = Arc::new(format!("DELETE FROM {table} WHERE id = ANY($1)"));
         let drain_per_s = drain(concurrency, payloads.len(), {
             let pool = pool.clone();
             move || {
@@ -241,7 +239,7 @@ mod my {
             .await
             .map_err(err)?;
         let measured = run(&pool, table, payloads, single, concurrency).await;
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS `{table}`"))
+        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
             .execute(&pool)
             .await;
         pool.close().await;
@@ -258,7 +256,7 @@ mod my {
         concurrency: usize,
     ) -> Result<Baseline> {
         sqlx::query(&format!(
-            "CREATE TABLE `{table}` (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+            "CREATE TABLE {table} (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
              queue VARCHAR(191) NOT NULL, payload LONGTEXT NOT NULL, \
              run_at DATETIME(6) NOT NULL DEFAULT NOW(6), claimed_at DATETIME(6) NULL, \
              KEY claim_idx (queue, claimed_at, run_at, id)) \
@@ -268,7 +266,7 @@ mod my {
         .await
         .map_err(err)?;
 
-        let insert_one = format!("INSERT INTO `{table}` (queue, payload) VALUES ('single', ?)");
+        let insert_one = format!("INSERT INTO {table} (queue, payload) VALUES ('single', ?)");
         let started = Instant::now();
         for p in payloads.iter().cycle().take(single) {
             sqlx::query(&insert_one)
@@ -282,7 +280,7 @@ mod my {
         let started = Instant::now();
         for chunk in payloads.chunks(BATCH) {
             let rows = vec!["('drain', ?)"; chunk.len()].join(", ");
-            let sql = format!("INSERT INTO `{table}` (queue, payload) VALUES {rows}");
+            let sql = format!("INSERT INTO {table} (queue, payload) VALUES {rows}");
             let mut q = sqlx::query(&sql);
             for p in chunk {
                 q = q.bind(p);
@@ -292,7 +290,7 @@ mod my {
         let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
 
         let lock = Arc::new(format!(
-            "SELECT id FROM `{table}` WHERE queue = 'drain' AND claimed_at IS NULL \
+            "SELECT id FROM {table} WHERE queue = 'drain' AND claimed_at IS NULL \
              ORDER BY run_at, id LIMIT {BATCH} FOR UPDATE SKIP LOCKED"
         ));
         let table = Arc::new(table.to_owned());
@@ -336,14 +334,14 @@ mod my {
             return Ok(0);
         }
         let list = vec!["?"; ids.len()].join(", ");
-        let claim = format!("UPDATE `{table}` SET claimed_at = NOW(6) WHERE id IN ({list})");
+        let claim = format!("UPDATE {table} SET claimed_at = NOW(6) WHERE id IN ({list})");
         let mut q = sqlx::query(&claim);
         for id in &ids {
             q = q.bind(id);
         }
         q.execute(&mut *tx).await?;
         tx.commit().await?;
-        let delete = format!("DELETE FROM `{table}` WHERE id IN ({list})");
+        let delete = format!("DELETE FROM {table} WHERE id IN ({list})");
         let mut q = sqlx::query(&delete);
         for id in &ids {
             q = q.bind(id);
