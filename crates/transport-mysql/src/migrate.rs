@@ -6,7 +6,13 @@ use crate::error::SqlxResultExt;
 use crate::sql::specialise;
 
 /// The schema versions, in order. Each is plain SQL for the default table name.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../../../migrations/mysql/0001_init.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../../../migrations/mysql/0001_init.sql")),
+    (
+        2,
+        include_str!("../../../migrations/mysql/0002_dead_tombstones.sql"),
+    ),
+];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside
 /// strings or comments), without comment-only chunks.

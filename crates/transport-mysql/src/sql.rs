@@ -73,23 +73,29 @@ pub(crate) const CLAIMED: &str = "SELECT seq, id, priority, attempts, available_
 pub(crate) const PUBLISH_ROW: &str =
     "(?, ?, ?, ?, ?, ?, ?, {NOW} + ?, available_at, {NOW} + ?, ?, {NOW}, ?)";
 
-/// A publish: the rows come as [`PUBLISH_ROW`]s in `{ROWS}`. An id already stored stores
-/// nothing new (the caller leaves out ids that are dead).
+/// A publish: the rows come as [`PUBLISH_ROW`]s in `{ROWS}`. An id already stored, live
+/// or dead (its tombstone), stores nothing new.
 pub(crate) const PUBLISH: &str = "INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
      expires_at, last_error, created_at, envelope)
 VALUES {ROWS}
 ON DUPLICATE KEY UPDATE seq = seq";
 
-/// Which of a batch's ids are dead.
-pub(crate) const DEAD_IDS: &str =
-    "SELECT CAST(id AS BINARY) FROM `switchyard_jobs_dead` WHERE id IN ({IN})";
-
 /// The rows of a batch, locked, to match them against their tokens.
 pub(crate) const LOCK_BY_IDS: &str =
     "SELECT seq, id, token FROM `switchyard_jobs` WHERE id IN ({IN}) FOR UPDATE";
 
 pub(crate) const DELETE_BY_SEQS: &str = "DELETE FROM `switchyard_jobs` WHERE seq IN ({IN})";
+
+/// What a row becomes once its message is in the dead table: a tombstone that keeps its
+/// id taken (ready = 2: no claim, promotion, expiry or count ever sees it).
+const TOMBSTONE: &str = "UPDATE `switchyard_jobs`
+   SET ready = 2, token = NULL, reserved_at = NULL, started = 0, expires_at = NULL,
+       last_error = NULL, envelope = '', visible_at = {NOW}";
+
+/// Leaves tombstones of expired rows that were copied to the dead table (same
+/// transaction).
+pub(crate) const BURY_BY_SEQS: &str = "{TOMBSTONE} WHERE seq IN ({IN})";
 
 /// Marks rows started and renews their leases.
 pub(crate) const START_BY_SEQS: &str = "UPDATE `switchyard_jobs`
@@ -124,8 +130,8 @@ SELECT id, queue, kind, priority, attempts + started, expires_at, ?, COALESCE(?,
        {NOW}, envelope
   FROM `switchyard_jobs` WHERE seq = ? AND token = ?";
 
-/// …then deletes it (same transaction).
-pub(crate) const DELETE_LEASED: &str = "DELETE FROM `switchyard_jobs` WHERE seq = ? AND token = ?";
+/// …then leaves its tombstone (same transaction).
+pub(crate) const BURY_LEASED: &str = "{TOMBSTONE} WHERE seq = ? AND token = ?";
 
 /// Whether any row has expired (one step down the expiry index).
 pub(crate) const ANY_EXPIRED: &str = "SELECT COALESCE((
@@ -149,7 +155,7 @@ pub(crate) const STATS_JOBS: &str = "SELECT CAST(queue AS BINARY),
        MIN(CASE WHEN visible_at <= ? AND (expires_at IS NULL OR expires_at > ?)
                 THEN available_at END)
   FROM `switchyard_jobs`
- WHERE ? IS NULL OR queue = ?
+ WHERE (? IS NULL OR queue = ?) AND ready < 2
  GROUP BY queue";
 
 pub(crate) const STATS_DEAD: &str = "SELECT CAST(queue AS BINARY), COUNT(*)
@@ -190,6 +196,12 @@ pub(crate) const DELETE_REPLAYED: &str = "DELETE d FROM `switchyard_jobs_dead` d
 
 pub(crate) const PURGE_DEAD: &str = "DELETE d FROM `switchyard_jobs_dead` d WHERE {DEAD_SELECTION}";
 
+/// Removes the tombstones of the selected dead letters, before a replay or a purge (same
+/// transaction): their ids may be published again.
+pub(crate) const UNBURY: &str = "DELETE j FROM `switchyard_jobs` j
+  JOIN `switchyard_jobs_dead` d ON d.id = j.id
+ WHERE j.ready = 2 AND {DEAD_SELECTION}";
+
 /// The statements specialised for one database and table.
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -204,7 +216,6 @@ pub(crate) struct Statements {
     pub(crate) claimed: String,
     pub(crate) publish_row: String,
     pub(crate) publish: String,
-    pub(crate) dead_ids: String,
     pub(crate) lock_by_ids: String,
     pub(crate) delete_by_seqs: String,
     pub(crate) start_by_seqs: String,
@@ -213,7 +224,9 @@ pub(crate) struct Statements {
     pub(crate) extend: String,
     pub(crate) lock_leased: String,
     pub(crate) copy_leased_to_dead: String,
-    pub(crate) delete_leased: String,
+    pub(crate) bury_leased: String,
+    pub(crate) bury_by_seqs: String,
+    pub(crate) unbury: String,
     pub(crate) any_expired: String,
     pub(crate) lock_expired: String,
     pub(crate) copy_expired: String,
@@ -236,6 +249,7 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         None => format!("`{table}"),
     };
     sql.replace("{CLAIM_SET}", CLAIM_SET)
+        .replace("{TOMBSTONE}", TOMBSTONE)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{NOW}", NOW)
         .replace("`switchyard_jobs", "\u{0}")
@@ -277,7 +291,6 @@ impl Statements {
             claimed: s(CLAIMED),
             publish_row: s(PUBLISH_ROW),
             publish: s(PUBLISH),
-            dead_ids: s(DEAD_IDS),
             lock_by_ids: s(LOCK_BY_IDS),
             delete_by_seqs: s(DELETE_BY_SEQS),
             start_by_seqs: s(START_BY_SEQS),
@@ -286,7 +299,9 @@ impl Statements {
             extend: s(EXTEND),
             lock_leased: s(LOCK_LEASED),
             copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
-            delete_leased: s(DELETE_LEASED),
+            bury_leased: s(BURY_LEASED),
+            bury_by_seqs: s(BURY_BY_SEQS),
+            unbury: s(UNBURY),
             any_expired: s(ANY_EXPIRED),
             lock_expired: s(LOCK_EXPIRED).replace("{SKIP}", skip),
             copy_expired: s(COPY_EXPIRED),

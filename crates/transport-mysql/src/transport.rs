@@ -309,26 +309,6 @@ impl MySqlTransport {
         conn: &mut MySqlConnection,
         rows: &[(Envelope, String)],
     ) -> std::result::Result<(), sqlx::Error> {
-        // An id that is dead stores nothing new either.
-        let ids: Vec<String> = rows.iter().map(|(env, _)| env.id.to_string()).collect();
-        let lookup = with_list(&self.sql.dead_ids, ids.len());
-        let mut q = sqlx::query_scalar::<_, Vec<u8>>(&lookup);
-        for id in padded(&ids) {
-            q = q.bind(id);
-        }
-        let dead: std::collections::HashSet<String> = q
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .map(lossy)
-            .collect();
-        let rows: Vec<&(Envelope, String)> = rows
-            .iter()
-            .filter(|(env, _)| !dead.contains(&env.id.to_string()))
-            .collect();
-        if rows.is_empty() {
-            return Ok(());
-        }
         let values = vec![self.sql.publish_row.as_str(); rows.len()].join(", ");
         let sql = self.sql.publish.replace("{ROWS}", &values);
         let local_now = Utc::now();
@@ -603,13 +583,13 @@ impl MySqlTransport {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            let deleted = sqlx::query(&self.sql.delete_leased)
+            let buried = sqlx::query(&self.sql.bury_leased)
                 .bind(seq)
                 .bind(&token)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
-            if deleted != 1 {
+            if buried != 1 {
                 tx.rollback().await?;
                 return Ok(false);
             }
@@ -643,8 +623,8 @@ impl MySqlTransport {
                     .await?;
                 if !seqs.is_empty() {
                     let copy = with_list(&self.sql.copy_expired, seqs.len());
-                    let delete = with_list(&self.sql.delete_by_seqs, seqs.len());
-                    for sql in [&copy, &delete] {
+                    let bury = with_list(&self.sql.bury_by_seqs, seqs.len());
+                    for sql in [&copy, &bury] {
                         let mut q = sqlx::query(sql);
                         for s in padded(&seqs) {
                             q = q.bind(s);
@@ -1030,6 +1010,15 @@ impl Transport for MySqlTransport {
         let moved = self
             .retrying("replay", || async {
                 let mut tx = self.pool.begin().await?;
+                sqlx::query(&self.sql.unbury)
+                    .bind(q)
+                    .bind(q)
+                    .bind(id.as_deref())
+                    .bind(id.as_deref())
+                    .bind(before)
+                    .bind(before)
+                    .execute(&mut *tx)
+                    .await?;
                 let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
                     .fetch_one(&mut *tx)
                     .await?;
@@ -1085,16 +1074,23 @@ impl Transport for MySqlTransport {
         let q = queue.map(QueueName::as_str);
         let purged = self
             .retrying("purge", || async {
-                Ok(sqlx::query(&self.sql.purge_dead)
-                    .bind(q)
-                    .bind(q)
-                    .bind(id.as_deref())
-                    .bind(id.as_deref())
-                    .bind(before)
-                    .bind(before)
-                    .execute(&self.pool)
-                    .await?
-                    .rows_affected())
+                let mut tx = self.pool.begin().await?;
+                let mut purged = 0;
+                for sql in [&self.sql.unbury, &self.sql.purge_dead] {
+                    purged = sqlx::query(sql)
+                        .bind(q)
+                        .bind(q)
+                        .bind(id.as_deref())
+                        .bind(id.as_deref())
+                        .bind(before)
+                        .bind(before)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                }
+                tx.commit().await?;
+                // The dead letters' count: the statement that ran last.
+                Ok(purged)
             })
             .await?;
         if purged == 0 {

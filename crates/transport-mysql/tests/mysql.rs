@@ -300,3 +300,57 @@ fn a_table_from_a_newer_build_is_refused() {
         Ok(())
     });
 }
+
+/// Upgrading a table of schema version 1, whose dead letters left no tombstones: the
+/// migration gives them tombstones, so their ids stay taken, and leaves alone an id that
+/// was published again under version 1 (it is live).
+#[test]
+fn a_version_one_table_gets_tombstones_for_its_dead_letters() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let (again, dead) = (job(&q, 1), job(&q, 2));
+        t.publish_batch(vec![again.clone(), dead.clone()]).await?;
+        for r in t.reserve_batch(&q, 10).await? {
+            t.dead_letter(&r, "failed", None).await?;
+        }
+        // Back to what version 1 left: dead letters without tombstones, one of them
+        // published again since.
+        for sql in [
+            format!("DELETE FROM `{}`.switchyard_jobs WHERE ready = 2", db.name),
+            format!(
+                "DELETE FROM `{}`.switchyard_migrations WHERE version = 2",
+                db.name
+            ),
+        ] {
+            sqlx::query(&sql).execute(t.pool()).await.map_err(err)?;
+        }
+        t.publish(again.clone()).await?;
+        t.close().await;
+
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        t.publish(dead.clone()).await?;
+        let live = t.reserve_batch(&q, 10).await?;
+        assert_eq!(
+            live.iter().map(|r| r.id()).collect::<Vec<_>>(),
+            vec![again.id],
+            "only the id published again under version 1 is live"
+        );
+        let tombstones: i64 = sqlx::query_scalar(&format!(
+            "SELECT COUNT(*) FROM `{}`.switchyard_jobs WHERE ready = 2",
+            db.name
+        ))
+        .fetch_one(t.pool())
+        .await
+        .map_err(err)?;
+        assert_eq!(tombstones, 1);
+        let s = t.stats(Some(&q)).await?;
+        assert_eq!(
+            (s[0].ready, s[0].delayed, s[0].reserved, s[0].dead),
+            (0, 0, 1, 2),
+            "{s:?}"
+        );
+        Ok(())
+    });
+}
