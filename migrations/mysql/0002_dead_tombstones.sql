@@ -9,9 +9,11 @@
 -- a purge removes them with their dead letters.
 --
 -- Dead letters moved under version 1 get their tombstones here (an id that is live
--- again is left alone). Version-1 processes still running during an upgrade keep
--- working; a message they move to the dead table leaves no tombstone, so until they are
--- stopped its id could be published again.
+-- again is left alone). Stop version-1 processes before the upgrade: while they run, a
+-- message they move to the dead table leaves no tombstone (its id could be published
+-- again), their stats count tombstones as ready messages, and their replay takes a
+-- tombstone for a live message. A tombstone whose dead letter a version-1 purge removed
+-- is freed by the next `dead purge --all`.
 
 INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
@@ -19,4 +21,5 @@ INSERT INTO `switchyard_jobs`
 SELECT d.id, d.queue, d.kind, d.priority, -d.priority, d.attempts, 2, d.dead_at, d.dead_at,
        NULL, NULL, d.dead_at, ''
   FROM `switchyard_jobs_dead` d
- WHERE NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = d.id);
+ WHERE NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = d.id)
+    ON DUPLICATE KEY UPDATE seq = `switchyard_jobs`.seq;

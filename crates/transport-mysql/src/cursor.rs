@@ -9,7 +9,8 @@
 //! before that position (due messages promoted, higher priorities published, claims of
 //! other processes rolled back) are taken by a claim from the head: at the latest
 //! [`CURSOR_TTL`] after the cursor was first set, after a claim that was not full, and at
-//! once after this transport promoted due rows.
+//! once after this transport promoted due rows, replayed dead letters or published a
+//! higher priority.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -76,6 +77,16 @@ impl ClaimCursors {
         }
     }
 
+    /// Forgets the queue's cursor when a message of a higher priority (a lower
+    /// `prio_rank`) was published: it lies before the cursor.
+    pub(crate) fn forget_outranked(&self, queue: &str, prio_rank: i32) {
+        if let Ok(mut cursors) = self.0.lock() {
+            if cursors.get(queue).is_some_and(|c| prio_rank < c.prio_rank) {
+                cursors.remove(queue);
+            }
+        }
+    }
+
     /// Forgets every cursor: promoted rows keep their due times, which may lie before.
     pub(crate) fn clear(&self) {
         if let Ok(mut cursors) = self.0.lock() {
@@ -121,6 +132,20 @@ mod tests {
         c.after_claim("b", &[(2, 0, 10)], 1);
         c.clear();
         assert!(c.get("a").is_none() && c.get("b").is_none());
+    }
+
+    #[test]
+    fn a_higher_priority_published_forgets_the_cursor() {
+        let c = ClaimCursors::default();
+        c.after_claim("q", &[(1, 0, 10)], 1);
+        c.forget_outranked("q", 0);
+        c.forget_outranked("q", 3);
+        assert!(
+            c.get("q").is_some(),
+            "the same or a lower priority lies after it"
+        );
+        c.forget_outranked("q", -1);
+        assert!(c.get("q").is_none());
     }
 
     #[test]

@@ -194,9 +194,22 @@ pub(crate) const DELETE_REPLAYED: &str = "DELETE d FROM `switchyard_jobs_dead` d
   JOIN `switchyard_jobs` j ON j.id = d.id AND j.seq > ?
  WHERE {DEAD_SELECTION}";
 
-pub(crate) const PURGE_DEAD: &str = "DELETE d FROM `switchyard_jobs_dead` d WHERE {DEAD_SELECTION}";
+/// The ids of up to 4,096 selected dead letters, locked: a purge deletes exactly these
+/// and their tombstones, whatever is dead-lettered meanwhile.
+pub(crate) const LOCK_DEAD: &str = "SELECT CAST(d.id AS BINARY) FROM `switchyard_jobs_dead` d
+ WHERE {DEAD_SELECTION} ORDER BY d.id LIMIT 4096 FOR UPDATE";
 
-/// Removes the tombstones of the selected dead letters, before a replay or a purge (same
+pub(crate) const DELETE_DEAD_BY_IDS: &str = "DELETE FROM `switchyard_jobs_dead` WHERE id IN ({IN})";
+
+pub(crate) const DELETE_TOMBSTONES_BY_IDS: &str =
+    "DELETE FROM `switchyard_jobs` WHERE ready = 2 AND id IN ({IN})";
+
+/// Tombstones whose dead letter is gone (left by a version-1 purge during an upgrade):
+/// their ids are free again.
+pub(crate) const DELETE_ORPHAN_TOMBSTONES: &str = "DELETE j FROM `switchyard_jobs` j
+ WHERE j.ready = 2 AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs_dead` d WHERE d.id = j.id)";
+
+/// Removes the tombstones of the selected dead letters before a replay (same
 /// transaction): their ids may be published again.
 pub(crate) const UNBURY: &str = "DELETE j FROM `switchyard_jobs` j
   JOIN `switchyard_jobs_dead` d ON d.id = j.id
@@ -237,7 +250,10 @@ pub(crate) struct Statements {
     pub(crate) max_seq: String,
     pub(crate) replay_dead: String,
     pub(crate) delete_replayed: String,
-    pub(crate) purge_dead: String,
+    pub(crate) lock_dead: String,
+    pub(crate) delete_dead_by_ids: String,
+    pub(crate) delete_tombstones_by_ids: String,
+    pub(crate) delete_orphan_tombstones: String,
 }
 
 /// Rewrites SQL written for the default table: `` `switchyard_jobs…` `` (a table
@@ -312,7 +328,10 @@ impl Statements {
             max_seq: s(MAX_SEQ),
             replay_dead: s(REPLAY_DEAD),
             delete_replayed: s(DELETE_REPLAYED),
-            purge_dead: s(PURGE_DEAD),
+            lock_dead: s(LOCK_DEAD),
+            delete_dead_by_ids: s(DELETE_DEAD_BY_IDS),
+            delete_tombstones_by_ids: s(DELETE_TOMBSTONES_BY_IDS),
+            delete_orphan_tombstones: s(DELETE_ORPHAN_TOMBSTONES),
         }
     }
 }

@@ -264,6 +264,10 @@ impl MySqlTransport {
         for chunk in rows.chunks(PUBLISH_CHUNK) {
             self.insert(tx, chunk).await.backend()?;
         }
+        for (env, _) in &rows {
+            self.cursors
+                .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
+        }
         Ok(())
     }
 
@@ -820,6 +824,10 @@ impl Transport for MySqlTransport {
             }
         })
         .await?;
+        for (env, _) in &rows {
+            self.cursors
+                .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
+        }
         self.wakers
             .wake_each(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
@@ -1057,6 +1065,8 @@ impl Transport for MySqlTransport {
             }
         }
         if moved > 0 {
+            // Replayed messages may outrank a claim cursor.
+            self.cursors.clear();
             self.wakers.wake_all();
         }
         tracing::info!(count = moved, "dead letters replayed");
@@ -1072,27 +1082,60 @@ impl Transport for MySqlTransport {
         let now = self.now().await?;
         let before = age.map(|a| now.saturating_sub(a));
         let q = queue.map(QueueName::as_str);
-        let purged = self
-            .retrying("purge", || async {
-                let mut tx = self.pool.begin().await?;
-                let mut purged = 0;
-                for sql in [&self.sql.unbury, &self.sql.purge_dead] {
-                    purged = sqlx::query(sql)
+        let mut purged = 0;
+        loop {
+            let n = self
+                .retrying("purge", || async {
+                    let mut tx = self.pool.begin().await?;
+                    let ids: Vec<String> = sqlx::query_scalar::<_, Vec<u8>>(&self.sql.lock_dead)
                         .bind(q)
                         .bind(q)
                         .bind(id.as_deref())
                         .bind(id.as_deref())
                         .bind(before)
                         .bind(before)
-                        .execute(&mut *tx)
+                        .fetch_all(&mut *tx)
                         .await?
-                        .rows_affected();
-                }
-                tx.commit().await?;
-                // The dead letters' count: the statement that ran last.
-                Ok(purged)
+                        .into_iter()
+                        .map(lossy)
+                        .collect();
+                    if ids.is_empty() {
+                        tx.commit().await?;
+                        return Ok(0);
+                    }
+                    let mut deleted = 0;
+                    for sql in [
+                        &self.sql.delete_tombstones_by_ids,
+                        &self.sql.delete_dead_by_ids,
+                    ] {
+                        let sql = with_list(sql, ids.len());
+                        let mut q = sqlx::query(&sql);
+                        for id in padded(&ids) {
+                            q = q.bind(id);
+                        }
+                        deleted = q.execute(&mut *tx).await?.rows_affected();
+                    }
+                    tx.commit().await?;
+                    // The dead letters' count: the statement that ran last.
+                    Ok(deleted)
+                })
+                .await?;
+            purged += n;
+            if n < 4_096 {
+                break;
+            }
+        }
+        if matches!(selection, DeadSelection::All) && q.is_none() {
+            // No dead letter is left, so a tombstone left (by a version-1 purge during an
+            // upgrade) has none either: free its id. Cheap only here, with no
+            // tombstones of live dead letters to step over.
+            self.retrying("purge", || async {
+                sqlx::query(&self.sql.delete_orphan_tombstones)
+                    .execute(&self.pool)
+                    .await
             })
             .await?;
+        }
         if purged == 0 {
             if let DeadSelection::Id(id) = selection {
                 return Err(Error::NotFound {

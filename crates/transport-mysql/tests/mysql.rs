@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use queue_core::{ClaimStrategy, Envelope, QueueName, Result, Transport};
+use queue_core::{ClaimStrategy, DeadSelection, Envelope, QueueName, Result, Transport};
 use support::{err, Database};
 use transport_mysql::MySqlTransport;
 use uuid::Uuid;
@@ -251,6 +251,51 @@ fn a_message_behind_the_claim_cursor_is_claimed_after_it_expires() {
             }
         }
         assert_eq!(claimed.len(), 301, "every message claimed once");
+        Ok(())
+    });
+}
+
+/// A higher priority published by the claiming transport itself is claimed next, at
+/// once: the publish forgets the queue's claim cursor.
+#[test]
+fn a_higher_priority_published_here_is_claimed_next_under_a_backlog() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        t.publish_batch((0..300).map(|n| job(&q, n)).collect())
+            .await?;
+        assert_eq!(t.reserve_batch(&q, 100).await?.len(), 100, "a full claim");
+        let high = Envelope::builder(q.as_str(), "high").priority(5).build()?;
+        t.publish(high.clone()).await?;
+        let next = t.reserve_batch(&q, 1).await?;
+        assert_eq!(next.first().map(|r| r.id()), Some(high.id));
+        Ok(())
+    });
+}
+
+/// A tombstone whose dead letter is gone (a version-1 purge during an upgrade removed
+/// it) is freed by a purge of everything: its id can be published again.
+#[test]
+fn a_purge_of_everything_frees_orphan_tombstones() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let orphan = job(&q, 1);
+        t.publish(orphan.clone()).await?;
+        let r = t.reserve(&q).await?.expect("the message");
+        t.dead_letter(&r, "failed", None).await?;
+        sqlx::query(&format!("DELETE FROM `{}`.switchyard_jobs_dead", db.name))
+            .execute(t.pool())
+            .await
+            .map_err(err)?;
+        t.publish(orphan.clone()).await?;
+        assert!(t.reserve(&q).await?.is_none(), "the orphan keeps its id");
+        assert_eq!(t.dead_purge(None, &DeadSelection::All).await?, 0);
+        t.publish(orphan.clone()).await?;
+        let again = t.reserve(&q).await?.expect("the id is free again");
+        assert_eq!(again.id(), orphan.id);
         Ok(())
     });
 }
