@@ -760,6 +760,19 @@ impl MySqlTransport {
     }
 }
 
+/// Binds the six values of `{DEAD_SELECTION}`: queue, id and dead-before, each twice.
+macro_rules! bind_selection {
+    ($query:expr, $queue:expr, $id:expr, $before:expr) => {
+        $query
+            .bind($queue)
+            .bind($queue)
+            .bind($id)
+            .bind($id)
+            .bind($before)
+            .bind($before)
+    };
+}
+
 #[async_trait]
 impl RowClaims for MySqlTransport {
     async fn claim_ready(
@@ -1018,38 +1031,24 @@ impl Transport for MySqlTransport {
         let moved = self
             .retrying("replay", || async {
                 let mut tx = self.pool.begin().await?;
-                sqlx::query(&self.sql.unbury)
-                    .bind(q)
-                    .bind(q)
-                    .bind(id.as_deref())
-                    .bind(id.as_deref())
-                    .bind(before)
-                    .bind(before)
+                bind_selection!(sqlx::query(&self.sql.unbury), q, id.as_deref(), before)
                     .execute(&mut *tx)
                     .await?;
                 let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
                     .fetch_one(&mut *tx)
                     .await?;
-                sqlx::query(&self.sql.replay_dead)
-                    .bind(q)
-                    .bind(q)
-                    .bind(id.as_deref())
-                    .bind(id.as_deref())
-                    .bind(before)
-                    .bind(before)
+                bind_selection!(sqlx::query(&self.sql.replay_dead), q, id.as_deref(), before)
                     .execute(&mut *tx)
                     .await?;
-                let moved = sqlx::query(&self.sql.delete_replayed)
-                    .bind(max_seq)
-                    .bind(q)
-                    .bind(q)
-                    .bind(id.as_deref())
-                    .bind(id.as_deref())
-                    .bind(before)
-                    .bind(before)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected();
+                let moved = bind_selection!(
+                    sqlx::query(&self.sql.delete_replayed).bind(max_seq),
+                    q,
+                    id.as_deref(),
+                    before
+                )
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
                 tx.commit().await?;
                 Ok(moved)
             })
@@ -1087,13 +1086,8 @@ impl Transport for MySqlTransport {
             let n = self
                 .retrying("purge", || async {
                     let mut tx = self.pool.begin().await?;
-                    let ids: Vec<String> = sqlx::query_scalar::<_, Vec<u8>>(&self.sql.lock_dead)
-                        .bind(q)
-                        .bind(q)
-                        .bind(id.as_deref())
-                        .bind(id.as_deref())
-                        .bind(before)
-                        .bind(before)
+                    let lock = sqlx::query_scalar::<_, Vec<u8>>(&self.sql.lock_dead);
+                    let ids: Vec<String> = bind_selection!(lock, q, id.as_deref(), before)
                         .fetch_all(&mut *tx)
                         .await?
                         .into_iter()
