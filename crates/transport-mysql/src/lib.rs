@@ -12,6 +12,7 @@ mod migrate;
 mod options;
 mod sql;
 mod transport;
+mod watch;
 
 pub use options::MySqlOptions;
 pub use transport::{MySqlTransport, ServerInfo};

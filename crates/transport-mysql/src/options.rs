@@ -29,6 +29,10 @@ pub struct MySqlOptions {
     pub lock_retries: u32,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
+    /// How often, while a worker waits, the transport reads the newest row's seq to wake
+    /// its idle workers on publishes of other processes (MySQL has no `NOTIFY`). `None`
+    /// leaves those to the workers' own polling (20 ms to 1 s by default).
+    pub watch: Option<Duration>,
 }
 
 impl MySqlOptions {
@@ -44,6 +48,7 @@ impl MySqlOptions {
             acquire_timeout: Duration::from_secs(10),
             lock_retries: 10,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            watch: Some(Duration::from_millis(20)),
         }
     }
 
@@ -85,6 +90,13 @@ impl MySqlOptions {
     /// Sets the pool size.
     pub fn with_max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
+        self
+    }
+
+    /// Sets how often idle workers' wake-ups for other processes' publishes are checked
+    /// (`None`: never, the workers poll).
+    pub fn with_watch(mut self, every: Option<Duration>) -> Self {
+        self.watch = every;
         self
     }
 

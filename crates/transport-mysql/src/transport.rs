@@ -21,6 +21,7 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Row};
 use tokio::sync::Notify;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
 use crate::cursor::ClaimCursors;
@@ -28,6 +29,7 @@ use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{migrate, uninstall};
 use crate::options::MySqlOptions;
 use crate::sql::{padded, with_list, Statements};
+use crate::watch::watch_publishes;
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
@@ -87,7 +89,12 @@ pub struct MySqlTransport {
     server: ServerInfo,
     last_sweep: Mutex<Option<Instant>>,
     pacer: PromotePacer,
-    wakers: Wakers,
+    wakers: Arc<Wakers>,
+    /// How the publish watch connects, and whether it runs.
+    connect: MySqlConnectOptions,
+    watching: Mutex<bool>,
+    stop: CancellationToken,
+    _stop_on_drop: DropGuard,
     lock_retries: AtomicU64,
     /// Connections kept out of the pool for the hot path.
     kept: KeptConnections<PoolConnection<MySql>>,
@@ -171,7 +178,7 @@ impl MySqlTransport {
                     Ok(())
                 })
             })
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
             .backend()?;
         let version: String = sqlx::query_scalar("SELECT VERSION()")
@@ -192,6 +199,7 @@ impl MySqlTransport {
         migrate(&pool, schema.as_deref(), &table).await?;
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, server = version, "mysql transport ready");
         let kept = KeptConnections::for_pool(options.max_connections);
+        let stop = CancellationToken::new();
         Ok(MySqlTransport {
             pool,
             sql: Arc::new(Statements::new(
@@ -205,7 +213,11 @@ impl MySqlTransport {
             options,
             last_sweep: Mutex::new(None),
             pacer: PromotePacer::default(),
-            wakers: Wakers::default(),
+            wakers: Arc::default(),
+            connect,
+            watching: Mutex::new(false),
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
             lock_retries: AtomicU64::new(0),
             kept,
             cursors: ClaimCursors::default(),
@@ -235,6 +247,7 @@ impl MySqlTransport {
 
     /// Closes the pool.
     pub async fn close(&self) {
+        self.stop.cancel();
         self.kept.close();
         self.pool.close().await;
     }
@@ -337,6 +350,27 @@ impl MySqlTransport {
                 .bind(json.as_str());
         }
         query.execute(conn).await.map(|_| ())
+    }
+
+    /// Starts the publish watch the first time a worker asks for a wake-up signal.
+    fn ensure_watching(&self) {
+        let Some(every) = self.options.watch else {
+            return;
+        };
+        let mut watching = self.watching.lock().unwrap_or_else(|e| e.into_inner());
+        if *watching || self.stop.is_cancelled() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(watch_publishes(
+                self.connect.clone(),
+                self.sql.max_seq.clone(),
+                every,
+                self.wakers.clone(),
+                self.stop.clone(),
+            ));
+            *watching = true;
+        }
     }
 
     async fn reserve_inner(
@@ -814,6 +848,7 @@ impl Transport for MySqlTransport {
     }
 
     fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        self.ensure_watching();
         Some(self.wakers.get(queue.as_str()))
     }
 

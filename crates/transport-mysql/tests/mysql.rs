@@ -300,6 +300,43 @@ fn a_purge_of_everything_frees_orphan_tombstones() {
     });
 }
 
+/// An idle worker whose own polls are 30 s apart is woken by a publish of another
+/// transport (another process, say): the publish watch sees the newest seq grow.
+#[test]
+fn a_publish_of_another_transport_wakes_an_idle_worker() {
+    with_server(|| async {
+        use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
+        let db = Database::fresh().await?;
+        let worker_side = db.open(ClaimStrategy::SkipLocked).await?;
+        let publisher = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let got = Arc::new(tokio::sync::Notify::new());
+        let g = got.clone();
+        let options =
+            WorkerOptions::default().with_poll(Duration::from_secs(30), Duration::from_secs(30));
+        let worker = Worker::new(worker_side, q.clone(), options).handle_any(handler_fn(
+            move |_ctx: JobContext| {
+                g.notify_one();
+                async { Ok(()) }
+            },
+        ));
+        let stop = queue_core::CancellationToken::new();
+        let running = tokio::spawn(worker.run(stop.clone()));
+        tokio::time::sleep(Duration::from_millis(500)).await; // idle, and asleep
+        for n in 0..2 {
+            publisher.publish(job(&q, n)).await?;
+            let woke = tokio::time::timeout(Duration::from_secs(5), got.notified()).await;
+            assert!(
+                woke.is_ok(),
+                "publish {n}: the worker slept through it (poll pause 30 s)"
+            );
+        }
+        stop.cancel();
+        running.await.map_err(err)??;
+        Ok(())
+    });
+}
+
 /// The longest table name the configuration accepts (57 characters) migrates: index
 /// names are scoped to their table and never grow with it.
 #[test]

@@ -54,6 +54,10 @@ fn wake_source(t: &dyn Transport) -> &'static str {
         ("postgres", Some(_)) => {
             "LISTEN/NOTIFY (publisher on its own connection pool), polling 20 ms-1 s otherwise"
         }
+        ("mysql", Some(_)) => {
+            "polling the newest seq every 20 ms (publisher on its own connection pool), \
+             the worker's own polling 20 ms-1 s otherwise"
+        }
         (_, Some(_)) => "in-process publish signal, polling 20 ms-1 s otherwise",
         (_, None) => "polling, 20 ms-1 s backoff",
     }
@@ -368,11 +372,12 @@ impl Target {
         switchyard::connect(&self.config).await
     }
 
-    /// The transport that publishes in the pickup measurement: on PostgreSQL one of its
-    /// own, as another process would be, so the worker is woken by `NOTIFY`; elsewhere
-    /// the worker's own (an embedded database's publishers share its process).
+    /// The transport that publishes in the pickup measurement: on a server one of its
+    /// own, as another process would be, so the worker is woken by `NOTIFY` (PostgreSQL)
+    /// or polling (MySQL); on SQLite the worker's own (an embedded database's publishers
+    /// share its process).
     async fn publisher(&self, worker_side: &Arc<dyn Transport>) -> Result<Arc<dyn Transport>> {
-        if worker_side.name() == "postgres" {
+        if matches!(worker_side.name(), "postgres" | "mysql") {
             self.open(None).await
         } else {
             Ok(worker_side.clone())
