@@ -29,9 +29,9 @@ pub struct MySqlOptions {
     pub lock_retries: u32,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
-    /// How often, while a worker waits, the transport reads the newest row's seq to wake
-    /// its idle workers on publishes of other processes (MySQL has no `NOTIFY`). `None`
-    /// leaves those to the workers' own polling (20 ms to 1 s by default).
+    /// How often, from the first worker on, the transport reads the newest row's seq to
+    /// wake its idle workers on publishes of other processes (MySQL has no `NOTIFY`).
+    /// `None` leaves those to the workers' own polling (20 ms to 1 s by default).
     pub watch: Option<Duration>,
 }
 

@@ -178,6 +178,11 @@ const DEAD_SELECTION: &str = "(? IS NULL OR d.queue = ?) AND (? IS NULL OR d.id 
 
 pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM `switchyard_jobs`";
 
+/// The queues of the rows published after one seq, up to another (a primary-key range).
+pub(crate) const QUEUES_BETWEEN: &str =
+    "SELECT DISTINCT CAST(queue AS BINARY) FROM `switchyard_jobs`
+ WHERE seq > ? AND seq <= ?";
+
 /// Puts the selected dead letters back, byte for byte, ready now with attempts reset and
 /// no expiry. An id that is live again is left alone.
 pub(crate) const REPLAY_DEAD: &str = "INSERT INTO `switchyard_jobs`
@@ -248,6 +253,7 @@ pub(crate) struct Statements {
     pub(crate) list_dead: String,
     pub(crate) dead_exists: String,
     pub(crate) max_seq: String,
+    pub(crate) queues_between: String,
     pub(crate) replay_dead: String,
     pub(crate) delete_replayed: String,
     pub(crate) lock_dead: String,
@@ -326,6 +332,7 @@ impl Statements {
             list_dead: s(LIST_DEAD),
             dead_exists: s(DEAD_EXISTS),
             max_seq: s(MAX_SEQ),
+            queues_between: s(QUEUES_BETWEEN),
             replay_dead: s(REPLAY_DEAD),
             delete_replayed: s(DELETE_REPLAYED),
             lock_dead: s(LOCK_DEAD),

@@ -29,7 +29,7 @@ use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{migrate, uninstall};
 use crate::options::MySqlOptions;
 use crate::sql::{padded, with_list, Statements};
-use crate::watch::watch_publishes;
+use crate::watch::{watch_publishes, WatchSql};
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
@@ -364,7 +364,10 @@ impl MySqlTransport {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(watch_publishes(
                 self.connect.clone(),
-                self.sql.max_seq.clone(),
+                WatchSql {
+                    max_seq: self.sql.max_seq.clone(),
+                    queues_between: self.sql.queues_between.clone(),
+                },
                 every,
                 self.wakers.clone(),
                 self.stop.clone(),

@@ -46,13 +46,25 @@ pub(crate) async fn measure(
     let url = config.database_url.expose();
     match config.database_url.scheme().as_str() {
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => pg::measure(url, &bare_table(), payloads, single, concurrency)
-            .await
-            .map(Some),
+        "postgres" | "postgresql" => {
+            let table = match &config.schema {
+                Some(schema) => format!("\"{}\".\"{}\"", schema.as_str(), bare_table()),
+                None => format!("\"{}\"", bare_table()),
+            };
+            pg::measure(url, &table, payloads, single, concurrency)
+                .await
+                .map(Some)
+        }
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => my::measure(url, &bare_table(), payloads, single, concurrency)
-            .await
-            .map(Some),
+        "mysql" | "mariadb" => {
+            let table = match &config.schema {
+                Some(schema) => format!("`{}`.`{}`", schema.as_str(), bare_table()),
+                None => format!("`{}`", bare_table()),
+            };
+            my::measure(url, &table, payloads, single, concurrency)
+                .await
+                .map(Some)
+        }
         _ => {
             let _ = (url, payloads, single, concurrency);
             Ok(None)
@@ -60,7 +72,8 @@ pub(crate) async fn measure(
     }
 }
 
-/// A fresh table name for one baseline (in the configured schema, a validated identifier).
+/// A fresh table name for one baseline (the caller puts it in the configured schema, a
+/// validated identifier).
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 fn bare_table() -> String {
     format!(
@@ -78,22 +91,23 @@ where
 {
     let done = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (claim, done) = (claim.clone(), done.clone());
-            tokio::spawn(async move {
-                loop {
-                    let n = claim().await?;
-                    if n == 0 {
-                        return Ok::<(), Error>(());
-                    }
-                    done.fetch_add(n, Ordering::Relaxed);
+    // A JoinSet: on an error the other loops are aborted with it (on return), before
+    // the table is dropped under them.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (claim, done) = (claim.clone(), done.clone());
+        tasks.spawn(async move {
+            loop {
+                let n = claim().await?;
+                if n == 0 {
+                    return Ok::<(), Error>(());
                 }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.map_err(err)??;
+                done.fetch_add(n, Ordering::Relaxed);
+            }
+        });
+    }
+    while let Some(task) = tasks.join_next().await {
+        task.map_err(err)??;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let drained = done.load(Ordering::Relaxed);
