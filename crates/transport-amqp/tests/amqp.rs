@@ -1,0 +1,242 @@
+//! The RabbitMQ transport against a real broker (`SWITCHYARD_TEST_AMQP_URL`, by default
+//! the local one): confirmed publishes, reserves from a consumer, fenced acks,
+//! redelivery after a consumer's channel closed (with the attempt counted), delays,
+//! releases and dead letters. Each test uses queues of its own.
+
+use std::time::{Duration, Instant};
+
+use queue_core::{reason, DeadSelection, Envelope, Error, QueueName, Result, Transport};
+use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
+
+fn url() -> String {
+    std::env::var("SWITCHYARD_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+fn queue() -> QueueName {
+    QueueName::new(format!("test.{}", uuid::Uuid::new_v4().simple())).expect("a valid queue name")
+}
+
+fn job(q: &QueueName, kind: &str) -> Envelope {
+    Envelope::builder(q.as_str(), kind)
+        .payload(&serde_json::json!({ "kind": kind }))
+        .build()
+        .expect("a valid envelope")
+}
+
+async fn open(kind: QueueKind) -> Result<AmqpTransport> {
+    AmqpTransport::connect(AmqpOptions::new(url()).with_queue_kind(kind)).await
+}
+
+/// Runs `f` unless the broker is unreachable outside CI.
+fn with_broker<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    if let Some(why) = queue_core::conformance::skip_unless_reachable("RabbitMQ", &url(), 5672) {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), f())
+                .await
+                .expect("the test finished within 60 s")
+                .expect("the test succeeded");
+        });
+}
+
+/// Reserves until `n` messages came or `within` passed.
+async fn reserve_n(
+    t: &AmqpTransport,
+    q: &QueueName,
+    n: usize,
+    within: Duration,
+) -> Result<Vec<queue_core::Reservation>> {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    while got.len() < n && Instant::now() < deadline {
+        got.extend(t.reserve_batch(q, n - got.len()).await?);
+        if got.len() < n {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(got)
+}
+
+#[test]
+fn published_messages_are_reserved_in_order_and_acked_once() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        let sent: Vec<Envelope> = (0..3).map(|i| job(&q, &format!("m{i}"))).collect();
+        t.publish_batch(sent.clone()).await?;
+        let got = reserve_n(&t, &q, 3, Duration::from_secs(5)).await?;
+        let kinds: Vec<&str> = got.iter().map(|r| r.envelope.kind.as_str()).collect();
+        assert_eq!(kinds, ["m0", "m1", "m2"]);
+        assert_eq!(got[0].envelope.payload.get(), sent[0].payload.get());
+        assert_eq!(got[0].envelope.attempts, 0);
+        let report = t.ack_batch(&got).await?;
+        assert_eq!(report.acked.len(), 3);
+        // A second ack of the same delivery is refused, not sent (it would close the
+        // channel).
+        assert!(matches!(t.ack(&got[0]).await, Err(Error::LeaseLost { .. })));
+        assert!(t.reserve(&q).await?.is_none());
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}
+
+/// A consumer that dies without acking gets its messages delivered again, to another
+/// consumer, with the attempt counted; its late ack is refused.
+#[test]
+fn a_dead_consumers_messages_come_back_with_an_attempt_counted() {
+    for kind in [QueueKind::Quorum, QueueKind::Classic] {
+        with_broker(|| async {
+            let q = queue();
+            let first = open(kind).await?;
+            first.publish(job(&q, "crashy")).await?;
+            let held = reserve_n(&first, &q, 1, Duration::from_secs(5)).await?;
+            assert_eq!(held.len(), 1);
+            first.close().await;
+            assert!(matches!(
+                first.ack(&held[0]).await,
+                Err(Error::LeaseLost { .. })
+            ));
+
+            let second = open(kind).await?;
+            let again = reserve_n(&second, &q, 1, Duration::from_secs(5)).await?;
+            assert_eq!(again.len(), 1, "{kind:?}: delivered again");
+            assert_eq!(again[0].id(), held[0].id());
+            assert_eq!(
+                again[0].envelope.attempts, 1,
+                "{kind:?}: the attempt counted"
+            );
+            second.ack(&again[0]).await?;
+            second.delete_queue(&q).await?;
+            second.close().await;
+            Ok(())
+        });
+    }
+}
+
+#[test]
+fn a_release_with_a_delay_comes_back_after_it_with_the_attempt_and_error() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish(job(&q, "retry")).await?;
+        let r = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+        let released = Instant::now();
+        t.release(&r[0], Duration::from_millis(600), Some("boom"))
+            .await?;
+        assert!(matches!(t.ack(&r[0]).await, Err(Error::LeaseLost { .. })));
+        let back = reserve_n(&t, &q, 1, Duration::from_secs(10)).await?;
+        assert!(
+            released.elapsed() >= Duration::from_millis(550),
+            "{:?}",
+            released.elapsed()
+        );
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].envelope.attempts, 1);
+        assert_eq!(back[0].envelope.last_error.as_deref(), Some("boom"));
+        t.ack(&back[0]).await?;
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_delayed_publish_is_not_delivered_before_it_is_due() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        let published = Instant::now();
+        t.publish(
+            Envelope::builder(q.as_str(), "later")
+                .delay(Duration::from_millis(800))
+                .build()?,
+        )
+        .await?;
+        let got = reserve_n(&t, &q, 1, Duration::from_secs(10)).await?;
+        assert_eq!(got.len(), 1);
+        assert!(
+            published.elapsed() >= Duration::from_millis(750),
+            "{:?}",
+            published.elapsed()
+        );
+        t.ack(&got[0]).await?;
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}
+
+#[test]
+fn dead_letters_are_listed_replayed_and_purged() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish_batch(vec![job(&q, "a"), job(&q, "b")]).await?;
+        let got = reserve_n(&t, &q, 2, Duration::from_secs(5)).await?;
+        for r in &got {
+            t.dead_letter(r, reason::MAX_ATTEMPTS, Some("no customer"))
+                .await?;
+        }
+        let dead = t.dead_list(Some(&q), 10).await?;
+        assert_eq!(dead.len(), 2, "{dead:?}");
+        assert_eq!(dead[0].reason, reason::MAX_ATTEMPTS);
+        assert_eq!(dead[0].last_error.as_deref(), Some("no customer"));
+        let stats = t.stats(Some(&q)).await?;
+        assert_eq!((stats[0].ready, stats[0].dead), (0, 2), "{stats:?}");
+
+        let a = got[0].id().to_string();
+        assert_eq!(
+            t.dead_replay(Some(&q), &DeadSelection::Id(a.clone()))
+                .await?,
+            1
+        );
+        let back = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+        assert_eq!(back[0].id().to_string(), a);
+        assert_eq!(back[0].envelope.attempts, 0, "a replay resets attempts");
+        t.ack(&back[0]).await?;
+        assert!(matches!(
+            t.dead_replay(Some(&q), &DeadSelection::Id(a)).await,
+            Err(Error::NotFound { .. })
+        ));
+        assert_eq!(t.dead_purge(Some(&q), &DeadSelection::All).await?, 1);
+        assert!(t.dead_list(Some(&q), 10).await?.is_empty());
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}
+
+/// A publish that no queue takes (its queue was deleted behind the transport's back)
+/// fails instead of being dropped and confirmed.
+#[test]
+fn a_publish_no_queue_takes_fails_loudly() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish(job(&q, "first")).await?;
+        let other = open(QueueKind::Quorum).await?;
+        other.delete_queue(&q).await?;
+        let lost = t.publish(job(&q, "second")).await;
+        assert!(
+            lost.as_ref()
+                .is_err_and(|e| e.to_string().contains("no queue")),
+            "{lost:?}"
+        );
+        other.close().await;
+        t.close().await;
+        Ok(())
+    });
+}
