@@ -33,6 +33,9 @@ use crate::topology::{
 
 const TRANSPORT: &str = "amqp";
 
+/// How long an empty reserve waits for deliveries already on their way to the consumer.
+const IN_FLIGHT: Duration = Duration::from_millis(5);
+
 /// Headers of a dead letter.
 const H_REASON: &str = "x-switchyard-reason";
 const H_DEAD_AT: &str = "x-switchyard-dead-at";
@@ -112,6 +115,31 @@ impl AmqpTransport {
     /// Closes the connection; deliveries held unacknowledged go back to their queues.
     pub async fn close(&self) {
         let _ = self.conn.close(200, "closed".into()).await;
+    }
+
+    /// Publishes `body` as it is (not an envelope) to `queue`, with `id` as its message
+    /// id: for tests and tools that need a message the transport did not encode.
+    #[doc(hidden)]
+    pub async fn publish_raw(&self, queue: &QueueName, id: &str, body: &str) -> Result<()> {
+        self.ensure_queue(queue.as_str()).await?;
+        self.publisher
+            .basic_publish(
+                "".into(),
+                queue.as_str().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body.as_bytes(),
+                BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_message_id(id.into()),
+            )
+            .await
+            .map_err(broker)?
+            .await
+            .map_err(broker)?;
+        Ok(())
     }
 
     /// Deletes `queue` and its dead-letter queue, messages and all.
@@ -377,6 +405,12 @@ impl AmqpTransport {
                 );
                 headers.insert("x-switchyard-error".into(), long_string(&err.to_string()));
                 let dead = dead_queue(queue);
+                let mut props = BasicProperties::default()
+                    .with_delivery_mode(2)
+                    .with_headers(headers);
+                if let Some(id) = d.properties.message_id() {
+                    props = props.with_message_id(id.clone());
+                }
                 let confirm = self
                     .publisher
                     .basic_publish(
@@ -384,9 +418,7 @@ impl AmqpTransport {
                         dead.as_str().into(),
                         BasicPublishOptions::default(),
                         &d.data,
-                        BasicProperties::default()
-                            .with_delivery_mode(2)
-                            .with_headers(headers),
+                        props,
                     )
                     .await
                     .map_err(broker)?;
@@ -570,6 +602,22 @@ fn header_str(h: &Option<FieldTable>, key: &str) -> Option<String> {
     }
 }
 
+/// The reason of the broker's own dead-lettering (`x-death`): `expired` for a TTL,
+/// `delivery_limit` or `rejected` otherwise.
+fn broker_death_reason(h: &Option<FieldTable>) -> Option<String> {
+    let AMQPValue::FieldArray(deaths) = h.as_ref()?.inner().get(&ShortString::from("x-death"))?
+    else {
+        return None;
+    };
+    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else {
+        return None;
+    };
+    match first.inner().get(&ShortString::from("reason"))? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        _ => None,
+    }
+}
+
 fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
     let headers = m.delivery.properties.headers();
     let dead_at = match headers
@@ -580,8 +628,10 @@ fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
         _ => None,
     }
     .unwrap_or_else(Utc::now);
-    // Dead-lettered by the broker itself (delivery limit, TTL): its x-death header.
-    let why = header_str(headers, H_REASON).unwrap_or_else(|| "delivery_limit".into());
+    // Dead-lettered by the broker itself (delivery limit, expiry): its x-death header.
+    let why = header_str(headers, H_REASON)
+        .or_else(|| broker_death_reason(headers))
+        .unwrap_or_else(|| "delivery_limit".into());
     let text = String::from_utf8_lossy(&m.delivery.data).into_owned();
     match Envelope::from_json(&text) {
         Ok(env) => {
@@ -601,6 +651,7 @@ fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
                 .map(|s| s.as_str().to_owned())
                 .unwrap_or_default();
             let mut d = DeadLetter::new(id, queue, why, dead_at);
+            d.last_error = header_str(headers, "x-switchyard-error");
             d.raw = Some(text);
             d
         }
@@ -753,33 +804,48 @@ impl Transport for AmqpTransport {
         let c = self.consumer(queue.as_str()).await?;
         let mut deliveries = Self::take(&c, max);
         if deliveries.is_empty() {
-            // Messages ready on the broker are on their way to this consumer (its
-            // prefetch has room): wait for them briefly rather than report none.
-            let ready = self
-                .publisher
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
+            // The consumer holds nothing: ask the broker once for a ready message it has
+            // not pushed yet (a message published a moment ago may still be on its way
+            // to the consumer, so wait a few milliseconds for that too).
+            match c
+                .channel
+                .basic_get(queue.as_str().into(), BasicGetOptions::default())
                 .await
-                .map_err(broker)?
-                .message_count();
-            if ready > 0 {
-                let _ = tokio::time::timeout(Duration::from_secs(2), c.arrived.notified()).await;
-                deliveries = Self::take(&c, max);
+            {
+                Ok(Some(m)) => deliveries.push(m.delivery),
+                Ok(None) => {
+                    let _ = tokio::time::timeout(IN_FLIGHT, c.arrived.notified()).await;
+                    deliveries = Self::take(&c, max);
+                }
+                Err(err) => return Err(broker(err)),
             }
         }
         let mut out = Vec::with_capacity(deliveries.len());
-        for d in deliveries {
-            if let Some(r) = self.admit(&c, d, queue.as_str()).await? {
-                out.push(r);
+        loop {
+            let settled_some = !deliveries.is_empty();
+            for d in deliveries {
+                if let Some(r) = self.admit(&c, d, queue.as_str()).await? {
+                    out.push(r);
+                }
+            }
+            // Everything taken was settled on the way (malformed, expired, early): look
+            // again rather than report an empty queue that may hold more.
+            if !out.is_empty() || !settled_some {
+                return Ok(out);
+            }
+            deliveries = Self::take(&c, max);
+            if deliveries.is_empty() {
+                match c
+                    .channel
+                    .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                    .await
+                {
+                    Ok(Some(m)) => deliveries.push(m.delivery),
+                    Ok(None) => return Ok(out),
+                    Err(err) => return Err(broker(err)),
+                }
             }
         }
-        Ok(out)
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {

@@ -305,13 +305,15 @@ pub async fn dead_letter_then_list_replay_and_purge(h: Arc<dyn Harness>) -> Resu
     );
     assert!(matches!(t.ack(&r1).await, Err(Error::LeaseLost { .. })));
     // Publishing a dead id again stores nothing new.
-    t.publish(Envelope::builder(q.as_str(), "m2 again").id(id2).build()?)
-        .await?;
-    assert!(
-        t.reserve(&q).await?.is_none(),
-        "a dead id published again was delivered"
-    );
-    assert_eq!(stats_of(t.as_ref(), &q).await?.ready, 0);
+    if t.capabilities().idempotent_publish {
+        t.publish(Envelope::builder(q.as_str(), "m2 again").id(id2).build()?)
+            .await?;
+        assert!(
+            t.reserve(&q).await?.is_none(),
+            "a dead id published again was delivered"
+        );
+        assert_eq!(stats_of(t.as_ref(), &q).await?.ready, 0);
+    }
 
     let dead = t.dead_list(Some(&q), 10).await?;
     assert_eq!(dead.len(), 3, "{dead:?}");
@@ -367,7 +369,9 @@ pub async fn dead_letter_then_list_replay_and_purge(h: Arc<dyn Harness>) -> Resu
     // Once purged, the id is free again.
     t.publish(Envelope::builder(q.as_str(), "m2 anew").id(id2).build()?)
         .await?;
-    let anew = t.reserve(&q).await?.expect("a purged id published anew");
+    let anew = reserve_within(t.as_ref(), &q, Duration::from_secs(5))
+        .await?
+        .expect("a purged id published anew");
     assert_eq!((anew.id(), anew.envelope.kind.as_str()), (id2, "m2 anew"));
     t.ack(&anew).await?;
     Ok(())
