@@ -122,24 +122,16 @@ impl AmqpTransport {
     #[doc(hidden)]
     pub async fn publish_raw(&self, queue: &QueueName, id: &str, body: &str) -> Result<()> {
         self.ensure_queue(queue.as_str()).await?;
-        self.publisher
-            .basic_publish(
-                "".into(),
-                queue.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..BasicPublishOptions::default()
-                },
-                body.as_bytes(),
-                BasicProperties::default()
-                    .with_delivery_mode(2)
-                    .with_message_id(id.into()),
-            )
-            .await
-            .map_err(broker)?
-            .await
-            .map_err(broker)?;
-        Ok(())
+        let props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_message_id(id.into());
+        self.publish_all(vec![(
+            String::new(),
+            queue.as_str().to_owned(),
+            body.as_bytes().to_vec(),
+            props,
+        )])
+        .await
     }
 
     /// Deletes `queue` and its dead-letter queue, messages and all.
@@ -293,10 +285,9 @@ impl AmqpTransport {
 
     /// Publishes `envelopes` and waits for every confirm.
     async fn send(&self, messages: Vec<(Envelope, Option<FieldTable>, Target)>) -> Result<()> {
-        let mut confirms = Vec::with_capacity(messages.len());
         let now = Utc::now();
+        let mut outgoing = Vec::with_capacity(messages.len());
         for (env, headers, target) in messages {
-            let body = env.to_json();
             let mut props = BasicProperties::default()
                 .with_delivery_mode(2)
                 .with_message_id(env.id.to_string().as_str().into())
@@ -310,26 +301,35 @@ impl AmqpTransport {
             }
             let (exchange, key) = match target {
                 Target::Queue => {
+                    if let Some(exp) = env.expires_at {
+                        let ms = (exp - now).num_milliseconds().max(0);
+                        props = props.with_expiration(ms.to_string().as_str().into());
+                    }
                     let delay = (env.available_at - now).to_std().unwrap_or(Duration::ZERO);
                     if delay >= UNIT / 2 {
-                        if let Some(exp) = env.expires_at {
-                            let ms = (exp - now).num_milliseconds().max(0);
-                            props = props.with_expiration(ms.to_string().as_str().into());
-                        }
                         (
                             level_name(LEVELS - 1),
                             delay_key(units(delay), env.queue.as_str()),
                         )
                     } else {
-                        if let Some(exp) = env.expires_at {
-                            let ms = (exp - now).num_milliseconds().max(0);
-                            props = props.with_expiration(ms.to_string().as_str().into());
-                        }
                         (String::new(), env.queue.as_str().to_owned())
                     }
                 }
                 Target::Dead => (String::new(), dead_queue(env.queue.as_str())),
             };
+            outgoing.push((exchange, key, env.to_json().into_bytes(), props));
+        }
+        self.publish_all(outgoing).await
+    }
+
+    /// Publishes `(exchange, routing key, body, properties)` messages, pipelined, and
+    /// waits for every confirm.
+    async fn publish_all(
+        &self,
+        messages: Vec<(String, String, Vec<u8>, BasicProperties)>,
+    ) -> Result<()> {
+        let mut confirms = Vec::with_capacity(messages.len());
+        for (exchange, key, body, props) in messages {
             let confirm = self
                 .publisher
                 .basic_publish(
@@ -341,7 +341,7 @@ impl AmqpTransport {
                         mandatory: true,
                         ..BasicPublishOptions::default()
                     },
-                    body.as_bytes(),
+                    &body,
                     props,
                 )
                 .await
@@ -397,32 +397,17 @@ impl AmqpTransport {
         let mut env = match Envelope::from_json(&text) {
             Ok(env) => env,
             Err(err) => {
-                let mut headers = FieldTable::default();
-                headers.insert(H_REASON.into(), long_string(reason::MALFORMED));
-                headers.insert(
-                    H_DEAD_AT.into(),
-                    AMQPValue::LongLongInt(Utc::now().timestamp_millis()),
-                );
+                let mut headers = dead_headers(reason::MALFORMED);
                 headers.insert("x-switchyard-error".into(), long_string(&err.to_string()));
-                let dead = dead_queue(queue);
                 let mut props = BasicProperties::default()
                     .with_delivery_mode(2)
                     .with_headers(headers);
                 if let Some(id) = d.properties.message_id() {
                     props = props.with_message_id(id.clone());
                 }
-                let confirm = self
-                    .publisher
-                    .basic_publish(
-                        "".into(),
-                        dead.as_str().into(),
-                        BasicPublishOptions::default(),
-                        &d.data,
-                        props,
-                    )
-                    .await
-                    .map_err(broker)?;
-                confirm.await.map_err(broker)?;
+                // Kept byte for byte: it is not an envelope.
+                self.publish_all(vec![(String::new(), dead_queue(queue), d.data, props)])
+                    .await?;
                 let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
                 return Ok(None);
             }
@@ -454,6 +439,35 @@ impl AmqpTransport {
             envelope: env,
             receipt: Receipt::new(id, token, tag),
         }))
+    }
+
+    /// Up to `max` deliveries of `queue`: those the consumer received, or else one ready
+    /// message the broker has not pushed yet (`basic.get`); with `in_flight`, when there
+    /// is none, it also waits a few milliseconds for a delivery already on its way (a
+    /// message published a moment ago).
+    async fn pull(
+        c: &QueueConsumer,
+        queue: &QueueName,
+        max: usize,
+        in_flight: bool,
+    ) -> Result<Vec<Delivery>> {
+        let taken = Self::take(c, max);
+        if !taken.is_empty() {
+            return Ok(taken);
+        }
+        match c
+            .channel
+            .basic_get(queue.as_str().into(), BasicGetOptions::default())
+            .await
+            .map_err(broker)?
+        {
+            Some(m) => Ok(vec![m.delivery]),
+            None if in_flight => {
+                let _ = tokio::time::timeout(IN_FLIGHT, c.arrived.notified()).await;
+                Ok(Self::take(c, max))
+            }
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Takes up to `max` received deliveries of `queue`.
@@ -784,8 +798,9 @@ impl Transport for AmqpTransport {
         for env in &envelopes {
             env.check_size(self.options.max_payload_bytes)?;
         }
-        for env in &envelopes {
-            self.ensure_queue(env.queue.as_str()).await?;
+        let queues: HashSet<&str> = envelopes.iter().map(|e| e.queue.as_str()).collect();
+        for q in queues {
+            self.ensure_queue(q).await?;
         }
         self.send(
             envelopes
@@ -802,24 +817,7 @@ impl Transport for AmqpTransport {
         }
         self.ensure_queue(queue.as_str()).await?;
         let c = self.consumer(queue.as_str()).await?;
-        let mut deliveries = Self::take(&c, max);
-        if deliveries.is_empty() {
-            // The consumer holds nothing: ask the broker once for a ready message it has
-            // not pushed yet (a message published a moment ago may still be on its way
-            // to the consumer, so wait a few milliseconds for that too).
-            match c
-                .channel
-                .basic_get(queue.as_str().into(), BasicGetOptions::default())
-                .await
-            {
-                Ok(Some(m)) => deliveries.push(m.delivery),
-                Ok(None) => {
-                    let _ = tokio::time::timeout(IN_FLIGHT, c.arrived.notified()).await;
-                    deliveries = Self::take(&c, max);
-                }
-                Err(err) => return Err(broker(err)),
-            }
-        }
+        let mut deliveries = Self::pull(&c, queue, max, true).await?;
         let mut out = Vec::with_capacity(deliveries.len());
         loop {
             let settled_some = !deliveries.is_empty();
@@ -833,18 +831,7 @@ impl Transport for AmqpTransport {
             if !out.is_empty() || !settled_some {
                 return Ok(out);
             }
-            deliveries = Self::take(&c, max);
-            if deliveries.is_empty() {
-                match c
-                    .channel
-                    .basic_get(queue.as_str().into(), BasicGetOptions::default())
-                    .await
-                {
-                    Ok(Some(m)) => deliveries.push(m.delivery),
-                    Ok(None) => return Ok(out),
-                    Err(err) => return Err(broker(err)),
-                }
-            }
+            deliveries = Self::pull(&c, queue, max, false).await?;
         }
     }
 
