@@ -28,6 +28,10 @@ pub struct Capabilities {
     pub transactional_publish: bool,
     /// The transport can wake an idle worker when a message arrives.
     pub wake_signal: bool,
+    /// Stats count every message of a queue that is not yet due. RabbitMQ keeps them in
+    /// a delay chain shared by every queue and counts only those its own process
+    /// delayed.
+    pub delayed_stats: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -44,6 +48,7 @@ impl Default for Capabilities {
             table_isolation: false,
             transactional_publish: false,
             wake_signal: false,
+            delayed_stats: false,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }

@@ -538,6 +538,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         expiry: true,
         table_isolation: true,
         transactional_publish: true,
+        delayed_stats: true,
         max_payload_bytes,
         ..Capabilities::default()
     }

@@ -30,6 +30,16 @@ pub struct AmqpOptions {
     pub delivery_limit: u32,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
+    /// How long an operation waits for the broker to come back after the connection
+    /// dropped (reconnecting with backoff) before it fails with a transient error.
+    pub reconnect_timeout: Duration,
+    /// The connection name the broker shows (`rabbitmqctl list_connections
+    /// user_provided_name`).
+    pub connection_name: Option<String>,
+    /// Queues (and their dead-letter queues) the broker deletes after they were unused
+    /// this long (`x-expires`): for temporary queues, such as tests'. `None` (the
+    /// default) keeps them.
+    pub queue_expires: Option<Duration>,
 }
 
 impl AmqpOptions {
@@ -42,6 +52,9 @@ impl AmqpOptions {
             confirm_timeout: Duration::from_secs(30),
             delivery_limit: 100,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            reconnect_timeout: Duration::from_secs(30),
+            connection_name: None,
+            queue_expires: None,
         }
     }
 
@@ -59,6 +72,24 @@ impl AmqpOptions {
     /// Sets the prefetch.
     pub fn with_prefetch(mut self, prefetch: u16) -> Self {
         self.prefetch = prefetch.max(1);
+        self
+    }
+
+    /// Sets how long an operation waits for a dropped connection to come back.
+    pub fn with_reconnect_timeout(mut self, timeout: Duration) -> Self {
+        self.reconnect_timeout = timeout;
+        self
+    }
+
+    /// Sets the connection name the broker shows.
+    pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = Some(name.into());
+        self
+    }
+
+    /// Lets the broker delete queues unused for `after` (`x-expires`).
+    pub fn with_queue_expires(mut self, after: Duration) -> Self {
+        self.queue_expires = Some(after);
         self
     }
 }

@@ -2,7 +2,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -33,12 +33,35 @@ use crate::topology::{
 
 const TRANSPORT: &str = "amqp";
 
-/// How long an empty reserve waits for deliveries already on their way to the consumer.
-const IN_FLIGHT: Duration = Duration::from_millis(5);
+/// How long a connection attempt waits for the broker's answer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long past its due time a delayed message still counts as delayed when this
+/// process has not seen it come out (another process took it).
+const DELAY_GRACE: Duration = Duration::from_secs(30);
+/// How long a new consumer waits for the broker's first pushes.
+const WARM_UP: Duration = Duration::from_millis(200);
+/// The longest pause between reconnect attempts.
+const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 
 /// Headers of a dead letter.
 const H_REASON: &str = "x-switchyard-reason";
 const H_DEAD_AT: &str = "x-switchyard-dead-at";
+
+/// A message as published: exchange, routing key, body, properties.
+type Outgoing = (String, String, Vec<u8>, BasicProperties);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A refused queue declaration, most often a queue that exists with other arguments.
+fn declare_error(queue: &str, err: lapin::Error) -> Error {
+    Error::backend(
+        TRANSPORT,
+        false,
+        format!("declaring queue {queue:?} failed (does it exist with other arguments, say as a classic queue where a quorum queue is configured?): {err}"),
+    )
+}
 
 fn broker(err: lapin::Error) -> Error {
     // A closed channel or connection may recover; a refused declaration will not.
@@ -58,14 +81,27 @@ fn broker(err: lapin::Error) -> Error {
 /// message. A lease has no expiry of its own: when a consumer's channel closes (its
 /// process died, the broker's consumer timeout, a cancel), the broker delivers its
 /// messages again, and the delivery counts an attempt.
+///
+/// When the connection drops (a broker restart, a network fault), the next operation
+/// reconnects with backoff for up to [`AmqpOptions::reconnect_timeout`], declares the
+/// topology again and starts new consumers; a publish cut off on the way is published
+/// again (at least once), and leases of the old connection are lost.
 pub struct AmqpTransport {
     options: AmqpOptions,
-    conn: Connection,
-    publisher: Channel,
-    declared: tokio::sync::Mutex<HashSet<String>>,
+    link: Mutex<Arc<Link>>,
+    /// One reconnect at a time.
+    reconnecting: tokio::sync::Mutex<()>,
+    /// Set by [`AmqpTransport::close`]: no reconnecting after it.
+    shut: AtomicBool,
+    /// Every queue this transport used, for stats and dead-letter commands over all.
+    known: Mutex<HashSet<String>>,
     consumers: Mutex<HashMap<String, Arc<QueueConsumer>>>,
     generation: AtomicU64,
     wakers: Arc<Wakers>,
+    /// Messages this transport sent into the delay chain and has not seen come out, per
+    /// queue, with when to stop counting them: the `delayed` of its stats. The chain is
+    /// shared by every queue, so the broker cannot count them per queue.
+    delayed: Mutex<HashMap<String, HashMap<Uuid, Instant>>>,
 }
 
 impl fmt::Debug for AmqpTransport {
@@ -77,44 +113,97 @@ impl fmt::Debug for AmqpTransport {
     }
 }
 
-/// The consumer of one queue: its channel, its generation, and the deliveries it has
-/// received but not yet handed out.
-struct QueueConsumer {
-    generation: u64,
-    channel: Channel,
-    buffer: Mutex<VecDeque<Delivery>>,
-    /// Delivery tags handed out and not yet settled.
-    held: Mutex<HashSet<u64>>,
-    arrived: Notify,
-    closed: AtomicBool,
+/// One connection with its publishing channel (in confirm mode), and the queues declared
+/// on it.
+struct Link {
+    conn: Connection,
+    publisher: Channel,
+    declared: Mutex<HashSet<String>>,
 }
 
-impl AmqpTransport {
+impl Link {
     /// Connects and declares the delay chain.
-    pub async fn connect(options: AmqpOptions) -> Result<Self> {
-        let conn = Connection::connect(options.url.expose(), ConnectionProperties::default())
-            .await
-            .map_err(broker)?;
+    async fn open(options: &AmqpOptions) -> Result<Link> {
+        let mut props = ConnectionProperties::default();
+        if let Some(name) = &options.connection_name {
+            props = props.with_connection_name(name.as_str().into());
+        }
+        let conn = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            Connection::connect(options.url.expose(), props),
+        )
+        .await
+        .map_err(|_| {
+            Error::backend(
+                TRANSPORT,
+                true,
+                format!("no answer from RabbitMQ within {CONNECT_TIMEOUT:?}"),
+            )
+        })?
+        .map_err(broker)?;
         let publisher = conn.create_channel().await.map_err(broker)?;
         publisher
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(broker)?;
         declare_delay_chain(&publisher).await?;
-        Ok(AmqpTransport {
-            options,
+        Ok(Link {
             conn,
             publisher,
-            declared: tokio::sync::Mutex::default(),
+            declared: Mutex::default(),
+        })
+    }
+
+    fn usable(&self) -> bool {
+        self.conn.status().connected() && self.publisher.status().connected()
+    }
+}
+
+/// The consumer of one queue: its channel, its generation, and the deliveries it has
+/// received but not yet handed out.
+struct QueueConsumer {
+    generation: u64,
+    channel: Channel,
+    buffer: Mutex<VecDeque<Delivery>>,
+    /// Delivery tags handed out and not yet settled, with whether a handler started them
+    /// (`start_batch`): a dead letter charges an attempt only to a started one.
+    held: Mutex<HashMap<u64, bool>>,
+    /// A clone of the consumer that [`receive`] polls, for a reserve to take what lapin
+    /// has received and `receive` has not moved yet. Locked after `buffer`.
+    direct: Mutex<lapin::Consumer>,
+    /// Tells [`receive`] to stop: `direct` saw the consumer end.
+    stop: Notify,
+    closed: AtomicBool,
+}
+
+impl QueueConsumer {
+    fn live(&self) -> bool {
+        !self.closed.load(Ordering::SeqCst) && self.channel.status().connected()
+    }
+}
+
+impl AmqpTransport {
+    /// Connects and declares the delay chain.
+    pub async fn connect(options: AmqpOptions) -> Result<Self> {
+        let link = Link::open(&options).await?;
+        Ok(AmqpTransport {
+            options,
+            link: Mutex::new(Arc::new(link)),
+            reconnecting: tokio::sync::Mutex::default(),
+            shut: AtomicBool::new(false),
+            known: Mutex::default(),
             consumers: Mutex::default(),
             generation: AtomicU64::new(1),
             wakers: Arc::default(),
+            delayed: Mutex::default(),
         })
     }
 
     /// Closes the connection; deliveries held unacknowledged go back to their queues.
     pub async fn close(&self) {
-        let _ = self.conn.close(200, "closed".into()).await;
+        self.shut.store(true, Ordering::SeqCst);
+        let link = self.current();
+        let _ = link.conn.close(200, "closed".into()).await;
     }
 
     /// Publishes `body` as it is (not an envelope) to `queue`, with `id` as its message
@@ -136,37 +225,108 @@ impl AmqpTransport {
 
     /// Deletes `queue` and its dead-letter queue, messages and all.
     pub async fn delete_queue(&self, queue: &QueueName) -> Result<()> {
-        let ch = self.conn.create_channel().await.map_err(broker)?;
+        let link = self.link().await?;
+        let ch = link.conn.create_channel().await.map_err(broker)?;
         for name in [queue.as_str().to_owned(), dead_queue(queue.as_str())] {
             ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default())
                 .await
                 .map_err(broker)?;
         }
         let _ = ch.close(200, "done".into()).await;
-        self.declared.lock().await.remove(queue.as_str());
+        lock(&link.declared).remove(queue.as_str());
+        lock(&self.known).remove(queue.as_str());
         Ok(())
     }
 
-    /// Declares `queue` and its dead-letter queue once per transport.
-    async fn ensure_queue(&self, queue: &str) -> Result<()> {
-        let mut declared = self.declared.lock().await;
-        if declared.contains(queue) {
-            return Ok(());
+    /// The queues this transport declared (the dead-letter queues not listed).
+    #[doc(hidden)]
+    pub fn queues(&self) -> Vec<String> {
+        lock(&self.known).iter().cloned().collect()
+    }
+
+    fn current(&self) -> Arc<Link> {
+        lock(&self.link).clone()
+    }
+
+    /// The live connection, reconnecting with backoff when it dropped.
+    async fn link(&self) -> Result<Arc<Link>> {
+        let current = self.current();
+        if current.usable() {
+            return Ok(current);
         }
+        let _one = self.reconnecting.lock().await;
+        let current = self.current();
+        if current.usable() {
+            return Ok(current);
+        }
+        if self.shut.load(Ordering::SeqCst) {
+            return Err(Error::backend(
+                TRANSPORT,
+                false,
+                "the RabbitMQ transport was closed",
+            ));
+        }
+        // A closed publishing channel on a live connection: start over on a new one, so
+        // that the old consumers close too and their deliveries return.
+        let _ = current.conn.close(200, "reconnecting".into()).await;
+        let deadline = Instant::now() + self.options.reconnect_timeout;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match Link::open(&self.options).await {
+                Ok(link) => {
+                    let link = Arc::new(link);
+                    *lock(&self.link) = link.clone();
+                    tracing::info!("reconnected to RabbitMQ");
+                    // Idle workers reserve again, which starts new consumers.
+                    self.wakers.wake_all();
+                    return Ok(link);
+                }
+                Err(err) if Instant::now() + pause < deadline => {
+                    tracing::warn!(error = %err, retry_in = ?pause, "RabbitMQ unreachable; reconnecting");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                }
+                Err(err) => {
+                    return Err(Error::backend(
+                        TRANSPORT,
+                        true,
+                        format!(
+                            "RabbitMQ stayed unreachable for {:?} (reconnect_timeout): {err}",
+                            self.options.reconnect_timeout
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Declares `queue` and its dead-letter queue once per connection.
+    async fn ensure_queue(&self, queue: &str) -> Result<()> {
         if queue.len() > MAX_QUEUE_NAME {
             return Err(Error::InvalidInput(format!(
                 "queue name {queue:?} is {} bytes; on RabbitMQ at most {MAX_QUEUE_NAME} are accepted (delay routing keys and the `.dead` queue need the rest)",
                 queue.len()
             )));
         }
+        let link = self.link().await?;
+        if lock(&link.declared).contains(queue) {
+            return Ok(());
+        }
+        // A channel of its own: a refused declaration closes the channel it ran on.
+        let ch = link.conn.create_channel().await.map_err(broker)?;
         let dead = dead_queue(queue);
+        let mut dead_args = FieldTable::default();
+        let mut args = FieldTable::default();
+        if let Some(after) = self.options.queue_expires {
+            let ms = AMQPValue::LongLongInt(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+            dead_args.insert("x-expires".into(), ms.clone());
+            args.insert("x-expires".into(), ms);
+        }
         // The dead-letter store is a classic queue: listing it takes and gives back
         // messages, which a quorum queue would count as deliveries.
-        self.publisher
-            .queue_declare(dead.as_str().into(), durable(), FieldTable::default())
+        ch.queue_declare(dead.as_str().into(), durable(), dead_args)
             .await
-            .map_err(broker)?;
-        let mut args = FieldTable::default();
+            .map_err(|e| declare_error(queue, e))?;
         args.insert("x-dead-letter-exchange".into(), long_string(""));
         args.insert("x-dead-letter-routing-key".into(), long_string(&dead));
         match self.options.queue_kind {
@@ -183,21 +343,21 @@ impl AmqpTransport {
                 args.insert("x-max-priority".into(), AMQPValue::ShortShortUInt(9));
             }
         }
-        self.publisher
-            .queue_declare(queue.into(), durable(), args)
+        ch.queue_declare(queue.into(), durable(), args)
             .await
-            .map_err(broker)?;
-        self.publisher
-            .queue_bind(
-                queue.into(),
-                DELIVERY_EXCHANGE.into(),
-                delivery_binding(queue).as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(broker)?;
-        declared.insert(queue.to_owned());
+            .map_err(|e| declare_error(queue, e))?;
+        ch.queue_bind(
+            queue.into(),
+            DELIVERY_EXCHANGE.into(),
+            delivery_binding(queue).as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(broker)?;
+        let _ = ch.close(200, "declared".into()).await;
+        lock(&link.declared).insert(queue.to_owned());
+        lock(&self.known).insert(queue.to_owned());
         Ok(())
     }
 
@@ -207,11 +367,23 @@ impl AmqpTransport {
         if let Some(c) = self.live_consumer(queue) {
             return Ok(c);
         }
-        let channel = self.conn.create_channel().await.map_err(broker)?;
+        let link = self.link().await?;
+        let channel = link.conn.create_channel().await.map_err(broker)?;
         channel
             .basic_qos(self.options.prefetch, BasicQosOptions::default())
             .await
             .map_err(broker)?;
+        // What the broker will push at once, so that a reserve right after a publish sees
+        // it all (up to the prefetch), as it would on a database.
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let ready = channel
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await
+            .map_err(broker)?
+            .message_count();
         let stream = channel
             .basic_consume(
                 queue.into(),
@@ -226,25 +398,30 @@ impl AmqpTransport {
             channel,
             buffer: Mutex::default(),
             held: Mutex::default(),
-            arrived: Notify::new(),
+            direct: Mutex::new(stream.clone()),
+            stop: Notify::new(),
             closed: AtomicBool::new(false),
         });
         tokio::spawn(receive(
             stream,
             consumer.clone(),
             self.wakers.clone(),
+            link,
             queue.to_owned(),
         ));
-        let mut consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers.insert(queue.to_owned(), consumer.clone());
+        lock(&self.consumers).insert(queue.to_owned(), consumer.clone());
+        let expect = ready.min(u32::from(self.options.prefetch)) as usize;
+        let deadline = Instant::now() + WARM_UP;
+        while Self::fill(&consumer) < expect && consumer.live() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         Ok(consumer)
     }
 
     fn live_consumer(&self, queue: &str) -> Option<Arc<QueueConsumer>> {
-        let consumers = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        consumers
+        lock(&self.consumers)
             .get(queue)
-            .filter(|c| !c.closed.load(Ordering::SeqCst))
+            .filter(|c| c.live())
             .cloned()
     }
 
@@ -254,10 +431,7 @@ impl AmqpTransport {
         let c = self.live_consumer(r.envelope.queue.as_str())?;
         let held = c.generation == generation
             && tag == r.receipt.tag()
-            && c.held
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&tag);
+            && lock(&c.held).contains_key(&tag);
         held.then_some(c)
     }
 
@@ -268,12 +442,7 @@ impl AmqpTransport {
             return Ok(false);
         };
         let tag = r.receipt.tag();
-        if !c
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&tag)
-        {
+        if lock(&c.held).remove(&tag).is_none() {
             return Ok(false);
         }
         match c.channel.basic_ack(tag, BasicAckOptions::default()).await {
@@ -307,6 +476,10 @@ impl AmqpTransport {
                     }
                     let delay = (env.available_at - now).to_std().unwrap_or(Duration::ZERO);
                     if delay >= UNIT / 2 {
+                        lock(&self.delayed)
+                            .entry(env.queue.as_str().to_owned())
+                            .or_default()
+                            .insert(env.id, Instant::now() + delay + DELAY_GRACE);
                         (
                             level_name(LEVELS - 1),
                             delay_key(units(delay), env.queue.as_str()),
@@ -323,14 +496,25 @@ impl AmqpTransport {
     }
 
     /// Publishes `(exchange, routing key, body, properties)` messages, pipelined, and
-    /// waits for every confirm.
-    async fn publish_all(
-        &self,
-        messages: Vec<(String, String, Vec<u8>, BasicProperties)>,
-    ) -> Result<()> {
+    /// waits for every confirm. When the connection drops on the way, it publishes them
+    /// all again on the next one: some may then be delivered twice, none is lost.
+    async fn publish_all(&self, messages: Vec<Outgoing>) -> Result<()> {
+        let deadline = Instant::now() + self.options.reconnect_timeout;
+        loop {
+            let link = self.link().await?;
+            match self.publish_on(&link, &messages).await {
+                Err(err) if err.is_transient() && !link.usable() && Instant::now() < deadline => {
+                    tracing::warn!(error = %err, "a publish was cut off by a dropped connection; publishing it again");
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn publish_on(&self, link: &Link, messages: &[Outgoing]) -> Result<()> {
         let mut confirms = Vec::with_capacity(messages.len());
         for (exchange, key, body, props) in messages {
-            let confirm = self
+            let confirm = link
                 .publisher
                 .basic_publish(
                     exchange.as_str().into(),
@@ -341,8 +525,8 @@ impl AmqpTransport {
                         mandatory: true,
                         ..BasicPublishOptions::default()
                     },
-                    &body,
-                    props,
+                    body,
+                    props.clone(),
                 )
                 .await
                 .map_err(broker)?;
@@ -382,6 +566,37 @@ impl AmqpTransport {
         Ok(())
     }
 
+    /// Up to `max` reservations of `queue`, marked started (a reserve) or not (a
+    /// prefetch).
+    async fn claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        started: bool,
+    ) -> Result<Vec<Reservation>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        self.ensure_queue(queue.as_str()).await?;
+        let c = self.consumer(queue.as_str()).await?;
+        let mut deliveries = Self::pull(&c, queue, max).await?;
+        let mut out = Vec::with_capacity(deliveries.len());
+        loop {
+            let settled_some = !deliveries.is_empty();
+            for d in deliveries {
+                if let Some(r) = self.admit(&c, d, queue.as_str(), started).await? {
+                    out.push(r);
+                }
+            }
+            // Everything taken was settled on the way (malformed, expired, early): look
+            // again rather than report an empty queue that may hold more.
+            if !out.is_empty() || !settled_some {
+                return Ok(out);
+            }
+            deliveries = Self::pull(&c, queue, max).await?;
+        }
+    }
+
     /// Turns a delivery into a reservation, or settles it on the way: malformed and
     /// expired messages go to the dead-letter queue, early ones back into the delay
     /// chain, and one delivered again after a closed channel is published again with
@@ -391,6 +606,7 @@ impl AmqpTransport {
         c: &QueueConsumer,
         d: Delivery,
         queue: &str,
+        started: bool,
     ) -> Result<Option<Reservation>> {
         let tag = d.delivery_tag;
         let text = String::from_utf8_lossy(&d.data).into_owned();
@@ -412,6 +628,9 @@ impl AmqpTransport {
                 return Ok(None);
             }
         };
+        if let Some(ids) = lock(&self.delayed).get_mut(queue) {
+            ids.remove(&env.id);
+        }
         let counted = delivery_count(&d);
         let now = Utc::now();
         let early =
@@ -432,7 +651,7 @@ impl AmqpTransport {
             return Ok(None);
         }
         env.attempts += counted;
-        c.held.lock().unwrap_or_else(|e| e.into_inner()).insert(tag);
+        lock(&c.held).insert(tag, started);
         let token = LeaseToken(Uuid::from_u64_pair(c.generation, tag));
         let id = env.id;
         Ok(Some(Reservation {
@@ -441,40 +660,73 @@ impl AmqpTransport {
         }))
     }
 
-    /// Up to `max` deliveries of `queue`: those the consumer received, or else one ready
-    /// message the broker has not pushed yet (`basic.get`); with `in_flight`, when there
-    /// is none, it also waits a few milliseconds for a delivery already on its way (a
-    /// message published a moment ago).
-    async fn pull(
-        c: &QueueConsumer,
-        queue: &QueueName,
-        max: usize,
-        in_flight: bool,
-    ) -> Result<Vec<Delivery>> {
-        let taken = Self::take(c, max);
-        if !taken.is_empty() {
-            return Ok(taken);
-        }
-        match c
-            .channel
-            .basic_get(queue.as_str().into(), BasicGetOptions::default())
-            .await
-            .map_err(broker)?
-        {
-            Some(m) => Ok(vec![m.delivery]),
-            None if in_flight => {
-                let _ = tokio::time::timeout(IN_FLIGHT, c.arrived.notified()).await;
-                Ok(Self::take(c, max))
+    /// Up to `max` deliveries of `queue`: those the consumer received, then ready
+    /// messages the broker has not pushed (`basic.get`). The broker sends a channel's
+    /// frames in order, so once a `basic.get` comes back empty, every delivery pushed to
+    /// the consumer before it has reached lapin, and a last look takes them: a reserve
+    /// right after a confirmed publish finds the message.
+    async fn pull(c: &QueueConsumer, queue: &QueueName, max: usize) -> Result<Vec<Delivery>> {
+        let mut out = Self::take(c, max);
+        while out.len() < max {
+            match c
+                .channel
+                .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                .await
+                .map_err(broker)?
+            {
+                Some(m) => out.push(m.delivery),
+                None => {
+                    out.extend(Self::take(c, max - out.len()));
+                    break;
+                }
             }
-            None => Ok(Vec::new()),
         }
+        Ok(out)
     }
 
-    /// Takes up to `max` received deliveries of `queue`.
+    /// The messages this transport delayed on `queue` that have not come out yet (and
+    /// are not overdue by more than [`DELAY_GRACE`], when another process took them).
+    fn delayed_count(&self, queue: &str) -> u64 {
+        let mut delayed = lock(&self.delayed);
+        let Some(ids) = delayed.get_mut(queue) else {
+            return 0;
+        };
+        let now = Instant::now();
+        ids.retain(|_, until| *until > now);
+        ids.len() as u64
+    }
+
+    /// Takes up to `max` received deliveries, in order.
     fn take(c: &QueueConsumer, max: usize) -> Vec<Delivery> {
-        let mut buffer = c.buffer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buffer = lock(&c.buffer);
+        Self::fill_upto(c, &mut buffer, max);
         let n = buffer.len().min(max);
         buffer.drain(..n).collect()
+    }
+
+    /// Moves what lapin received into the buffer; how many the buffer holds.
+    fn fill(c: &QueueConsumer) -> usize {
+        let mut buffer = lock(&c.buffer);
+        Self::fill_upto(c, &mut buffer, usize::MAX);
+        buffer.len()
+    }
+
+    fn fill_upto(c: &QueueConsumer, buffer: &mut VecDeque<Delivery>, max: usize) {
+        let mut direct = lock(&c.direct);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        while buffer.len() < max {
+            match std::pin::Pin::new(&mut *direct).poll_next(&mut cx) {
+                std::task::Poll::Ready(Some(Ok(d))) => buffer.push_back(d),
+                std::task::Poll::Ready(_) => {
+                    // The consumer ended (cancelled, or its channel closed): `receive`
+                    // will not see it now, so tell it.
+                    c.closed.store(true, Ordering::SeqCst);
+                    c.stop.notify_one();
+                    break;
+                }
+                std::task::Poll::Pending => break,
+            }
+        }
     }
 
     /// Reads every message of `queue`'s dead-letter queue on a channel of its own and
@@ -489,7 +741,13 @@ impl AmqpTransport {
         F: FnMut(&DeadLetter) -> bool,
     {
         self.ensure_queue(queue).await?;
-        let ch = self.conn.create_channel().await.map_err(broker)?;
+        let ch = self
+            .link()
+            .await?
+            .conn
+            .create_channel()
+            .await
+            .map_err(broker)?;
         let dead = dead_queue(queue);
         let mut picked = Vec::new();
         while let Some(m) = ch
@@ -506,10 +764,10 @@ impl AmqpTransport {
     }
 
     /// The queues a dead-letter command acts on.
-    async fn dead_queues(&self, queue: Option<&QueueName>) -> Vec<String> {
+    fn dead_queues(&self, queue: Option<&QueueName>) -> Vec<String> {
         match queue {
             Some(q) => vec![q.as_str().to_owned()],
-            None => self.declared.lock().await.iter().cloned().collect(),
+            None => self.queues(),
         }
     }
 
@@ -529,7 +787,7 @@ impl AmqpTransport {
             _ => true,
         };
         let mut n = 0;
-        for q in self.dead_queues(queue).await {
+        for q in self.dead_queues(queue) {
             let (ch, picked) = self.read_dead(&q, selected).await?;
             for (tag, letter) in picked {
                 if replay {
@@ -673,32 +931,54 @@ fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
 }
 
 /// Moves deliveries from the broker into the consumer's buffer until its channel
-/// closes, waking the queue's idle workers.
+/// closes or the broker cancels the consumer, waking the queue's idle workers.
 async fn receive(
     mut stream: lapin::Consumer,
     c: Arc<QueueConsumer>,
     wakers: Arc<Wakers>,
+    link: Arc<Link>,
     queue: String,
 ) {
-    while let Some(next) = stream.next().await {
-        match next {
-            Ok(d) => {
-                c.buffer
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_back(d);
-                c.arrived.notify_waiters();
-                wakers.wake(&queue);
+    loop {
+        // Taken from the stream and buffered under the buffer's lock, so that a reserve
+        // never misses a delivery that is between the two.
+        let next = std::future::poll_fn(|cx| {
+            let mut buffer = lock(&c.buffer);
+            match std::pin::Pin::new(&mut stream).poll_next(cx) {
+                std::task::Poll::Ready(Some(Ok(d))) => {
+                    buffer.push_back(d);
+                    std::task::Poll::Ready(true)
+                }
+                std::task::Poll::Ready(Some(Err(err))) => {
+                    tracing::debug!(queue, error = %err, "consumer stopped");
+                    std::task::Poll::Ready(false)
+                }
+                std::task::Poll::Ready(None) => std::task::Poll::Ready(false),
+                std::task::Poll::Pending => std::task::Poll::Pending,
             }
-            Err(err) => {
-                tracing::debug!(queue, error = %err, "consumer stopped");
-                break;
-            }
+        });
+        let more = tokio::select! {
+            more = next => more,
+            () = c.stop.notified() => false,
+        };
+        if !more || c.closed.load(Ordering::SeqCst) {
+            break;
         }
+        wakers.wake(&queue);
     }
-    // Its deliveries go back to the queue with the channel: the leases are gone.
+    // The channel closed, or the broker cancelled the consumer (its queue was deleted,
+    // its leader moved): close the channel, so that every delivery it holds goes back
+    // to the queue, and declare the queue again before the next consumer starts.
     c.closed.store(true, Ordering::SeqCst);
-    c.buffer.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    lock(&c.buffer).clear();
+    if c.channel.status().connected() {
+        tracing::info!(
+            queue,
+            "the broker cancelled the consumer; its deliveries return to the queue"
+        );
+        let _ = c.channel.close(200, "consumer cancelled".into()).await;
+    }
+    lock(&link.declared).remove(&queue);
     wakers.wake(&queue);
 }
 
@@ -812,27 +1092,11 @@ impl Transport for AmqpTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        if max == 0 {
-            return Ok(Vec::new());
-        }
-        self.ensure_queue(queue.as_str()).await?;
-        let c = self.consumer(queue.as_str()).await?;
-        let mut deliveries = Self::pull(&c, queue, max, true).await?;
-        let mut out = Vec::with_capacity(deliveries.len());
-        loop {
-            let settled_some = !deliveries.is_empty();
-            for d in deliveries {
-                if let Some(r) = self.admit(&c, d, queue.as_str()).await? {
-                    out.push(r);
-                }
-            }
-            // Everything taken was settled on the way (malformed, expired, early): look
-            // again rather than report an empty queue that may hold more.
-            if !out.is_empty() || !settled_some {
-                return Ok(out);
-            }
-            deliveries = Self::pull(&c, queue, max, false).await?;
-        }
+        self.claim(queue, max, true).await
+    }
+
+    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.claim(queue, max, false).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -891,11 +1155,15 @@ impl Transport for AmqpTransport {
         reason: &str,
         error: Option<&str>,
     ) -> Result<()> {
-        if self.holder(reservation).is_none() {
+        let Some(c) = self.holder(reservation) else {
             return Err(lost(reservation));
-        }
+        };
+        let started = lock(&c.held)
+            .get(&reservation.receipt.tag())
+            .copied()
+            .unwrap_or(false);
         let mut env = reservation.envelope.clone();
-        env.attempts += 1;
+        env.attempts += u32::from(started);
         if let Some(e) = error {
             env.last_error = Some(e.to_owned());
         }
@@ -906,6 +1174,24 @@ impl Transport for AmqpTransport {
         } else {
             Err(lost(reservation))
         }
+    }
+
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        for r in reservations {
+            let started = self.holder(r).is_some_and(|c| {
+                lock(&c.held)
+                    .get_mut(&r.receipt.tag())
+                    .map(|s| *s = true)
+                    .is_some()
+            });
+            if started {
+                report.acked.push(r.id());
+            } else {
+                report.lost.push(r.id());
+            }
+        }
+        Ok(report)
     }
 
     async fn extend(&self, reservation: &Reservation, _lease: Duration) -> Result<()> {
@@ -920,21 +1206,24 @@ impl Transport for AmqpTransport {
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
         let queues: Vec<String> = match queue {
             Some(q) => vec![q.as_str().to_owned()],
-            None => self.declared.lock().await.iter().cloned().collect(),
+            None => self.queues(),
         };
+        let link = self.link().await?;
         let mut out = Vec::new();
         for q in queues {
             let passive = QueueDeclareOptions {
                 passive: true,
                 ..QueueDeclareOptions::default()
             };
-            let ch = self.conn.create_channel().await.map_err(broker)?;
-            let main = ch
+            let ch = link.conn.create_channel().await.map_err(broker)?;
+            let main = match ch
                 .queue_declare(q.as_str().into(), passive, FieldTable::default())
-                .await;
-            let Ok(main) = main else {
-                // A queue never declared has nothing in it.
-                continue;
+                .await
+            {
+                Ok(main) => main,
+                // A queue never declared has nothing in it (NOT_FOUND).
+                Err(err) if matches!(err.kind(), lapin::ErrorKind::ProtocolError(_)) => continue,
+                Err(err) => return Err(broker(err)),
             };
             let dead = ch
                 .queue_declare(
@@ -946,12 +1235,14 @@ impl Transport for AmqpTransport {
                 .map_err(broker)?;
             let _ = ch.close(200, "done".into()).await;
             let mut s = QueueStats::new(q.as_str());
-            let held = self.live_consumer(&q).map_or(0, |c| {
-                c.held.lock().unwrap_or_else(|e| e.into_inner()).len()
-                    + c.buffer.lock().unwrap_or_else(|e| e.into_inner()).len()
+            // The broker counts only what it has not pushed to a consumer; deliveries
+            // this process received and has not handed out are ready all the same.
+            let (buffered, held) = self.live_consumer(&q).map_or((0, 0), |c| {
+                (lock(&c.buffer).len() as u64, lock(&c.held).len() as u64)
             });
-            s.ready = u64::from(main.message_count());
-            s.reserved = held as u64;
+            s.ready = u64::from(main.message_count()) + buffered;
+            s.delayed = self.delayed_count(&q);
+            s.reserved = held;
             s.dead = u64::from(dead.message_count());
             out.push(s);
         }
@@ -960,7 +1251,7 @@ impl Transport for AmqpTransport {
 
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
-        for q in self.dead_queues(queue).await {
+        for q in self.dead_queues(queue) {
             let (ch, picked) = self.read_dead(&q, |_| true).await?;
             let _ = ch.close(200, "done".into()).await;
             out.extend(picked.into_iter().map(|(_, d)| d));

@@ -47,6 +47,10 @@ pub trait Harness: Send + Sync + 'static {
     fn skip_reason(&self) -> Option<String> {
         None
     }
+
+    /// Removes what the case left on the server, after it passed or failed (a broker's
+    /// queues, say, which would otherwise pile up). Nothing by default.
+    async fn teardown(&self) {}
 }
 
 /// One isolated store (a database file, a schema, …).
@@ -69,7 +73,7 @@ pub trait Store: Send + Sync {
 pub fn run<F, Fut>(harness: Arc<dyn Harness>, case: F)
 where
     F: FnOnce(Arc<dyn Harness>) -> Fut,
-    Fut: Future<Output = Result<()>>,
+    Fut: Future<Output = Result<()>> + Send + 'static,
 {
     if let Some(reason) = harness.skip_reason() {
         eprintln!("SKIPPED: {reason}");
@@ -80,12 +84,24 @@ where
         .enable_all()
         .build()
         .expect("a tokio runtime for the conformance case");
-    let outcome =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(300), case(harness)).await });
+    let outcome = rt.block_on(async {
+        // A task of its own, so that the teardown runs after a failed assertion too.
+        let case = tokio::spawn(tokio::time::timeout(
+            Duration::from_secs(300),
+            case(harness.clone()),
+        ));
+        let outcome = case.await;
+        let _ = tokio::time::timeout(Duration::from_secs(60), harness.teardown()).await;
+        outcome
+    });
     match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => panic!("conformance case failed: {err}"),
-        Err(_) => panic!("conformance case did not finish within 300 s"),
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => panic!("conformance case failed: {err}"),
+        Ok(Err(_)) => panic!("conformance case did not finish within 300 s"),
+        Err(join) => match join.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(err) => panic!("conformance case was cancelled: {err}"),
+        },
     }
 }
 
