@@ -38,6 +38,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long past its due time a delayed message still counts as delayed when this
 /// process has not seen it come out (another process took it).
 const DELAY_GRACE: Duration = Duration::from_secs(30);
+/// How long an empty reserve waits for deliveries on their way to the consumer.
+const IN_FLIGHT: Duration = Duration::from_millis(5);
 /// How long a new consumer waits for the broker's first pushes.
 const WARM_UP: Duration = Duration::from_millis(200);
 /// The longest pause between reconnect attempts.
@@ -173,6 +175,8 @@ struct QueueConsumer {
     direct: Mutex<lapin::Consumer>,
     /// Tells [`receive`] to stop: `direct` saw the consumer end.
     stop: Notify,
+    /// Signalled by [`receive`] when it buffered a delivery.
+    arrived: Notify,
     closed: AtomicBool,
 }
 
@@ -400,6 +404,7 @@ impl AmqpTransport {
             held: Mutex::default(),
             direct: Mutex::new(stream.clone()),
             stop: Notify::new(),
+            arrived: Notify::new(),
             closed: AtomicBool::new(false),
         });
         tokio::spawn(receive(
@@ -661,10 +666,11 @@ impl AmqpTransport {
     }
 
     /// Up to `max` deliveries of `queue`: those the consumer received, then ready
-    /// messages the broker has not pushed (`basic.get`). The broker sends a channel's
-    /// frames in order, so once a `basic.get` comes back empty, every delivery pushed to
-    /// the consumer before it has reached lapin, and a last look takes them: a reserve
-    /// right after a confirmed publish finds the message.
+    /// messages the broker has not pushed (`basic.get`, which the prefetch does not
+    /// limit). An empty `basic.get` does not prove that nothing is on its way to the
+    /// consumer (the broker may send deliveries queued for the channel after it), so an
+    /// empty pull waits a moment for them: a reserve right after a confirmed publish
+    /// finds the message.
     async fn pull(c: &QueueConsumer, queue: &QueueName, max: usize) -> Result<Vec<Delivery>> {
         let mut out = Self::take(c, max);
         while out.len() < max {
@@ -679,6 +685,13 @@ impl AmqpTransport {
                     out.extend(Self::take(c, max - out.len()));
                     break;
                 }
+            }
+        }
+        if out.is_empty() {
+            let arrived = c.arrived.notified();
+            out = Self::take(c, max);
+            if out.is_empty() && tokio::time::timeout(IN_FLIGHT, arrived).await.is_ok() {
+                out = Self::take(c, max);
             }
         }
         Ok(out)
@@ -964,6 +977,7 @@ async fn receive(
         if !more || c.closed.load(Ordering::SeqCst) {
             break;
         }
+        c.arrived.notify_waiters();
         wakers.wake(&queue);
     }
     // The channel closed, or the broker cancelled the consumer (its queue was deleted,

@@ -24,8 +24,49 @@ fn job(q: &QueueName, kind: &str) -> Envelope {
         .expect("a valid envelope")
 }
 
+/// Queues expire after ten idle minutes, should a failed test leave them behind.
+fn options(kind: QueueKind) -> AmqpOptions {
+    AmqpOptions::new(url())
+        .with_queue_kind(kind)
+        .with_queue_expires(Duration::from_secs(600))
+}
+
 async fn open(kind: QueueKind) -> Result<AmqpTransport> {
-    AmqpTransport::connect(AmqpOptions::new(url()).with_queue_kind(kind)).await
+    AmqpTransport::connect(options(kind)).await
+}
+
+/// Closes, on the broker, the connections named `name`; how many.
+fn close_connections(name: &str) -> usize {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("rabbitmqctl (this test runs on the broker's machine)");
+        assert!(out.status.success(), "rabbitmqctl {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = run(&[
+        "list_connections",
+        "-q",
+        "--no-table-headers",
+        "pid",
+        "client_properties",
+    ]);
+    let tag = format!("{{\"connection_name\",\"{name}\"}}");
+    let pids: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains(&tag))
+        .filter_map(|l| l.split('\t').next())
+        .collect();
+    for pid in &pids {
+        run(&[
+            "close_connection",
+            pid,
+            "switchyard test: dropped connection",
+        ]);
+    }
+    pids.len()
 }
 
 /// Runs `f` unless the broker is unreachable outside CI.
@@ -235,6 +276,98 @@ fn a_publish_no_queue_takes_fails_loudly() {
                 .is_err_and(|e| e.to_string().contains("no queue")),
             "{lost:?}"
         );
+        other.close().await;
+        t.close().await;
+        Ok(())
+    });
+}
+
+/// The broker drops the connection: leases held on it are lost (their messages come back,
+/// the attempt counted), and the next operations reconnect by themselves.
+#[test]
+fn a_dropped_connection_reconnects_and_loses_nothing() {
+    with_broker(|| async {
+        let name = format!("switchyard-test-{}", uuid::Uuid::new_v4().simple());
+        let t =
+            AmqpTransport::connect(options(QueueKind::Quorum).with_connection_name(&name)).await?;
+        let q = queue();
+        t.publish_batch((0..10).map(|i| job(&q, &format!("m{i}"))).collect())
+            .await?;
+        let held = reserve_n(&t, &q, 3, Duration::from_secs(5)).await?;
+        assert_eq!(held.len(), 3);
+        let closed = tokio::task::spawn_blocking(move || close_connections(&name))
+            .await
+            .map_err(|e| Error::InvalidInput(e.to_string()))?;
+        assert_eq!(closed, 1, "the transport's connection was not found");
+        // Until the transport notices, an ack may still look held; once it has, every
+        // lease of the old connection is lost.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while t.extend(&held[0], Duration::from_secs(30)).await.is_ok() {
+            assert!(Instant::now() < deadline, "the drop went unnoticed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(t.ack_batch(&held).await?.lost.len(), 3);
+
+        t.publish(job(&q, "after")).await?;
+        let all = reserve_n(&t, &q, 11, Duration::from_secs(10)).await?;
+        let mut kinds: Vec<&str> = all.iter().map(|r| r.envelope.kind.as_str()).collect();
+        kinds.sort_unstable();
+        let mut expected: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+        expected.push("after".into());
+        expected.sort_unstable();
+        assert_eq!(kinds, expected);
+        for r in &all {
+            let was_held = held.iter().any(|h| h.id() == r.id());
+            // What the consumer had prefetched and not handed out went back with the
+            // channel too, and a quorum queue counts every return.
+            let expected = match (was_held, r.envelope.kind.as_str()) {
+                (true, _) => 1..=1,
+                (false, "after") => 0..=0,
+                (false, _) => 0..=1,
+            };
+            assert!(
+                expected.contains(&r.envelope.attempts),
+                "{}: {} attempts",
+                r.envelope.kind,
+                r.envelope.attempts
+            );
+        }
+        assert_eq!(t.ack_batch(&all).await?.acked.len(), 11);
+        assert!(t.reserve(&q).await?.is_none());
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}
+
+/// The broker cancels a consumer (here because its queue was deleted): the consumer's
+/// leases are lost at once, and once the queue is used again a new consumer serves it.
+#[test]
+fn a_consumer_the_broker_cancels_loses_its_leases_and_is_replaced() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish(job(&q, "before")).await?;
+        let held = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+        assert_eq!(held.len(), 1);
+        let other = open(QueueKind::Quorum).await?;
+        other.delete_queue(&q).await?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while t.extend(&held[0], Duration::from_secs(30)).await.is_ok() {
+            assert!(Instant::now() < deadline, "the cancel went unnoticed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(matches!(
+            t.ack(&held[0]).await,
+            Err(Error::LeaseLost { .. })
+        ));
+        // The queue is declared again and consumed again.
+        t.publish(job(&q, "after")).await?;
+        let again = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].envelope.kind, "after");
+        t.ack(&again[0]).await?;
+        t.delete_queue(&q).await?;
         other.close().await;
         t.close().await;
         Ok(())
