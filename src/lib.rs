@@ -55,8 +55,13 @@ pub use transport_pg::{sqlx, ClaimCounters, PgOptions, PgTransport};
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use transport_mysql::{MySqlOptions, MySqlTransport, ServerInfo};
 
+#[cfg(feature = "amqp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]
+pub use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
+
 /// Builds the transport that `config` selects: `QUEUE_BACKEND=exec` uses the SQL
-/// database of `DATABASE_URL`, chosen by its scheme.
+/// database of `DATABASE_URL`, chosen by its scheme; `QUEUE_BACKEND=rabbitmq` the broker
+/// of `AMQP_URL`.
 ///
 /// # Errors
 /// [`Error::Config`] naming the setting when the backend is not compiled into this build
@@ -75,11 +80,7 @@ pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
 async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
     match config.backend {
         BackendKind::Exec => connect_sql(config, create).await,
-        BackendKind::RabbitMq => Err(missing_backend(
-            "QUEUE_BACKEND",
-            "rabbitmq",
-            "the RabbitMQ transport is not part of this build yet (Cargo feature `amqp`); use QUEUE_BACKEND=exec",
-        )),
+        BackendKind::RabbitMq => connect_amqp(config).await,
     }
 }
 
@@ -128,6 +129,22 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
             "expected sqlite://PATH, postgres://… or mysql://…",
         )),
     }
+}
+
+#[cfg(feature = "amqp")]
+async fn connect_amqp(config: &Config) -> Result<Arc<dyn Transport>> {
+    Ok(Arc::new(
+        AmqpTransport::connect(AmqpOptions::from_config(config)).await?,
+    ))
+}
+
+#[cfg(not(feature = "amqp"))]
+async fn connect_amqp(_config: &Config) -> Result<Arc<dyn Transport>> {
+    Err(missing_backend(
+        "QUEUE_BACKEND",
+        "rabbitmq",
+        "this build has no RabbitMQ transport: enable the Cargo feature `amqp`, or use QUEUE_BACKEND=exec",
+    ))
 }
 
 fn missing_backend(setting: &str, value: &str, expected: &str) -> Error {

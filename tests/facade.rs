@@ -1,7 +1,7 @@
 //! The facade: `connect` builds the configured transport, and says clearly when a build
 //! lacks the backend that the configuration asks for.
 
-use switchyard::{Config, Envelope, Error, QueueName};
+use switchyard::{Config, Envelope, QueueName};
 
 fn config(pairs: &[(&str, String)]) -> Config {
     Config::from_lookup(|var| {
@@ -13,11 +13,12 @@ fn config(pairs: &[(&str, String)]) -> Config {
     .expect("a valid configuration")
 }
 
+#[cfg(not(feature = "amqp"))]
 #[tokio::test]
 async fn rabbitmq_without_its_transport_is_a_configuration_error_naming_the_feature() {
     let cfg = config(&[("QUEUE_BACKEND", "rabbitmq".into())]);
     match switchyard::connect(&cfg).await {
-        Err(Error::Config(e)) => {
+        Err(switchyard::Error::Config(e)) => {
             assert_eq!(e.setting, "QUEUE_BACKEND");
             assert!(e.to_string().contains("`amqp`"), "{e}");
         }
@@ -133,4 +134,49 @@ async fn a_mysql_url_selects_the_mysql_transport() -> switchyard::Result<()> {
         switchyard::MySqlTransport::connect(switchyard::MySqlOptions::from_config(&cfg)).await?;
     my.drop_store().await?;
     Ok(())
+}
+
+/// `QUEUE_BACKEND=rabbitmq` reaches the broker of `AMQP_URL`.
+#[cfg(feature = "amqp")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_backend_rabbitmq_selects_the_amqp_transport() -> switchyard::Result<()> {
+    let url = std::env::var("SWITCHYARD_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    if let Some(why) = queue_core::conformance::skip_unless_reachable("RabbitMQ", &url, 5672) {
+        eprintln!("SKIPPED: {why}");
+        return Ok(());
+    }
+    let cfg = config(&[
+        ("QUEUE_BACKEND", "rabbitmq".into()),
+        ("AMQP_URL", url.clone()),
+    ]);
+    let t = switchyard::connect(&cfg).await?;
+    assert_eq!(t.name(), "amqp");
+    let q = QueueName::new(format!("facade.{}", uuid::Uuid::new_v4().simple()))?;
+    let env = Envelope::builder(q.as_str(), "ping").build()?;
+    t.publish(env.clone()).await?;
+    let r = t.reserve(&q).await?.expect("the message");
+    assert_eq!(r.id(), env.id);
+    t.ack(&r).await?;
+    let stats = t.stats(Some(&q)).await?;
+    assert_eq!((stats[0].ready, stats[0].reserved), (0, 0), "{stats:?}");
+    let admin = switchyard::AmqpTransport::connect(switchyard::AmqpOptions::new(url)).await?;
+    admin.delete_queue(&q).await?;
+    admin.close().await;
+    Ok(())
+}
+
+/// A broker that cannot be reached is an error that keeps the password out.
+#[cfg(feature = "amqp")]
+#[tokio::test]
+async fn an_unreachable_broker_is_an_error_without_the_password() {
+    let cfg = config(&[
+        ("QUEUE_BACKEND", "rabbitmq".into()),
+        ("AMQP_URL", "amqp://app:s3cret@127.0.0.1:1/%2f".into()),
+    ]);
+    let err = switchyard::connect(&cfg)
+        .await
+        .expect_err("nothing listens on port 1");
+    let text = err.to_string();
+    assert!(!text.contains("s3cret"), "{text}");
 }

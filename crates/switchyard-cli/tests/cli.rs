@@ -290,3 +290,86 @@ fn bench_reports_a_bare_sql_baseline_on_mariadb() {
         bench_reports_on(&sb, true);
     }
 }
+
+#[cfg(feature = "amqp")]
+#[test]
+fn bench_reports_a_bare_lapin_baseline_on_rabbitmq() {
+    if let Some(sb) = Sandbox::rabbitmq() {
+        bench_reports_on(&sb, true);
+    }
+}
+
+/// Deletes RabbitMQ queues a test made.
+#[cfg(feature = "amqp")]
+fn delete_amqp_queues(queues: &[&str]) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(async {
+            let t = switchyard::AmqpTransport::connect(switchyard::AmqpOptions::new(
+                support::amqp_url(),
+            ))
+            .await
+            .expect("connect");
+            for q in queues {
+                let q = switchyard::QueueName::new(*q).expect("a queue name");
+                t.delete_queue(&q).await.expect("delete the queue");
+            }
+            t.close().await;
+        });
+}
+
+/// The command line on RabbitMQ: migrate, publish, stats of a named queue (AMQP cannot
+/// list queues, and says so), work --exec with retries into the dead-letter queue, and
+/// the dead-letter commands.
+#[cfg(feature = "amqp")]
+#[test]
+fn the_command_line_works_on_rabbitmq() {
+    let Some(sb) = Sandbox::rabbitmq() else {
+        return;
+    };
+    let q = format!("cli.{}", uuid::Uuid::new_v4().simple());
+    let out = sb.run(&["migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("amqp is ready"),
+        "{}",
+        text(&out.stdout)
+    );
+    let ids = sb.publish_lines(&q, "k", "{\"n\":1}\n{\"n\":2}\n");
+    assert_eq!(ids.len(), 2);
+    assert_eq!(sb.ready(&q), 2);
+    let out = sb.run(&["stats"]);
+    assert_one_line_error(&out, &["--queue", "cannot list"]);
+
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        &q,
+        "--exec",
+        "cat >/dev/null; exit 3",
+        "--drain",
+        "--max-attempts",
+        "2",
+        "--backoff-base",
+        "100ms",
+        "--backoff-max",
+        "200ms",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dead = sb.dead(&q);
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead.iter().all(|d| d["reason"] == "max_attempts"),
+        "{dead:?}"
+    );
+    let out = sb.run(&["dead", "replay", "--all", "--queue", &q]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sb.ready(&q), 2);
+    let out = sb.run(&["work", "--queue", &q, "--exec", "cat >/dev/null", "--drain"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sb.ready(&q), 0);
+    assert!(sb.dead(&q).is_empty());
+    delete_amqp_queues(&[&q]);
+}

@@ -21,7 +21,12 @@ pub struct AmqpOptions {
     pub url: SecretUrl,
     /// Quorum (default) or classic queues.
     pub queue_kind: QueueKind,
-    /// Deliveries a consumer holds unacknowledged per queue (`basic.qos`).
+    /// Deliveries a consumer holds unacknowledged per queue (`basic.qos`). The default,
+    /// 1,024, is above what a worker holds by default (256 claimed ahead and up to 256
+    /// handled awaiting their coalesced ack), so its reserves are served from what the
+    /// broker pushed rather than one `basic.get` round trip at a time. The cost: should
+    /// the process die, every delivery it held returns to the queue, and a quorum queue
+    /// counts each return as an attempt.
     pub prefetch: u16,
     /// How long a publish waits for the broker's confirm before it fails.
     pub confirm_timeout: Duration,
@@ -48,7 +53,7 @@ impl AmqpOptions {
         AmqpOptions {
             url: SecretUrl::new(url),
             queue_kind: QueueKind::default(),
-            prefetch: 256,
+            prefetch: 1024,
             confirm_timeout: Duration::from_secs(30),
             delivery_limit: 100,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,

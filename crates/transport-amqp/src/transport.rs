@@ -19,8 +19,8 @@ use lapin::{
 };
 use queue_core::sql::Wakers;
 use queue_core::{
-    reason, AckReport, Capabilities, DeadLetter, DeadSelection, Envelope, Error, LeaseToken,
-    QueueName, QueueStats, Receipt, Reservation, Result, Transport,
+    reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
+    LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -126,6 +126,14 @@ struct Link {
 impl Link {
     /// Connects and declares the delay chain.
     async fn open(options: &AmqpOptions) -> Result<Link> {
+        if options.url.scheme() != "amqp" {
+            return Err(ConfigError::new(
+                "AMQP_URL",
+                Some(options.url.to_string()),
+                "amqp://USER:PASSWORD@HOST:PORT/VHOST (this build has no TLS: for amqps://, reach the broker through a TLS tunnel such as stunnel on localhost)",
+            )
+            .into());
+        }
         let mut props = ConnectionProperties::default();
         if let Some(name) = &options.connection_name {
             props = props.with_connection_name(name.as_str().into());
@@ -167,8 +175,9 @@ struct QueueConsumer {
     generation: u64,
     channel: Channel,
     buffer: Mutex<VecDeque<Delivery>>,
-    /// Delivery tags handed out and not yet settled, with whether a handler started them
-    /// (`start_batch`): a dead letter charges an attempt only to a started one.
+    /// Delivery tags taken from the buffer (being admitted, or handed out) and not yet
+    /// settled, with whether a handler started them (`start_batch`): a dead letter
+    /// charges an attempt only to a started one. Locked after `buffer`.
     held: Mutex<HashMap<u64, bool>>,
     /// A clone of the consumer that [`receive`] polls, for a reserve to take what lapin
     /// has received and `receive` has not moved yet. Locked after `buffer`.
@@ -629,6 +638,7 @@ impl AmqpTransport {
                 // Kept byte for byte: it is not an envelope.
                 self.publish_all(vec![(String::new(), dead_queue(queue), d.data, props)])
                     .await?;
+                lock(&c.held).remove(&tag);
                 let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
                 return Ok(None);
             }
@@ -652,11 +662,14 @@ impl AmqpTransport {
                 (None, Target::Queue)
             };
             self.send(vec![(again, headers, target)]).await?;
+            lock(&c.held).remove(&tag);
             let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
             return Ok(None);
         }
         env.attempts += counted;
-        lock(&c.held).insert(tag, started);
+        if started {
+            lock(&c.held).insert(tag, true);
+        }
         let token = LeaseToken(Uuid::from_u64_pair(c.generation, tag));
         let id = env.id;
         Ok(Some(Reservation {
@@ -680,7 +693,10 @@ impl AmqpTransport {
                 .await
                 .map_err(broker)?
             {
-                Some(m) => out.push(m.delivery),
+                Some(m) => {
+                    lock(&c.held).insert(m.delivery.delivery_tag, false);
+                    out.push(m.delivery);
+                }
                 None => {
                     out.extend(Self::take(c, max - out.len()));
                     break;
@@ -714,7 +730,14 @@ impl AmqpTransport {
         let mut buffer = lock(&c.buffer);
         Self::fill_upto(c, &mut buffer, max);
         let n = buffer.len().min(max);
-        buffer.drain(..n).collect()
+        let taken: Vec<Delivery> = buffer.drain(..n).collect();
+        // Every unacknowledged delivery is in the buffer or in `held`, so that a
+        // multiple ack never covers one in between.
+        let mut held = lock(&c.held);
+        for d in &taken {
+            held.insert(d.delivery_tag, false);
+        }
+        taken
     }
 
     /// Moves what lapin received into the buffer; how many the buffer holds.
@@ -776,11 +799,21 @@ impl AmqpTransport {
         Ok((ch, picked))
     }
 
-    /// The queues a dead-letter command acts on.
-    fn dead_queues(&self, queue: Option<&QueueName>) -> Vec<String> {
+    /// The queues a command over `queue` (or all queues) acts on. AMQP cannot list a
+    /// broker's queues, so "all" means those this transport used, and is an error in a
+    /// process that used none (a command-line tool, say).
+    fn selected_queues(&self, queue: Option<&QueueName>) -> Result<Vec<String>> {
         match queue {
-            Some(q) => vec![q.as_str().to_owned()],
-            None => self.queues(),
+            Some(q) => Ok(vec![q.as_str().to_owned()]),
+            None => {
+                let known = self.queues();
+                if known.is_empty() {
+                    return Err(Error::InvalidInput(
+                        "RabbitMQ cannot list its queues over AMQP: name the queue (--queue Q); `rabbitmqctl list_queues` shows them".into(),
+                    ));
+                }
+                Ok(known)
+            }
         }
     }
 
@@ -800,7 +833,7 @@ impl AmqpTransport {
             _ => true,
         };
         let mut n = 0;
-        for q in self.dead_queues(queue) {
+        for q in self.selected_queues(queue)? {
             let (ch, picked) = self.read_dead(&q, selected).await?;
             for (tag, letter) in picked {
                 if replay {
@@ -1115,11 +1148,63 @@ impl Transport for AmqpTransport {
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         let mut report = AckReport::default();
+        let mut by_consumer: HashMap<u64, (Arc<QueueConsumer>, Vec<(u64, Uuid)>)> = HashMap::new();
         for r in reservations {
-            if self.settle(r).await? {
-                report.acked.push(r.id());
-            } else {
-                report.lost.push(r.id());
+            match self.holder(r) {
+                Some(c) => by_consumer
+                    .entry(c.generation)
+                    .or_insert_with(|| (c.clone(), Vec::new()))
+                    .1
+                    .push((r.receipt.tag(), r.id())),
+                None => report.lost.push(r.id()),
+            }
+        }
+        for (c, mut tags) in by_consumer.into_values() {
+            tags.sort_unstable_by_key(|(tag, _)| *tag);
+            // Taken out of `held` first: a repeated or concurrent ack finds them gone.
+            let (mine, floor) = {
+                let buffer = lock(&c.buffer);
+                let mut held = lock(&c.held);
+                let mut mine = Vec::with_capacity(tags.len());
+                for (tag, id) in tags {
+                    if held.remove(&tag).is_some() {
+                        mine.push((tag, id));
+                    } else {
+                        report.lost.push(id);
+                    }
+                }
+                // The oldest delivery left unacknowledged on the channel.
+                let floor = held
+                    .keys()
+                    .copied()
+                    .chain(buffer.front().map(|d| d.delivery_tag))
+                    .min()
+                    .unwrap_or(u64::MAX);
+                (mine, floor)
+            };
+            // Everything below it goes in one `multiple` ack; the rest one by one.
+            let split = mine.partition_point(|(tag, _)| *tag < floor);
+            let (below, above) = mine.split_at(split);
+            if let Some(&(last, _)) = below.last() {
+                let multiple = BasicAckOptions { multiple: true };
+                let ok = c.channel.basic_ack(last, multiple).await.is_ok();
+                let to = if ok {
+                    &mut report.acked
+                } else {
+                    &mut report.lost
+                };
+                to.extend(below.iter().map(|(_, id)| *id));
+            }
+            for &(tag, id) in above {
+                if c.channel
+                    .basic_ack(tag, BasicAckOptions::default())
+                    .await
+                    .is_ok()
+                {
+                    report.acked.push(id);
+                } else {
+                    report.lost.push(id);
+                }
             }
         }
         Ok(report)
@@ -1218,10 +1303,7 @@ impl Transport for AmqpTransport {
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
-        let queues: Vec<String> = match queue {
-            Some(q) => vec![q.as_str().to_owned()],
-            None => self.queues(),
-        };
+        let queues = self.selected_queues(queue)?;
         let link = self.link().await?;
         let mut out = Vec::new();
         for q in queues {
@@ -1265,7 +1347,7 @@ impl Transport for AmqpTransport {
 
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
-        for q in self.dead_queues(queue) {
+        for q in self.selected_queues(queue)? {
             let (ch, picked) = self.read_dead(&q, |_| true).await?;
             let _ = ch.close(200, "done".into()).await;
             out.extend(picked.into_iter().map(|(_, d)| d));

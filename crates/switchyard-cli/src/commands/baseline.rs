@@ -5,6 +5,11 @@
 //! JSON as payload, inserts one by one and in batches of 100, and a drain at the bench's
 //! concurrency that claims 100 rows at a time with `FOR UPDATE SKIP LOCKED` (one commit)
 //! and then deletes them (another).
+//!
+//! On RabbitMQ the baseline is bare lapin: persistent messages to a durable quorum queue
+//! through the default exchange, one publish at a time waiting for each confirm, then
+//! batches of 100 with their confirms pipelined, and one consumer with a prefetch of 100
+//! acking each message.
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,6 +48,12 @@ pub(crate) async fn measure(
     single: usize,
     concurrency: usize,
 ) -> Result<Option<Baseline>> {
+    #[cfg(feature = "amqp")]
+    if config.backend == switchyard::BackendKind::RabbitMq {
+        return amqp::measure(config.amqp_url.expose(), payloads, single)
+            .await
+            .map(Some);
+    }
     let url = config.database_url.expose();
     match config.database_url.scheme().as_str() {
         #[cfg(feature = "postgres")]
@@ -362,5 +373,121 @@ mod my {
         }
         q.execute(&mut *conn).await?;
         Ok(ids.len())
+    }
+}
+
+#[cfg(feature = "amqp")]
+mod amqp {
+    use std::time::Instant;
+
+    use futures_lite::StreamExt;
+    use lapin::options::{
+        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+        ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, PublisherConfirm};
+    use switchyard::{Error, Result};
+
+    use super::Baseline;
+
+    const BATCH: usize = 100;
+
+    fn err(e: impl std::fmt::Display) -> Error {
+        Error::InvalidInput(format!("bench baseline (bare lapin): {e}"))
+    }
+
+    async fn publish(ch: &Channel, queue: &str, body: &str) -> Result<PublisherConfirm> {
+        ch.basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body.as_bytes(),
+            BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .map_err(err)
+    }
+
+    pub(super) async fn measure(url: &str, payloads: &[String], single: usize) -> Result<Baseline> {
+        let conn = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .map_err(err)?;
+        let ch = conn.create_channel().await.map_err(err)?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(err)?;
+        let queue = format!("bench.bare.{}", uuid::Uuid::new_v4().simple());
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        ch.queue_declare(queue.as_str().into(), durable, args)
+            .await
+            .map_err(err)?;
+
+        let started = Instant::now();
+        for body in payloads.iter().take(single) {
+            publish(&ch, &queue, body).await?.await.map_err(err)?;
+        }
+        let insert_single_per_s =
+            single.min(payloads.len()) as f64 / started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        for chunk in payloads.chunks(BATCH) {
+            let mut confirms = Vec::with_capacity(chunk.len());
+            for body in chunk {
+                confirms.push(publish(&ch, &queue, body).await?);
+            }
+            for confirm in confirms {
+                confirm.await.map_err(err)?;
+            }
+        }
+        let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
+
+        let consumer_ch = conn.create_channel().await.map_err(err)?;
+        consumer_ch
+            .basic_qos(100, BasicQosOptions::default())
+            .await
+            .map_err(err)?;
+        let total = single.min(payloads.len()) + payloads.len();
+        let started = Instant::now();
+        let mut consumer = consumer_ch
+            .basic_consume(
+                queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(err)?;
+        let mut drained = 0;
+        while drained < total {
+            let Some(delivery) = consumer.next().await else {
+                return Err(err("the consumer ended early"));
+            };
+            delivery
+                .map_err(err)?
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map_err(err)?;
+            drained += 1;
+        }
+        let drain_per_s = total as f64 / started.elapsed().as_secs_f64();
+        ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .map_err(err)?;
+        let _ = conn.close(200, "done".into()).await;
+        Ok(Baseline {
+            insert_single_per_s,
+            insert_batch_per_s,
+            drain_per_s,
+        })
     }
 }

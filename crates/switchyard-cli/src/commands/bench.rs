@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use switchyard::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use switchyard::{
-    CancellationToken, ClaimStrategy, Config, Envelope, Error, QueueName, Result, Transport,
+    BackendKind, CancellationToken, ClaimStrategy, Config, Envelope, Error, QueueName, Result,
+    Transport,
 };
 use uuid::Uuid;
 
@@ -57,6 +58,10 @@ fn wake_source(t: &dyn Transport) -> &'static str {
         ("mysql", Some(_)) => {
             "polling the newest seq every 20 ms (publisher on its own connection pool), \
              the worker's own polling 20 ms-1 s otherwise"
+        }
+        ("amqp", Some(_)) => {
+            "the broker's push to the consumer (basic.consume with a prefetch), \
+             publisher on its own connection"
         }
         (_, Some(_)) => "in-process publish signal, polling 20 ms-1 s otherwise",
         (_, None) => "polling, 20 ms-1 s backoff",
@@ -128,6 +133,8 @@ fn baseline_report(samples: &[Sample], bare: &[Baseline]) -> Option<BaselineRepo
 
 pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<()> {
     let claims = match args.only_claim.as_deref() {
+        // A broker has no claim strategy to compare.
+        _ if config.backend == BackendKind::RabbitMq => vec![ClaimStrategy::SkipLocked],
         Some(c) => vec![c.parse::<ClaimStrategy>()?],
         None => vec![ClaimStrategy::SkipLocked, ClaimStrategy::Optimistic],
     };
@@ -185,6 +192,9 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             }
         }
         let mut report = summarise(backend, wake, claim, &args, samples);
+        if config.backend == BackendKind::RabbitMq {
+            report.claim = "consumer".into();
+        }
         report.claim_plan = claim_plan;
         report.contention = median_contention(&args.reservers, &contention);
         report.baseline = baseline_report(&report.samples, &bare);
@@ -246,10 +256,15 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
     for r in &reports {
         if let Some(b) = &r.baseline {
             println!(
-                "{} {}: bare SQL in the same runs: {:.0} / {:.0} / {:.0} jobs/s \
+                "{} {}: bare {} in the same runs: {:.0} / {:.0} / {:.0} jobs/s \
                  (enqueue 1x1 / x100 / drain); the queue's ratios to it: {:.2} / {:.2} / {:.2}",
                 r.backend,
                 r.claim,
+                if r.backend == "amqp" {
+                    "lapin (drain: one consumer, prefetch 100)"
+                } else {
+                    "SQL"
+                },
                 b.median.insert_single_per_s,
                 b.median.insert_batch_per_s,
                 b.median.drain_per_s,
@@ -296,6 +311,8 @@ struct Target {
     pg: Mutex<Vec<Arc<switchyard::PgTransport>>>,
     #[cfg(feature = "mysql")]
     mysql: Mutex<Vec<Arc<switchyard::MySqlTransport>>>,
+    #[cfg(feature = "amqp")]
+    amqp: Mutex<Vec<Arc<switchyard::AmqpTransport>>>,
 }
 
 impl Target {
@@ -304,6 +321,8 @@ impl Target {
         config.claim = claim;
         let mut dir = None;
         match config.database_url.scheme().as_str() {
+            // Fresh queue names per measurement, deleted afterwards.
+            _ if config.backend == BackendKind::RabbitMq => {}
             "sqlite" => {
                 // A fresh file per run: the user's database is never touched.
                 let d = tempfile::tempdir().map_err(|e| {
@@ -332,12 +351,25 @@ impl Target {
             pg: Mutex::default(),
             #[cfg(feature = "mysql")]
             mysql: Mutex::default(),
+            #[cfg(feature = "amqp")]
+            amqp: Mutex::default(),
         })
     }
 
     /// A transport on the store; `pool` sizes a PostgreSQL pool for that many
     /// concurrent callers.
     async fn open(&self, pool: Option<u32>) -> Result<Arc<dyn Transport>> {
+        #[cfg(feature = "amqp")]
+        if self.config.backend == BackendKind::RabbitMq {
+            // Should the bench be killed, its queues go after an idle hour.
+            let options = switchyard::AmqpOptions::from_config(&self.config)
+                .with_queue_expires(Duration::from_secs(3600));
+            let t = Arc::new(switchyard::AmqpTransport::connect(options).await?);
+            if let Ok(mut amqp) = self.amqp.lock() {
+                amqp.push(t.clone());
+            }
+            return Ok(t);
+        }
         #[cfg(feature = "postgres")]
         if matches!(
             self.config.database_url.scheme().as_str(),
@@ -377,7 +409,7 @@ impl Target {
     /// or polling (MySQL); on SQLite the worker's own (an embedded database's publishers
     /// share its process).
     async fn publisher(&self, worker_side: &Arc<dyn Transport>) -> Result<Arc<dyn Transport>> {
-        if matches!(worker_side.name(), "postgres" | "mysql") {
+        if matches!(worker_side.name(), "postgres" | "mysql" | "amqp") {
             self.open(None).await
         } else {
             Ok(worker_side.clone())
@@ -463,8 +495,26 @@ impl Target {
         }
     }
 
-    /// Drops the run's PostgreSQL tables (a SQLite file goes with its directory).
+    /// Drops the run's tables or queues (a SQLite file goes with its directory).
     async fn cleanup(&self) {
+        #[cfg(feature = "amqp")]
+        {
+            let amqp: Vec<_> = self
+                .amqp
+                .lock()
+                .map(|mut amqp| amqp.drain(..).collect())
+                .unwrap_or_default();
+            for t in amqp {
+                for q in t.queues() {
+                    if let Ok(q) = QueueName::new(q) {
+                        if let Err(err) = t.delete_queue(&q).await {
+                            eprintln!("bench: could not delete the benchmark queue {q}: {err}");
+                        }
+                    }
+                }
+                t.close().await;
+            }
+        }
         #[cfg(feature = "postgres")]
         {
             let pg: Vec<_> = self

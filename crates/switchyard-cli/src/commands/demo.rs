@@ -108,7 +108,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
     println!(
         "Published {jobs} invoice jobs to {QUEUE} on {} ({}) in {}.",
         transport.name(),
-        config.database_url,
+        super::store_url(config),
         crate::output::human_duration(published_in)
     );
     println!(

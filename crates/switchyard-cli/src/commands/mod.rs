@@ -8,7 +8,7 @@ mod publish;
 mod stats;
 mod work;
 
-use switchyard::{Config, QueueName, Result};
+use switchyard::{BackendKind, Config, QueueName, Result};
 
 use crate::cli::{Cli, Command, Global};
 
@@ -18,18 +18,26 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Migrate => {
             let t = switchyard::connect(&config).await?;
+            let rabbitmq = config.backend == BackendKind::RabbitMq;
             if json {
                 crate::output::json_line(&serde_json::json!({
                     "migrated": true,
                     "backend": t.name(),
-                    "database_url": config.database_url.to_string(),
-                    "table": config.table.as_str(),
+                    "url": store_url(&config),
+                    "table": (!rabbitmq).then(|| config.table.as_str()),
                 }))?;
+            } else if rabbitmq {
+                // Queues are declared when first used; connecting declared the delay chain.
+                println!(
+                    "{} is ready: {} (delay chain declared)",
+                    t.name(),
+                    store_url(&config)
+                );
             } else {
                 println!(
                     "{} is ready: {} (table {})",
                     t.name(),
-                    config.database_url,
+                    store_url(&config),
                     config.table
                 );
             }
@@ -41,6 +49,14 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Dead { command } => dead::run(&config, command, json).await,
         Command::Demo(args) => demo::run(&config, args, json).await,
         Command::Bench(args) => bench::run(&config, args, json).await,
+    }
+}
+
+/// Where the selected backend lives (password hidden): `DATABASE_URL` or `AMQP_URL`.
+pub(crate) fn store_url(config: &Config) -> String {
+    match config.backend {
+        BackendKind::Exec => config.database_url.to_string(),
+        BackendKind::RabbitMq => config.amqp_url.to_string(),
     }
 }
 

@@ -9,9 +9,13 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     let queue = super::queue_arg(args.queue.as_deref())?;
     let transport = switchyard::connect_existing(config).await?;
     let stats = transport.stats(queue.as_ref()).await?;
+    // RabbitMQ keeps delayed messages in a chain shared by every queue: only the
+    // process that delayed them counts them, and this one delayed none.
+    let delayed_counted = transport.capabilities().delayed_stats;
     if json {
         return crate::output::json_line(&serde_json::json!({
             "backend": transport.name(),
+            "delayed_counted": delayed_counted,
             "queues": stats,
         }));
     }
@@ -19,7 +23,7 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
         println!(
             "no messages on {} ({})",
             transport.name(),
-            config.database_url
+            super::store_url(config)
         );
         return Ok(());
     }
@@ -32,7 +36,11 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
             "{:<32} {:>10} {:>10} {:>10} {:>10} {:>14}",
             s.queue,
             s.ready,
-            s.delayed,
+            if delayed_counted {
+                s.delayed.to_string()
+            } else {
+                "-".into()
+            },
             s.reserved,
             s.dead,
             s.oldest_ready_age

@@ -11,6 +11,14 @@ pub struct Sandbox {
     pub pg_schema: Option<String>,
     /// `Some(database)` when the sandbox's queue lives in MySQL/MariaDB.
     pub mysql_db: Option<String>,
+    /// The sandbox's queues live in RabbitMQ (`QUEUE_BACKEND=rabbitmq`).
+    pub rabbitmq: bool,
+}
+
+/// The RabbitMQ broker of the tests: `SWITCHYARD_TEST_AMQP_URL`, by default the local one.
+pub fn amqp_url() -> String {
+    std::env::var("SWITCHYARD_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// The MySQL server of the tests: `SWITCHYARD_TEST_MYSQL_URL`, by default the local one.
@@ -32,7 +40,22 @@ impl Sandbox {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_schema: None,
             mysql_db: None,
+            rabbitmq: false,
         }
+    }
+
+    /// A sandbox on the test RabbitMQ broker (its tests use fresh queue names), or
+    /// `None` (having said why) when no broker is reachable outside CI.
+    pub fn rabbitmq() -> Option<Self> {
+        if let Some(why) =
+            queue_core::conformance::skip_unless_reachable("RabbitMQ", &amqp_url(), 5672)
+        {
+            eprintln!("SKIPPED: {why}");
+            return None;
+        }
+        let mut sb = Sandbox::new();
+        sb.rabbitmq = true;
+        Some(sb)
     }
 
     /// A sandbox with its own database on the test MySQL server, or `None` (having said
@@ -51,6 +74,7 @@ impl Sandbox {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_schema: None,
             mysql_db: Some(format!("sy_test_{secs}_{:08x}", fastrand::u32(..))),
+            rabbitmq: false,
         })
     }
 
@@ -71,6 +95,7 @@ impl Sandbox {
             dir: tempfile::tempdir().expect("a temporary directory"),
             pg_schema: Some(schema),
             mysql_db: None,
+            rabbitmq: false,
         })
     }
 
@@ -100,6 +125,10 @@ impl Sandbox {
             (None, Some(db)) => cmd.env("DATABASE_URL", mysql_url()).env("QUEUE_SCHEMA", db),
             (None, None) => cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display())),
         };
+        if self.rabbitmq {
+            cmd.env("QUEUE_BACKEND", "rabbitmq")
+                .env("AMQP_URL", amqp_url());
+        }
         cmd
     }
 
