@@ -1,6 +1,6 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -42,6 +42,8 @@ const DELAY_GRACE: Duration = Duration::from_secs(30);
 const IN_FLIGHT: Duration = Duration::from_millis(5);
 /// How long a new consumer waits for the broker's first pushes.
 const WARM_UP: Duration = Duration::from_millis(200);
+/// How long opening a connection may take in all (connect, channel, declarations).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest pause between reconnect attempts.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 
@@ -51,6 +53,10 @@ const H_DEAD_AT: &str = "x-switchyard-dead-at";
 
 /// A message as published: exchange, routing key, body, properties.
 type Outgoing = (String, String, Vec<u8>, BasicProperties);
+
+fn closed_error() -> Error {
+    Error::backend(TRANSPORT, false, "the RabbitMQ transport was closed")
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -93,11 +99,15 @@ pub struct AmqpTransport {
     link: Mutex<Arc<Link>>,
     /// One reconnect at a time.
     reconnecting: tokio::sync::Mutex<()>,
+    /// When and why the last reconnect gave up.
+    last_failure: Mutex<Option<(Instant, String)>>,
     /// Set by [`AmqpTransport::close`]: no reconnecting after it.
     shut: AtomicBool,
     /// Every queue this transport used, for stats and dead-letter commands over all.
     known: Mutex<HashSet<String>>,
     consumers: Mutex<HashMap<String, Arc<QueueConsumer>>>,
+    /// One consumer start at a time.
+    starting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
     wakers: Arc<Wakers>,
     /// Messages this transport sent into the delay chain and has not seen come out, per
@@ -186,6 +196,13 @@ struct QueueConsumer {
     stop: Notify,
     /// Signalled by [`receive`] when it buffered a delivery.
     arrived: Notify,
+    /// Acks one at a time, each taking its tags out of `held` and sending them in one
+    /// step: a `multiple` ack never covers a tag another ack is about to name (which the
+    /// broker would answer by closing the channel).
+    acking: tokio::sync::Mutex<()>,
+    /// `basic.get`s under way: their deliveries have tags but are not in `held` yet, so
+    /// no `multiple` ack may be sent meanwhile.
+    getting: AtomicUsize,
     closed: AtomicBool,
 }
 
@@ -198,15 +215,26 @@ impl QueueConsumer {
 impl AmqpTransport {
     /// Connects and declares the delay chain.
     pub async fn connect(options: AmqpOptions) -> Result<Self> {
-        let link = Link::open(&options).await?;
+        let link = tokio::time::timeout(OPEN_TIMEOUT, Link::open(&options))
+            .await
+            .map_err(|_| {
+                Error::backend(
+                    TRANSPORT,
+                    true,
+                    format!("connecting to RabbitMQ took over {OPEN_TIMEOUT:?}"),
+                )
+            })??;
         Ok(AmqpTransport {
             options,
             link: Mutex::new(Arc::new(link)),
             reconnecting: tokio::sync::Mutex::default(),
+            last_failure: Mutex::default(),
             shut: AtomicBool::new(false),
             known: Mutex::default(),
             consumers: Mutex::default(),
-            generation: AtomicU64::new(1),
+            starting: tokio::sync::Mutex::default(),
+            // A random start, so that a token of another transport never matches.
+            generation: AtomicU64::new(Uuid::new_v4().as_u64_pair().0 >> 1),
             wakers: Arc::default(),
             delayed: Mutex::default(),
         })
@@ -267,28 +295,50 @@ impl AmqpTransport {
         if current.usable() {
             return Ok(current);
         }
+        let waited_from = Instant::now();
         let _one = self.reconnecting.lock().await;
         let current = self.current();
         if current.usable() {
             return Ok(current);
         }
-        if self.shut.load(Ordering::SeqCst) {
-            return Err(Error::backend(
-                TRANSPORT,
-                false,
-                "the RabbitMQ transport was closed",
-            ));
+        self.check_open()?;
+        // Another caller's attempt ended in failure while this one waited for its turn:
+        // share its outcome rather than wait a whole reconnect_timeout more.
+        if let Some((at, why)) = lock(&self.last_failure).clone() {
+            if at >= waited_from {
+                return Err(Error::backend(TRANSPORT, true, why));
+            }
         }
         // A closed publishing channel on a live connection: start over on a new one, so
         // that the old consumers close too and their deliveries return.
-        let _ = current.conn.close(200, "reconnecting".into()).await;
+        let _ = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            current.conn.close(200, "reconnecting".into()),
+        )
+        .await;
         let deadline = Instant::now() + self.options.reconnect_timeout;
         let mut pause = Duration::from_millis(100);
         loop {
-            match Link::open(&self.options).await {
+            self.check_open()?;
+            // The whole opening is bounded: connect, channel, confirm mode, declarations.
+            let opened = tokio::time::timeout(OPEN_TIMEOUT, Link::open(&self.options))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::backend(
+                        TRANSPORT,
+                        true,
+                        format!("opening a connection took over {OPEN_TIMEOUT:?}"),
+                    ))
+                });
+            match opened {
                 Ok(link) => {
+                    if self.shut.load(Ordering::SeqCst) {
+                        let _ = link.conn.close(200, "closed".into()).await;
+                        return Err(closed_error());
+                    }
                     let link = Arc::new(link);
                     *lock(&self.link) = link.clone();
+                    *lock(&self.last_failure) = None;
                     tracing::info!("reconnected to RabbitMQ");
                     // Idle workers reserve again, which starts new consumers.
                     self.wakers.wake_all();
@@ -300,17 +350,22 @@ impl AmqpTransport {
                     pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
                 }
                 Err(err) => {
-                    return Err(Error::backend(
-                        TRANSPORT,
-                        true,
-                        format!(
-                            "RabbitMQ stayed unreachable for {:?} (reconnect_timeout): {err}",
-                            self.options.reconnect_timeout
-                        ),
-                    ))
+                    let why = format!(
+                        "RabbitMQ stayed unreachable for {:?} (reconnect_timeout): {err}",
+                        self.options.reconnect_timeout
+                    );
+                    *lock(&self.last_failure) = Some((Instant::now(), why.clone()));
+                    return Err(Error::backend(TRANSPORT, true, why));
                 }
             }
         }
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.shut.load(Ordering::SeqCst) {
+            return Err(closed_error());
+        }
+        Ok(())
     }
 
     /// Declares `queue` and its dead-letter queue once per connection.
@@ -380,6 +435,15 @@ impl AmqpTransport {
         if let Some(c) = self.live_consumer(queue) {
             return Ok(c);
         }
+        // One start at a time: two would leave one consumer, and what it holds, orphaned.
+        let _one = self.starting.lock().await;
+        if let Some(c) = self.live_consumer(queue) {
+            return Ok(c);
+        }
+        let replaced = lock(&self.consumers).remove(queue);
+        if let Some(old) = replaced {
+            retire(&old).await;
+        }
         let link = self.link().await?;
         let channel = link.conn.create_channel().await.map_err(broker)?;
         channel
@@ -414,6 +478,8 @@ impl AmqpTransport {
             direct: Mutex::new(stream.clone()),
             stop: Notify::new(),
             arrived: Notify::new(),
+            acking: tokio::sync::Mutex::default(),
+            getting: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
         });
         tokio::spawn(receive(
@@ -456,6 +522,7 @@ impl AmqpTransport {
             return Ok(false);
         };
         let tag = r.receipt.tag();
+        let _acking = c.acking.lock().await;
         if lock(&c.held).remove(&tag).is_none() {
             return Ok(false);
         }
@@ -593,12 +660,27 @@ impl AmqpTransport {
         }
         self.ensure_queue(queue.as_str()).await?;
         let c = self.consumer(queue.as_str()).await?;
-        let mut deliveries = Self::pull(&c, queue, max).await?;
+        let claimed = self.claim_on(&c, queue, max, started).await;
+        if claimed.is_err() {
+            // Deliveries taken on the way would stay unacknowledged: give them all back.
+            retire(&c).await;
+        }
+        claimed
+    }
+
+    async fn claim_on(
+        &self,
+        c: &QueueConsumer,
+        queue: &QueueName,
+        max: usize,
+        started: bool,
+    ) -> Result<Vec<Reservation>> {
+        let mut deliveries = Self::pull(c, queue, max).await?;
         let mut out = Vec::with_capacity(deliveries.len());
         loop {
             let settled_some = !deliveries.is_empty();
             for d in deliveries {
-                if let Some(r) = self.admit(&c, d, queue.as_str(), started).await? {
+                if let Some(r) = self.admit(c, d, queue.as_str(), started).await? {
                     out.push(r);
                 }
             }
@@ -607,7 +689,7 @@ impl AmqpTransport {
             if !out.is_empty() || !settled_some {
                 return Ok(out);
             }
-            deliveries = Self::pull(&c, queue, max).await?;
+            deliveries = Self::pull(c, queue, max).await?;
         }
     }
 
@@ -638,8 +720,7 @@ impl AmqpTransport {
                 // Kept byte for byte: it is not an envelope.
                 self.publish_all(vec![(String::new(), dead_queue(queue), d.data, props)])
                     .await?;
-                lock(&c.held).remove(&tag);
-                let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
+                ack_one(c, tag).await;
                 return Ok(None);
             }
         };
@@ -662,8 +743,7 @@ impl AmqpTransport {
                 (None, Target::Queue)
             };
             self.send(vec![(again, headers, target)]).await?;
-            lock(&c.held).remove(&tag);
-            let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
+            ack_one(c, tag).await;
             return Ok(None);
         }
         env.attempts += counted;
@@ -687,16 +767,17 @@ impl AmqpTransport {
     async fn pull(c: &QueueConsumer, queue: &QueueName, max: usize) -> Result<Vec<Delivery>> {
         let mut out = Self::take(c, max);
         while out.len() < max {
-            match c
+            c.getting.fetch_add(1, Ordering::SeqCst);
+            let got = c
                 .channel
                 .basic_get(queue.as_str().into(), BasicGetOptions::default())
-                .await
-                .map_err(broker)?
-            {
-                Some(m) => {
-                    lock(&c.held).insert(m.delivery.delivery_tag, false);
-                    out.push(m.delivery);
-                }
+                .await;
+            if let Ok(Some(m)) = &got {
+                lock(&c.held).insert(m.delivery.delivery_tag, false);
+            }
+            c.getting.fetch_sub(1, Ordering::SeqCst);
+            match got.map_err(broker)? {
+                Some(m) => out.push(m.delivery),
                 None => {
                     out.extend(Self::take(c, max - out.len()));
                     break;
@@ -1016,8 +1097,11 @@ async fn receive(
     // The channel closed, or the broker cancelled the consumer (its queue was deleted,
     // its leader moved): close the channel, so that every delivery it holds goes back
     // to the queue, and declare the queue again before the next consumer starts.
-    c.closed.store(true, Ordering::SeqCst);
-    lock(&c.buffer).clear();
+    {
+        let mut buffer = lock(&c.buffer);
+        c.closed.store(true, Ordering::SeqCst);
+        buffer.clear();
+    }
     if c.channel.status().connected() {
         tracing::info!(
             queue,
@@ -1027,6 +1111,32 @@ async fn receive(
     }
     lock(&link.declared).remove(&queue);
     wakers.wake(&queue);
+}
+
+/// Acks one delivery settled on the way in (malformed, expired, early).
+async fn ack_one(c: &QueueConsumer, tag: u64) {
+    let _acking = c.acking.lock().await;
+    if lock(&c.held).remove(&tag).is_some() {
+        let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
+    }
+}
+
+/// Stops a consumer and closes its channel, so that every delivery it holds returns to
+/// the queue (its leases are lost).
+async fn retire(c: &QueueConsumer) {
+    {
+        let mut buffer = lock(&c.buffer);
+        c.closed.store(true, Ordering::SeqCst);
+        buffer.clear();
+    }
+    c.stop.notify_one();
+    if c.channel.status().connected() {
+        let _ = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            c.channel.close(200, "consumer retired".into()),
+        )
+        .await;
+    }
 }
 
 async fn declare_delay_chain(ch: &Channel) -> Result<()> {
@@ -1161,9 +1271,17 @@ impl Transport for AmqpTransport {
         }
         for (c, mut tags) in by_consumer.into_values() {
             tags.sort_unstable_by_key(|(tag, _)| *tag);
+            let _acking = c.acking.lock().await;
             // Taken out of `held` first: a repeated or concurrent ack finds them gone.
             let (mine, floor) = {
-                let buffer = lock(&c.buffer);
+                let mut buffer = lock(&c.buffer);
+                // What lapin received counts as unacknowledged too.
+                Self::fill_upto(&c, &mut buffer, usize::MAX);
+                if c.closed.load(Ordering::SeqCst) {
+                    // The buffer may be cleared any moment: ack nothing on this channel.
+                    report.lost.extend(tags.into_iter().map(|(_, id)| id));
+                    continue;
+                }
                 let mut held = lock(&c.held);
                 let mut mine = Vec::with_capacity(tags.len());
                 for (tag, id) in tags {
@@ -1173,13 +1291,17 @@ impl Transport for AmqpTransport {
                         report.lost.push(id);
                     }
                 }
-                // The oldest delivery left unacknowledged on the channel.
-                let floor = held
-                    .keys()
-                    .copied()
-                    .chain(buffer.front().map(|d| d.delivery_tag))
-                    .min()
-                    .unwrap_or(u64::MAX);
+                // The oldest delivery left unacknowledged on the channel (none may be
+                // acked in one go while a basic.get is on its way).
+                let floor = if c.getting.load(Ordering::SeqCst) > 0 {
+                    0
+                } else {
+                    held.keys()
+                        .copied()
+                        .chain(buffer.front().map(|d| d.delivery_tag))
+                        .min()
+                        .unwrap_or(u64::MAX)
+                };
                 (mine, floor)
             };
             // Everything below it goes in one `multiple` ack; the rest one by one.

@@ -373,3 +373,60 @@ fn a_consumer_the_broker_cancels_loses_its_leases_and_is_replaced() {
         Ok(())
     });
 }
+
+/// Acks out of delivery order: the later deliveries acked in one batch never take an
+/// earlier one still held with them (a `multiple` ack stops below it); the earlier one
+/// returns when its consumer goes.
+#[test]
+fn acking_later_deliveries_leaves_an_earlier_one_held() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish_batch((0..3).map(|i| job(&q, &format!("m{i}"))).collect())
+            .await?;
+        let got = reserve_n(&t, &q, 3, Duration::from_secs(5)).await?;
+        assert_eq!(got.len(), 3);
+        let report = t.ack_batch(&got[1..]).await?;
+        assert_eq!(report.acked.len(), 2);
+        t.close().await;
+
+        let other = open(QueueKind::Quorum).await?;
+        let back = reserve_n(&other, &q, 1, Duration::from_secs(5)).await?;
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].id(), got[0].id(), "only the unacked one returns");
+        assert_eq!(back[0].envelope.attempts, 1);
+        other.ack(&back[0]).await?;
+        assert!(other.reserve(&q).await?.is_none());
+        other.delete_queue(&q).await?;
+        other.close().await;
+        Ok(())
+    });
+}
+
+/// A batch ack with a spent token among live ones acks the live ones and reports the
+/// spent one lost; the released message comes back once.
+#[test]
+fn a_batch_ack_reports_a_spent_token_lost_and_acks_the_rest() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish_batch((0..3).map(|i| job(&q, &format!("m{i}"))).collect())
+            .await?;
+        let got = reserve_n(&t, &q, 3, Duration::from_secs(5)).await?;
+        assert_eq!(got.len(), 3);
+        t.release(&got[1], Duration::ZERO, None).await?;
+        let report = t.ack_batch(&got).await?;
+        assert_eq!(report.lost, vec![got[1].id()]);
+        assert_eq!(report.acked.len(), 2);
+        let back = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].id(), got[1].id());
+        assert_eq!(back[0].envelope.attempts, 1);
+        t.ack(&back[0]).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(t.reserve(&q).await?.is_none());
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}

@@ -20,7 +20,7 @@ const NOT_APPLICABLE: &[(&str, &str)] = &[
         "expired_lease_is_reclaimed_and_counts_an_attempt",
         "a delivery has no lease that runs out: it stays with its consumer until acked or \
          until the consumer's channel closes, and then it is redelivered with the attempt \
-         counted (tests/amqp.rs: a_dead_consumers_messages_return_with_an_attempt_counted)",
+         counted (tests/amqp.rs: a_dead_consumers_messages_come_back_with_an_attempt_counted)",
     ),
     (
         "stale_token_is_fenced_with_lease_lost",

@@ -116,7 +116,9 @@ pub async fn worker_handles_every_message_once_and_coalesces_acks(
     h: Arc<dyn Harness>,
 ) -> Result<()> {
     let (_store, inner) = open(&h, Duration::from_secs(30)).await?;
-    let t = Arc::new(Faulty::new(inner));
+    let mut faulty = Faulty::new(inner);
+    faulty.slowest_ack = Some(Duration::from_millis(2));
+    let t = Arc::new(faulty);
     let q = fresh_queue();
     let all: Vec<Envelope> = (0..1_000).map(|_| job(&q, "count")).collect();
     t.publish_batch(all.clone()).await?;
@@ -663,6 +665,9 @@ struct Faulty {
     /// Pretend the backend does not enforce expiry, and hold claims this long before
     /// handing them over, so that they expire in the worker's buffer.
     no_expiry_with_slow_claims: Option<Duration>,
+    /// Every ack call takes at least this long, as one that waits for a server does: an
+    /// AMQP ack waits for no answer, and would often end before the next handler.
+    slowest_ack: Option<Duration>,
 }
 
 impl Faulty {
@@ -672,6 +677,7 @@ impl Faulty {
             extend_lost: AtomicBool::new(false),
             ack_calls: AtomicUsize::new(0),
             no_expiry_with_slow_claims: None,
+            slowest_ack: None,
         }
     }
 }
@@ -715,7 +721,9 @@ impl Transport for Faulty {
     }
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         self.ack_calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.ack_batch(reservations).await
+        let floor = tokio::time::sleep(self.slowest_ack.unwrap_or_default());
+        let (acked, ()) = tokio::join!(self.inner.ack_batch(reservations), floor);
+        acked
     }
     async fn release(&self, r: &Reservation, delay: Duration, error: Option<&str>) -> Result<()> {
         self.inner.release(r, delay, error).await
