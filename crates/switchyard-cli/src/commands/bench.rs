@@ -152,6 +152,11 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             backend = t.name().to_owned();
             wake = wake_source(t.as_ref()).to_owned();
             if !json {
+                let claim = if config.backend == BackendKind::RabbitMq {
+                    "consumer".to_owned()
+                } else {
+                    claim.to_string()
+                };
                 eprintln!(
                     "bench: {backend} {claim} run {}/{}",
                     run + 1,
