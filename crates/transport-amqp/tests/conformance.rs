@@ -144,11 +144,7 @@ fn cases_run() -> Vec<&'static str> {
     let source = include_str!("conformance.rs");
     let start = source.find("\nmod quorum {").expect("the quorum module");
     let end = source[start..].find("\n}\n").expect("its end") + start;
-    source[start..end]
-        .lines()
-        .map(|l| l.trim().trim_end_matches(',').trim_end_matches(");"))
-        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-        .collect()
+    queue_core::conformance::case_names_in(&source[start..end])
 }
 
 /// Every case either runs or is listed as not applicable, with a reason.

@@ -150,6 +150,17 @@ pub const CASE_NAMES: &[&str] = &[
     "idle_worker_wakes_on_publish",
 ];
 
+/// The case names listed one per line in `source` (a slice of a `conformance_tests!`
+/// invocation), for a harness that runs only some cases to check its list against
+/// [`CASE_NAMES`].
+pub fn case_names_in(source: &str) -> Vec<&str> {
+    source
+        .lines()
+        .map(|l| l.trim().trim_end_matches(',').trim_end_matches(");"))
+        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .collect()
+}
+
 /// Expands to one `#[test]` per conformance case, each running against a harness made
 /// by `$harness` (an expression evaluated per test that yields `Arc<dyn Harness>`).
 ///
@@ -272,11 +283,9 @@ mod tests {
         let end = source[start..]
             .find("(@worker $harness:expr;")
             .expect("the macro's end");
-        let listed: Vec<&str> = source[start..start + end]
-            .lines()
-            .map(|l| l.trim().trim_end_matches(',').trim_end_matches(");"))
-            .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-            .collect();
-        assert_eq!(listed, super::CASE_NAMES);
+        assert_eq!(
+            super::case_names_in(&source[start..start + end]),
+            super::CASE_NAMES
+        );
     }
 }
