@@ -3,9 +3,14 @@
 //! redelivery after a consumer's channel closed (with the attempt counted), delays,
 //! releases and dead letters. Each test uses queues of its own.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use queue_core::{reason, DeadSelection, Envelope, Error, QueueName, Result, Transport};
+use queue_core::worker::{handler_fn, JobContext, RetryPolicy, Worker, WorkerOptions};
+use queue_core::{
+    reason, CancellationToken, DeadSelection, Envelope, Error, QueueName, Result, Transport,
+};
 use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
 
 fn url() -> String {
@@ -424,6 +429,104 @@ fn a_batch_ack_reports_a_spent_token_lost_and_acks_the_rest() {
         assert_eq!(back[0].envelope.attempts, 1);
         t.ack(&back[0]).await?;
         tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(t.reserve(&q).await?.is_none());
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}
+
+/// A message that kills its consumer every time ends dead: each death counts an
+/// attempt, and a worker whose `max_attempts` they reached dead-letters it without
+/// running it again.
+#[test]
+fn a_message_that_kills_its_consumer_every_time_ends_dead() {
+    for kind in [QueueKind::Quorum, QueueKind::Classic] {
+        with_broker(|| async {
+            let q = queue();
+            let first = open(kind).await?;
+            first.publish(job(&q, "poison")).await?;
+            first.close().await;
+            for died in 0..3 {
+                let t = open(kind).await?;
+                let got = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+                assert_eq!(
+                    got.len(),
+                    1,
+                    "{kind:?}: delivered again after {died} deaths"
+                );
+                assert_eq!(got[0].envelope.attempts, died, "{kind:?}");
+                // The consumer dies holding it.
+                t.close().await;
+            }
+            let t: Arc<dyn Transport> = Arc::new(open(kind).await?);
+            let handled = Arc::new(AtomicUsize::new(0));
+            let n = handled.clone();
+            let options = WorkerOptions::default()
+                .with_retry(RetryPolicy::new(
+                    Duration::from_millis(10),
+                    Duration::from_millis(20),
+                    3,
+                ))
+                .with_poll(Duration::from_millis(5), Duration::from_millis(50))
+                .with_drain(true);
+            let worker = Worker::new(t.clone(), q.clone(), options).handle_any(handler_fn(
+                move |_ctx: JobContext| {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    async { Ok(()) }
+                },
+            ));
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                worker.run(CancellationToken::new()),
+            )
+            .await
+            .map_err(|_| Error::InvalidInput("the worker did not drain".into()))??;
+            assert_eq!(
+                handled.load(Ordering::SeqCst),
+                0,
+                "{kind:?}: the poison ran again"
+            );
+            let dead = t.dead_list(Some(&q), 10).await?;
+            assert_eq!(dead.len(), 1, "{kind:?}: {dead:?}");
+            assert_eq!(dead[0].reason, reason::MAX_ATTEMPTS);
+            assert_eq!(dead[0].attempts, 3, "{kind:?}");
+            let admin = open(kind).await?;
+            admin.delete_queue(&q).await?;
+            admin.close().await;
+            Ok(())
+        });
+    }
+}
+
+/// Below the worker's limit, a quorum queue's own delivery limit moves a message that
+/// keeps coming back to `<queue>.dead` (reason `delivery_limit`), never dropping it.
+#[test]
+fn the_brokers_delivery_limit_moves_a_returning_message_to_the_dead_queue() {
+    with_broker(|| async {
+        let mut o = options(QueueKind::Quorum);
+        o.delivery_limit = 1;
+        let q = queue();
+        let first = AmqpTransport::connect(o.clone()).await?;
+        first.publish(job(&q, "poison")).await?;
+        first.close().await;
+        for _ in 0..2 {
+            let t = AmqpTransport::connect(o.clone()).await?;
+            let got = reserve_n(&t, &q, 1, Duration::from_secs(5)).await?;
+            assert_eq!(got.len(), 1);
+            t.close().await;
+        }
+        let t = AmqpTransport::connect(o).await?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let dead = loop {
+            let dead = t.dead_list(Some(&q), 10).await?;
+            if !dead.is_empty() || Instant::now() > deadline {
+                break dead;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].reason, "delivery_limit");
         assert!(t.reserve(&q).await?.is_none());
         t.delete_queue(&q).await?;
         t.close().await;
