@@ -37,11 +37,14 @@ use std::sync::Arc;
 pub use queue_core::worker;
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
-    ClaimStrategy, Config, ConfigError, DeadLetter, DeadSelection, DecodeError, Envelope,
-    EnvelopeBuilder, Error, Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation,
-    Result, SecretUrl, Transport, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT,
-    ENVELOPE_VERSION,
+    ClaimStrategy, Config, ConfigError, DeadLetter, DeadSelection, DecodeError, DrainSetting,
+    Envelope, EnvelopeBuilder, Error, Identifier, LeaseToken, QueueName, QueueStats, Receipt,
+    Reservation, Result, SecretUrl, Transport, DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
 };
+
+mod router;
+pub use router::{canary_side, Router};
 
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -61,7 +64,8 @@ pub use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
 
 /// Builds the transport that `config` selects: `QUEUE_BACKEND=exec` uses the SQL
 /// database of `DATABASE_URL`, chosen by its scheme; `QUEUE_BACKEND=rabbitmq` the broker
-/// of `AMQP_URL`.
+/// of `AMQP_URL`. During a migration ([`Config::migrating`]: a canary, or the previous
+/// backend still drained) it is a [`Router`] over both.
 ///
 /// # Errors
 /// [`Error::Config`] naming the setting when the backend is not compiled into this build
@@ -78,7 +82,44 @@ pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
 }
 
 async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
-    match config.backend {
+    let primary = connect_backend(config, config.backend, create).await?;
+    if !config.migrating() {
+        return Ok(primary);
+    }
+    // A canary, or a flip whose previous backend is still drained: both backends.
+    let other_kind = config.backend.other();
+    let other = connect_backend(config, other_kind, create)
+        .await
+        .map_err(|err| match err {
+            Error::Config(_) => err,
+            err => Error::backend(
+                "router",
+                err.is_transient(),
+                format!(
+                    "the migration needs the {other_kind} backend too (QUEUE_CANARY_PERCENT={}, QUEUE_DRAIN={}), and it failed: {err}; set QUEUE_DRAIN=none and QUEUE_CANARY_PERCENT=0 to run on {} alone",
+                    config.canary_percent,
+                    config.drain_from().map_or("none".to_owned(), |k| k.to_string()),
+                    config.backend
+                ),
+            ),
+        })?;
+    Ok(Arc::new(Router::new(
+        primary,
+        config.backend,
+        other,
+        config.canary_percent,
+    )))
+}
+
+/// Builds the transport of one backend (`exec`: the SQL database of `DATABASE_URL`;
+/// `rabbitmq`: the broker of `AMQP_URL`), whatever `QUEUE_BACKEND` says; with `create`
+/// false a SQLite file that does not exist is an error.
+pub async fn connect_backend(
+    config: &Config,
+    kind: BackendKind,
+    create: bool,
+) -> Result<Arc<dyn Transport>> {
+    match kind {
         BackendKind::Exec => connect_sql(config, create).await,
         BackendKind::RabbitMq => connect_amqp(config).await,
     }

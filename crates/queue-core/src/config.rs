@@ -42,6 +42,45 @@ impl fmt::Display for BackendKind {
     }
 }
 
+/// Whether workers also drain the backend they are leaving (`QUEUE_DRAIN`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DrainSetting {
+    /// Unset: drain the other backend when its URL is configured (`DATABASE_URL` under
+    /// `QUEUE_BACKEND=rabbitmq`, `AMQP_URL` under `QUEUE_BACKEND=exec`).
+    #[default]
+    Detect,
+    /// `none`: never.
+    Off,
+    /// `exec` or `rabbitmq`: that backend.
+    From(BackendKind),
+}
+
+impl FromStr for DrainSetting {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "exec" => Ok(DrainSetting::From(BackendKind::Exec)),
+            "rabbitmq" => Ok(DrainSetting::From(BackendKind::RabbitMq)),
+            "none" => Ok(DrainSetting::Off),
+            _ => Err(ConfigError::new(
+                "QUEUE_DRAIN",
+                Some(s.into()),
+                "expected exec, rabbitmq or none",
+            )),
+        }
+    }
+}
+
+impl BackendKind {
+    /// The other backend.
+    pub fn other(self) -> BackendKind {
+        match self {
+            BackendKind::Exec => BackendKind::RabbitMq,
+            BackendKind::RabbitMq => BackendKind::Exec,
+        }
+    }
+}
+
 /// How SQL transports claim rows (`QUEUE_CLAIM`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ClaimStrategy {
@@ -110,6 +149,12 @@ pub struct Config {
     pub table: Identifier,
     /// `QUEUE_SCHEMA`.
     pub schema: Option<Identifier>,
+    /// `QUEUE_DRAIN`.
+    pub drain: DrainSetting,
+    /// Whether `DATABASE_URL` was set (rather than defaulted).
+    pub database_url_set: bool,
+    /// Whether `AMQP_URL` was set (rather than defaulted).
+    pub amqp_url_set: bool,
 }
 
 impl Default for Config {
@@ -124,6 +169,9 @@ impl Default for Config {
             table: Identifier::new("QUEUE_TABLE", Self::DEFAULT_TABLE)
                 .expect("the default table name is a valid identifier"),
             schema: None,
+            drain: DrainSetting::Detect,
+            database_url_set: false,
+            amqp_url_set: false,
         }
     }
 }
@@ -135,6 +183,29 @@ impl Config {
     pub const DEFAULT_AMQP_URL: &'static str = "amqp://guest:guest@127.0.0.1:5672/%2f";
     /// `QUEUE_TABLE` when unset.
     pub const DEFAULT_TABLE: &'static str = "switchyard_jobs";
+
+    /// The backend workers also drain besides `backend`: the one `QUEUE_DRAIN` names
+    /// (unless it is `backend` itself), or, when unset, the other backend if its URL is
+    /// configured. A canary (`QUEUE_CANARY_PERCENT` above 0) uses the other backend in
+    /// any case.
+    pub fn drain_from(&self) -> Option<BackendKind> {
+        match self.drain {
+            DrainSetting::From(kind) if kind != self.backend => Some(kind),
+            DrainSetting::From(_) | DrainSetting::Off => None,
+            DrainSetting::Detect => {
+                let other_set = match self.backend {
+                    BackendKind::Exec => self.amqp_url_set,
+                    BackendKind::RabbitMq => self.database_url_set,
+                };
+                other_set.then(|| self.backend.other())
+            }
+        }
+    }
+
+    /// Whether a migration is under way: a canary, or a backend being drained.
+    pub fn migrating(&self) -> bool {
+        self.canary_percent > 0 || self.drain_from().is_some()
+    }
 
     /// Reads the configuration from the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
@@ -151,9 +222,14 @@ impl Config {
         }
         if let Some(v) = get("DATABASE_URL") {
             cfg.database_url = validate_database_url(v.trim())?;
+            cfg.database_url_set = true;
         }
         if let Some(v) = get("AMQP_URL") {
             cfg.amqp_url = validate_amqp_url(v.trim())?;
+            cfg.amqp_url_set = true;
+        }
+        if let Some(v) = get("QUEUE_DRAIN") {
+            cfg.drain = v.trim().parse()?;
         }
         if let Some(v) = get("QUEUE_CLAIM") {
             cfg.claim = v.trim().parse()?;

@@ -21,7 +21,9 @@ pub mod worker;
 pub mod conformance;
 
 pub use capabilities::{Capabilities, DEFAULT_MAX_PAYLOAD_BYTES};
-pub use config::{parse_duration, BackendKind, ClaimStrategy, Config, DEFAULT_VISIBILITY_TIMEOUT};
+pub use config::{
+    parse_duration, BackendKind, ClaimStrategy, Config, DrainSetting, DEFAULT_VISIBILITY_TIMEOUT,
+};
 pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use names::{Identifier, QueueName};

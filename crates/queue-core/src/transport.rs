@@ -38,6 +38,7 @@ pub struct Receipt {
     message_id: Uuid,
     token: LeaseToken,
     tag: u64,
+    origin: u8,
 }
 
 impl Receipt {
@@ -48,7 +49,20 @@ impl Receipt {
             message_id,
             token,
             tag,
+            origin: 0,
         }
+    }
+
+    /// Which of a router's backends handed the reservation out (0 for a plain
+    /// transport): set by a router, ignored by the transports themselves.
+    pub fn origin(&self) -> u8 {
+        self.origin
+    }
+
+    /// The receipt marked as handed out by a router's backend `origin`.
+    pub fn with_origin(mut self, origin: u8) -> Self {
+        self.origin = origin;
+        self
     }
 
     /// The reserved message's id.

@@ -60,6 +60,21 @@ pub(crate) enum Command {
     Demo(DemoArgs),
     /// Measure enqueue, drain and pickup latency
     Bench(BenchArgs),
+    /// Forward a queue from the SQL store (the outbox) to RabbitMQ, with confirms
+    Relay(RelayArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RelayArgs {
+    /// Queue to forward
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Messages forwarded per confirmed batch
+    #[arg(long, default_value_t = 100)]
+    pub(crate) batch: usize,
+    /// Exit once the queue is empty in the SQL store
+    #[arg(long)]
+    pub(crate) drain: bool,
 }
 
 #[derive(Debug, Args)]

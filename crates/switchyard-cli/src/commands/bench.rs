@@ -324,6 +324,9 @@ impl Target {
     fn new(config: &Config, claim: ClaimStrategy) -> Result<Self> {
         let mut config = config.clone();
         config.claim = claim;
+        // One backend at a time, even during a migration.
+        config.canary_percent = 0;
+        config.drain = switchyard::DrainSetting::Off;
         let mut dir = None;
         match config.database_url.scheme().as_str() {
             // Fresh queue names per measurement, deleted afterwards.

@@ -5,6 +5,7 @@ mod bench;
 mod dead;
 mod demo;
 mod publish;
+mod relay;
 mod stats;
 mod work;
 
@@ -16,6 +17,33 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     let config = config(&cli.global)?;
     let json = cli.global.json;
     match cli.command {
+        Command::Migrate if config.migrating() => {
+            // Both backends of the migration.
+            let mut ready = Vec::new();
+            for kind in [config.backend, config.backend.other()] {
+                let t = switchyard::connect_backend(&config, kind, true).await?;
+                ready.push(serde_json::json!({
+                    "backend": kind.to_string(),
+                    "transport": t.name(),
+                    "url": store_url_of(&config, kind),
+                }));
+                if !json {
+                    println!(
+                        "{kind} ({}) is ready: {}",
+                        t.name(),
+                        store_url_of(&config, kind)
+                    );
+                }
+            }
+            if json {
+                crate::output::json_line(&serde_json::json!({
+                    "migrated": true,
+                    "backend": "router",
+                    "backends": ready,
+                }))?;
+            }
+            Ok(())
+        }
         Command::Migrate => {
             let t = switchyard::connect(&config).await?;
             let rabbitmq = config.backend == BackendKind::RabbitMq;
@@ -49,12 +77,18 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Dead { command } => dead::run(&config, command, json).await,
         Command::Demo(args) => demo::run(&config, args, json).await,
         Command::Bench(args) => bench::run(&config, args, json).await,
+        Command::Relay(args) => relay::run(&config, args, json).await,
     }
 }
 
 /// Where the selected backend lives (password hidden): `DATABASE_URL` or `AMQP_URL`.
 pub(crate) fn store_url(config: &Config) -> String {
-    match config.backend {
+    store_url_of(config, config.backend)
+}
+
+/// Where backend `kind` lives (password hidden).
+pub(crate) fn store_url_of(config: &Config, kind: BackendKind) -> String {
+    match kind {
         BackendKind::Exec => config.database_url.to_string(),
         BackendKind::RabbitMq => config.amqp_url.to_string(),
     }

@@ -1,12 +1,15 @@
 //! `switchyard stats`.
 
-use switchyard::{Config, Result};
+use switchyard::{BackendKind, Config, QueueName, QueueStats, Result};
 
 use crate::cli::StatsArgs;
 use crate::output::human_duration;
 
 pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<()> {
     let queue = super::queue_arg(args.queue.as_deref())?;
+    if config.migrating() {
+        return migration(config, queue.as_ref(), json).await;
+    }
     let transport = switchyard::connect_existing(config).await?;
     let stats = transport.stats(queue.as_ref()).await?;
     // RabbitMQ keeps delayed messages in a chain shared by every queue: only the
@@ -47,6 +50,80 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
                 .map(human_duration)
                 .unwrap_or_else(|| "-".into())
         );
+    }
+    Ok(())
+}
+
+/// During a migration: each backend apart, with its role, and whether the one being left
+/// is drained (nothing ready, delayed or reserved on it).
+async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Result<()> {
+    let mut sides = Vec::new();
+    for kind in [config.backend, config.backend.other()] {
+        let role = if kind == config.backend {
+            "primary".to_owned()
+        } else if config.drain_from() == Some(kind) {
+            "draining".to_owned()
+        } else {
+            format!("canary {}%", config.canary_percent)
+        };
+        let stats: std::result::Result<Vec<QueueStats>, String> =
+            match switchyard::connect_backend(config, kind, false).await {
+                Ok(t) => t.stats(queue).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+        let left = stats.as_ref().map_or(0, |s| {
+            s.iter()
+                .map(|q| q.ready + q.delayed + q.reserved)
+                .sum::<u64>()
+        });
+        let drained = role == "draining" && stats.is_ok() && left == 0;
+        sides.push((kind, role, drained, stats));
+    }
+    if json {
+        let backends: Vec<serde_json::Value> = sides
+            .iter()
+            .map(|(kind, role, drained, stats)| {
+                let mut v = serde_json::json!({
+                    "backend": kind.to_string(),
+                    "role": role,
+                    "drained": drained,
+                    "url": super::store_url_of(config, *kind),
+                });
+                match stats {
+                    Ok(s) => v["queues"] = serde_json::json!(s),
+                    Err(e) => v["error"] = serde_json::json!(e),
+                }
+                v
+            })
+            .collect();
+        return crate::output::json_line(&serde_json::json!({
+            "backend": "router",
+            "backends": backends,
+        }));
+    }
+    for (kind, role, drained, stats) in sides {
+        let state = if drained { ", drained" } else { "" };
+        println!(
+            "{kind} ({role}{state}): {}",
+            super::store_url_of(config, kind)
+        );
+        match stats {
+            Ok(stats) if stats.is_empty() => println!("  no messages"),
+            Ok(stats) => {
+                for s in stats {
+                    let delayed = if kind == BackendKind::RabbitMq {
+                        "-".to_owned()
+                    } else {
+                        s.delayed.to_string()
+                    };
+                    println!(
+                        "  {:<30} ready {:>8}  delayed {:>8}  reserved {:>8}  dead {:>8}",
+                        s.queue, s.ready, delayed, s.reserved, s.dead
+                    );
+                }
+            }
+            Err(e) => println!("  unavailable: {e}"),
+        }
     }
     Ok(())
 }

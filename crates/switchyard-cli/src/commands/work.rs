@@ -69,7 +69,10 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
 
 /// The first SIGTERM or SIGINT starts a graceful shutdown; a second one cuts the grace
 /// period short.
-fn spawn_signal_handler(shutdown: CancellationToken, abort: CancellationToken) -> Result<()> {
+pub(crate) fn spawn_signal_handler(
+    shutdown: CancellationToken,
+    abort: CancellationToken,
+) -> Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let io = |e: std::io::Error| {
         switchyard::Error::InvalidInput(format!("cannot listen for signals: {e}"))

@@ -13,6 +13,8 @@ pub struct Sandbox {
     pub mysql_db: Option<String>,
     /// The sandbox's queues live in RabbitMQ (`QUEUE_BACKEND=rabbitmq`).
     pub rabbitmq: bool,
+    /// More environment for every command, set last.
+    pub env: Vec<(String, String)>,
 }
 
 /// The RabbitMQ broker of the tests: `SWITCHYARD_TEST_AMQP_URL`, by default the local one.
@@ -41,6 +43,7 @@ impl Sandbox {
             pg_schema: None,
             mysql_db: None,
             rabbitmq: false,
+            env: Vec::new(),
         }
     }
 
@@ -75,6 +78,7 @@ impl Sandbox {
             pg_schema: None,
             mysql_db: Some(format!("sy_test_{secs}_{:08x}", fastrand::u32(..))),
             rabbitmq: false,
+            env: Vec::new(),
         })
     }
 
@@ -96,7 +100,19 @@ impl Sandbox {
             pg_schema: Some(schema),
             mysql_db: None,
             rabbitmq: false,
+            env: Vec::new(),
         })
+    }
+
+    /// Sets `key` for every later command (replacing an earlier value).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
+    /// Unsets `key` for every later command.
+    pub fn unset_env(&mut self, key: &str) {
+        self.env.retain(|(k, _)| k != key);
     }
 
     pub fn db(&self) -> std::path::PathBuf {
@@ -115,6 +131,7 @@ impl Sandbox {
             "QUEUE_VISIBILITY_TIMEOUT",
             "QUEUE_TABLE",
             "QUEUE_SCHEMA",
+            "QUEUE_DRAIN",
         ] {
             cmd.env_remove(var);
         }
@@ -126,8 +143,13 @@ impl Sandbox {
             (None, None) => cmd.env("DATABASE_URL", format!("sqlite://{}", self.db().display())),
         };
         if self.rabbitmq {
+            // RabbitMQ alone: no SQL store to drain.
             cmd.env("QUEUE_BACKEND", "rabbitmq")
-                .env("AMQP_URL", amqp_url());
+                .env("AMQP_URL", amqp_url())
+                .env("QUEUE_DRAIN", "none");
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
         }
         cmd
     }

@@ -1,0 +1,115 @@
+//! `switchyard relay --queue Q`: the transactional outbox's relay. Messages committed to
+//! the SQL store (with the application's own transaction, through `publish_tx`) are
+//! forwarded to RabbitMQ with confirms and only then removed from the store: a relay
+//! that dies between the two leaves them leased, and once the lease runs out they are
+//! forwarded again, with the same id. At least once, never lost.
+
+use std::time::{Duration, Instant};
+
+use switchyard::{BackendKind, CancellationToken, Config, QueueName, Result, Transport};
+
+use crate::cli::RelayArgs;
+
+/// The longest pause between looks at an empty outbox.
+const MAX_IDLE: Duration = Duration::from_secs(1);
+
+pub(crate) async fn run(config: &Config, args: RelayArgs, json: bool) -> Result<()> {
+    let queue = QueueName::new(args.queue.clone())
+        .map_err(|e| switchyard::ConfigError::new("--queue", e.value, e.expected))?;
+    let outbox = switchyard::connect_backend(config, BackendKind::Exec, false).await?;
+    let broker = switchyard::connect_backend(config, BackendKind::RabbitMq, true).await?;
+    let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
+    super::work::spawn_signal_handler(shutdown.clone(), abort)?;
+    let started = Instant::now();
+    let relayed = relay(
+        outbox.as_ref(),
+        broker.as_ref(),
+        &queue,
+        args.batch.max(1),
+        args.drain,
+        &shutdown,
+    )
+    .await?;
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        crate::output::json_line(&serde_json::json!({
+            "queue": queue.as_str(),
+            "relayed": relayed,
+            "seconds": secs,
+        }))
+    } else {
+        println!(
+            "relayed {relayed} messages from {} to RabbitMQ in {secs:.1} s",
+            super::store_url_of(config, BackendKind::Exec)
+        );
+        Ok(())
+    }
+}
+
+/// Forwards batches until `shutdown` (or, with `drain`, until the outbox is empty);
+/// how many were forwarded.
+async fn relay(
+    outbox: &dyn Transport,
+    broker: &dyn Transport,
+    queue: &QueueName,
+    batch: usize,
+    drain: bool,
+    shutdown: &CancellationToken,
+) -> Result<u64> {
+    let waker = outbox.waker(queue);
+    let mut relayed = 0u64;
+    let mut idle = Duration::from_millis(20);
+    while !shutdown.is_cancelled() {
+        let taken = outbox.reserve_batch(queue, batch).await?;
+        if taken.is_empty() {
+            if drain && nothing_left(outbox, queue).await? {
+                break;
+            }
+            let woken = async {
+                match &waker {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(idle) => {}
+                () = woken => {}
+            }
+            idle = (idle * 2).min(MAX_IDLE);
+            continue;
+        }
+        idle = Duration::from_millis(20);
+        // The envelopes as stored: same ids, attempts, due times, headers.
+        let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
+        if let Err(err) = broker.publish_batch(envelopes).await {
+            // Not confirmed: give them back for the next try.
+            tracing::warn!(error = %err, "relay: publishing to RabbitMQ failed; retrying");
+            for r in &taken {
+                let _ = outbox.abandon(r).await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        // Confirmed by the broker: now they may leave the outbox. A lease lost on the way
+        // means another relay forwards them too, with the same ids.
+        let report = outbox.ack_batch(&taken).await?;
+        relayed += report.acked.len() as u64;
+        if !report.lost.is_empty() {
+            tracing::warn!(
+                lost = report.lost.len(),
+                "relay: leases ran out before the ack; those messages may be forwarded twice"
+            );
+        }
+    }
+    Ok(relayed)
+}
+
+async fn nothing_left(outbox: &dyn Transport, queue: &QueueName) -> Result<bool> {
+    Ok(outbox
+        .stats(Some(queue))
+        .await?
+        .iter()
+        .filter(|s| s.queue == queue.as_str())
+        .all(|s| s.ready + s.delayed + s.reserved == 0))
+}

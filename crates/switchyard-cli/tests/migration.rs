@@ -1,0 +1,333 @@
+//! Moving between backends with the command line: a 10% canary to RabbitMQ, flips of
+//! `QUEUE_BACKEND` in both directions while the previous backend is drained, and the
+//! outbox relay killed mid-run. The SQL side is the sandbox's SQLite file (and, for the
+//! transactional outbox, PostgreSQL); every test uses queues of its own on the broker.
+#![cfg(feature = "amqp")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use support::{amqp_url, text, Sandbox};
+use switchyard::{AmqpOptions, AmqpTransport, QueueName, Transport};
+
+/// A sandbox on SQLite with the test broker configured beside it, or `None` (having
+/// said why) when no broker is reachable outside CI.
+fn both() -> Option<Sandbox> {
+    let probe = Sandbox::rabbitmq()?;
+    drop(probe);
+    let mut sb = Sandbox::new();
+    sb.set_env("AMQP_URL", &amqp_url());
+    Some(sb)
+}
+
+fn fresh_queue(label: &str) -> String {
+    format!("mig.{label}.{}", uuid::Uuid::new_v4().simple())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Each backend's `ready + delayed + reserved` for `queue`, from `stats --json` during a
+/// migration: (exec, rabbitmq).
+fn counts(sb: &Sandbox, queue: &str) -> (u64, u64) {
+    let out = sb.run(&["stats", "--json", "--queue", queue]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+    let mut exec = 0;
+    let mut rabbit = 0;
+    for b in v["backends"].as_array().expect("both backends") {
+        let n: u64 = b["queues"]
+            .as_array()
+            .map(|qs| {
+                qs.iter()
+                    .filter(|q| q["queue"] == queue)
+                    .map(|q| {
+                        q["ready"].as_u64().unwrap_or(0)
+                            + q["delayed"].as_u64().unwrap_or(0)
+                            + q["reserved"].as_u64().unwrap_or(0)
+                    })
+                    .sum()
+            })
+            .unwrap_or(0);
+        match b["backend"].as_str() {
+            Some("exec") => exec = n,
+            Some("rabbitmq") => rabbit = n,
+            other => panic!("unexpected backend {other:?}"),
+        }
+    }
+    (exec, rabbit)
+}
+
+/// Publishes `n` messages through the CLI (stdin, batched); the ids.
+fn publish(sb: &Sandbox, queue: &str, n: usize) -> Vec<String> {
+    let lines: String = (0..n).map(|i| format!("{{\"n\":{i}}}\n")).collect();
+    let ids = sb.publish_lines(queue, "job", &lines);
+    assert_eq!(ids.len(), n);
+    ids
+}
+
+/// `work --drain` on `queue` until it is empty on both sides.
+fn work(sb: &Sandbox, queue: &str) {
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        queue,
+        "--exec",
+        "cat >/dev/null",
+        "--concurrency",
+        "16",
+        "--drain",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+fn delete_broker_queue(queue: &str) {
+    runtime().block_on(async {
+        let t = AmqpTransport::connect(AmqpOptions::new(amqp_url()))
+            .await
+            .expect("connect");
+        t.delete_queue(&QueueName::new(queue).expect("name"))
+            .await
+            .expect("delete");
+        t.close().await;
+    });
+}
+
+/// `QUEUE_CANARY_PERCENT=10`: about a tenth of 10,000 publishes land on RabbitMQ, an id
+/// always on the same side, and workers process all of them from both.
+#[test]
+fn a_ten_percent_canary_splits_by_id_and_workers_drain_both_sides() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_CANARY_PERCENT", "10");
+    let q = fresh_queue("canary");
+    publish(&sb, &q, 10_000);
+    let (exec, rabbit) = counts(&sb, &q);
+    assert_eq!(exec + rabbit, 10_000);
+    assert!(
+        (800..=1_200).contains(&rabbit),
+        "{rabbit} of 10,000 on RabbitMQ at 10%"
+    );
+
+    // The same id twice lands on the same side both times.
+    let id = uuid::Uuid::now_v7().to_string();
+    let before = counts(&sb, &q);
+    for _ in 0..2 {
+        let out = sb.run(&[
+            "publish",
+            "--queue",
+            &q,
+            "--kind",
+            "job",
+            "--payload",
+            "{}",
+            "--id",
+            &id,
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let after = counts(&sb, &q);
+    let (dx, dr) = (after.0 - before.0, after.1 - before.1);
+    assert!(
+        (dx > 0) != (dr > 0),
+        "one id reached both sides: {before:?} -> {after:?}"
+    );
+
+    work(&sb, &q);
+    assert_eq!(counts(&sb, &q), (0, 0), "messages left after the drain");
+    delete_broker_queue(&q);
+}
+
+/// Publish under one backend, flip `QUEUE_BACKEND`, publish more: workers started under
+/// the new backend drain the old one too (detected from its configured URL, or named by
+/// `QUEUE_DRAIN`), and nothing is stranded on either side.
+#[test]
+fn flips_in_both_directions_strand_nothing() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    // exec → rabbitmq, the old backend detected from DATABASE_URL.
+    let q = fresh_queue("flip-up");
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_DRAIN", "none");
+    publish(&sb, &q, 500);
+    sb.set_env("QUEUE_BACKEND", "rabbitmq");
+    sb.unset_env("QUEUE_DRAIN");
+    publish(&sb, &q, 500);
+    assert_eq!(counts(&sb, &q), (500, 500));
+    let out = sb.run(&["stats", "--queue", &q]);
+    assert!(
+        text(&out.stdout).contains("exec (draining)"),
+        "{}",
+        text(&out.stdout)
+    );
+    work(&sb, &q);
+    assert_eq!(counts(&sb, &q), (0, 0));
+    let out = sb.run(&["stats", "--queue", &q]);
+    assert!(
+        text(&out.stdout).contains("exec (draining, drained)"),
+        "{}",
+        text(&out.stdout)
+    );
+    delete_broker_queue(&q);
+
+    // rabbitmq → exec (a rollback), the old backend named by QUEUE_DRAIN.
+    let q = fresh_queue("flip-down");
+    sb.set_env("QUEUE_BACKEND", "rabbitmq");
+    sb.set_env("QUEUE_DRAIN", "none");
+    publish(&sb, &q, 500);
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_DRAIN", "rabbitmq");
+    publish(&sb, &q, 500);
+    assert_eq!(counts(&sb, &q), (500, 500));
+    work(&sb, &q);
+    assert_eq!(counts(&sb, &q), (0, 0));
+    delete_broker_queue(&q);
+}
+
+/// Takes everything on the broker's `queue` (waiting up to `quiet` for more); each id
+/// with how many times it came.
+async fn consume_all(queue: &str, quiet: Duration) -> HashMap<uuid::Uuid, u32> {
+    let t = AmqpTransport::connect(AmqpOptions::new(amqp_url()))
+        .await
+        .expect("connect");
+    let q = QueueName::new(queue).expect("name");
+    let mut seen: HashMap<uuid::Uuid, u32> = HashMap::new();
+    let mut last = Instant::now();
+    while last.elapsed() < quiet {
+        let got = t.reserve_batch(&q, 500).await.expect("reserve");
+        if got.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        last = Instant::now();
+        for r in &got {
+            *seen.entry(r.id()).or_default() += 1;
+        }
+        t.ack_batch(&got).await.expect("ack");
+    }
+    t.delete_queue(&q).await.expect("delete");
+    t.close().await;
+    seen
+}
+
+/// The relay is SIGKILLed mid-run and started again: every message reaches RabbitMQ at
+/// least once, and a duplicate carries the id of its original.
+#[test]
+fn a_relay_killed_mid_run_loses_nothing() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_DRAIN", "none");
+    // Short leases, so that the killed relay's batch is taken again soon.
+    sb.set_env("QUEUE_VISIBILITY_TIMEOUT", "2s");
+    let q = fresh_queue("relay");
+    let ids = publish(&sb, &q, 5_000);
+
+    let mut relay = sb
+        .cmd(&["relay", "--queue", &q, "--batch", "50"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the relay");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = sb.ready(&q);
+        if left <= 4_000 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the relay did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    relay.kill().expect("SIGKILL the relay");
+    relay.wait().expect("reap the relay");
+    let left = sb.ready(&q);
+    assert!(left > 0, "the relay finished before it was killed");
+
+    let out = sb.run(&["relay", "--queue", &q, "--drain", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sb.stats(&q)["ready"], 0);
+
+    let seen = runtime().block_on(consume_all(&q, Duration::from_secs(2)));
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| {
+            let id = uuid::Uuid::parse_str(id).expect("an id");
+            !seen.contains_key(&id)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} ids never reached RabbitMQ",
+        missing.len()
+    );
+    assert_eq!(seen.len(), 5_000, "an id that was never published arrived");
+    let duplicates: u32 = seen.values().map(|n| n - 1).sum();
+    eprintln!("relay killed with {left} left; {duplicates} forwarded twice, same ids");
+}
+
+/// The transactional outbox: a message published in a transaction that rolls back never
+/// reaches RabbitMQ; one whose transaction commits does, once relayed.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_rolled_back_outbox_publish_never_reaches_rabbitmq() {
+    let Some(mut sb) = Sandbox::postgres() else {
+        return;
+    };
+    if Sandbox::rabbitmq().is_none() {
+        return;
+    }
+    sb.set_env("AMQP_URL", &amqp_url());
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_DRAIN", "none");
+    let q = fresh_queue("outbox");
+    let schema = sb.pg_schema.clone().expect("a schema");
+    let (kept, dropped) = runtime().block_on(async {
+        use switchyard::sqlx::Connection;
+        let t = switchyard::PgTransport::connect(
+            switchyard::PgOptions::new(support::pg_url()).with_schema(schema),
+        )
+        .await
+        .expect("connect");
+        let mut conn = switchyard::sqlx::PgConnection::connect(&support::pg_url())
+            .await
+            .expect("a connection");
+        let kept = switchyard::Envelope::builder(q.as_str(), "kept")
+            .build()
+            .expect("envelope");
+        let dropped = switchyard::Envelope::builder(q.as_str(), "dropped")
+            .build()
+            .expect("envelope");
+        let mut tx = conn.begin().await.expect("begin");
+        t.publish_tx(&mut tx, dropped.clone())
+            .await
+            .expect("publish");
+        tx.rollback().await.expect("rollback");
+        let mut tx = conn.begin().await.expect("begin");
+        t.publish_tx(&mut tx, kept.clone()).await.expect("publish");
+        tx.commit().await.expect("commit");
+        (kept.id, dropped.id)
+    });
+    let out = sb.run(&["relay", "--queue", &q, "--drain", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("relay JSON");
+    assert_eq!(v["relayed"], 1, "{v}");
+    let seen = runtime().block_on(consume_all(&q, Duration::from_secs(1)));
+    assert_eq!(seen.get(&kept), Some(&1));
+    assert!(
+        !seen.contains_key(&dropped),
+        "a rolled-back message was relayed"
+    );
+}

@@ -1,0 +1,358 @@
+//! The migration router: one [`Transport`] over the configured backend and the other one,
+//! for a canary rollout (`QUEUE_CANARY_PERCENT`) and for draining the backend a flip of
+//! `QUEUE_BACKEND` leaves (`QUEUE_DRAIN`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::{
+    AckReport, BackendKind, Capabilities, DeadLetter, DeadSelection, Envelope, Error, QueueName,
+    QueueStats, Reservation, Result, Transport,
+};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+/// Which side a reservation came from, in its receipt's origin.
+const PRIMARY: u8 = 0;
+const OTHER: u8 = 1;
+
+/// Publishes to the configured backend, except a canary share (by a hash of the message
+/// id, so one id always lands on the same side) that goes to the other; reserves from
+/// both, alternating which is asked first; and settles each message on the backend it
+/// came from.
+pub struct Router {
+    primary: Arc<dyn Transport>,
+    primary_kind: BackendKind,
+    other: Arc<dyn Transport>,
+    canary_percent: u8,
+    /// Which side the next reserve asks first.
+    other_first: AtomicBool,
+    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("primary", &self.primary_kind)
+            .field("canary_percent", &self.canary_percent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Router {
+    /// A router over `primary` (the backend `QUEUE_BACKEND` names, of kind
+    /// `primary_kind`) and `other`, sending `canary_percent` of publishes to `other`.
+    pub fn new(
+        primary: Arc<dyn Transport>,
+        primary_kind: BackendKind,
+        other: Arc<dyn Transport>,
+        canary_percent: u8,
+    ) -> Self {
+        Router {
+            primary,
+            primary_kind,
+            other,
+            canary_percent: canary_percent.min(100),
+            other_first: AtomicBool::new(false),
+            wakers: Mutex::default(),
+        }
+    }
+
+    /// The backend `QUEUE_BACKEND` names and the other one, with their kinds.
+    pub fn sides(&self) -> [(BackendKind, &Arc<dyn Transport>); 2] {
+        [
+            (self.primary_kind, &self.primary),
+            (self.primary_kind.other(), &self.other),
+        ]
+    }
+
+    fn side(&self, r: &Reservation) -> &Arc<dyn Transport> {
+        if r.receipt.origin() == OTHER {
+            &self.other
+        } else {
+            &self.primary
+        }
+    }
+
+    /// Splits `reservations` by the side they came from.
+    fn split(&self, reservations: &[Reservation]) -> [Vec<Reservation>; 2] {
+        let mut sides = [Vec::new(), Vec::new()];
+        for r in reservations {
+            let i = usize::from(r.receipt.origin() == OTHER);
+            sides[i].push(r.clone());
+        }
+        sides
+    }
+
+    /// Reserves up to `max` from both sides, through `take`, the first side alternating.
+    async fn claim<'a, F, Fut>(&'a self, max: usize, take: F) -> Result<Vec<Reservation>>
+    where
+        F: Fn(&'a Arc<dyn Transport>, usize) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<Reservation>>>,
+    {
+        let other_first = self.other_first.fetch_xor(true, Ordering::Relaxed);
+        let order = if other_first {
+            [(&self.other, OTHER), (&self.primary, PRIMARY)]
+        } else {
+            [(&self.primary, PRIMARY), (&self.other, OTHER)]
+        };
+        let mut out = Vec::new();
+        for (t, origin) in order {
+            if out.len() >= max {
+                break;
+            }
+            let got = take(t, max - out.len()).await?;
+            out.extend(got.into_iter().map(|mut r| {
+                r.receipt = r.receipt.clone().with_origin(origin);
+                r
+            }));
+        }
+        Ok(out)
+    }
+}
+
+/// Whether `id` goes to the canary side at `percent`: a stable hash of the id (FNV-1a
+/// over its bytes), so the same message always lands on the same side.
+pub fn canary_side(id: &Uuid, percent: u8) -> bool {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h % 100 < u64::from(percent)
+}
+
+fn merge_reports(into: &mut AckReport, from: AckReport) {
+    into.acked.extend(from.acked);
+    into.lost.extend(from.lost);
+}
+
+#[async_trait]
+impl Transport for Router {
+    fn name(&self) -> &'static str {
+        "router"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // What both sides promise.
+        let (a, b) = (self.primary.capabilities(), self.other.capabilities());
+        let mut caps = a;
+        // Messages are split between two stores, and reserves alternate between them: no
+        // order holds across the two.
+        caps.exact_fifo = false;
+        caps.priorities = false;
+        caps.exact_delays = a.exact_delays && b.exact_delays;
+        caps.lease_extension = a.lease_extension && b.lease_extension;
+        caps.idempotent_publish = a.idempotent_publish && b.idempotent_publish;
+        caps.expiry = a.expiry && b.expiry;
+        caps.table_isolation = a.table_isolation && b.table_isolation;
+        caps.transactional_publish = a.transactional_publish && b.transactional_publish;
+        caps.wake_signal = a.wake_signal || b.wake_signal;
+        caps.delayed_stats = a.delayed_stats && b.delayed_stats;
+        caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);
+        caps
+    }
+
+    fn visibility_timeout(&self) -> Duration {
+        self.primary
+            .visibility_timeout()
+            .min(self.other.visibility_timeout())
+    }
+
+    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = wakers.get(queue.as_str()) {
+            return Some(n.clone());
+        }
+        let ours = Arc::new(Notify::new());
+        // Either side's signal wakes the worker; it then reserves from both.
+        for side in [&self.primary, &self.other] {
+            if let Some(theirs) = side.waker(queue) {
+                let ours = Arc::downgrade(&ours);
+                tokio::spawn(async move {
+                    loop {
+                        theirs.notified().await;
+                        match ours.upgrade() {
+                            Some(n) => n.notify_waiters(),
+                            None => return,
+                        }
+                    }
+                });
+            }
+        }
+        wakers.insert(queue.as_str().to_owned(), ours.clone());
+        Some(ours)
+    }
+
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        let (canary, rest): (Vec<Envelope>, Vec<Envelope>) = envelopes
+            .into_iter()
+            .partition(|e| canary_side(&e.id, self.canary_percent));
+        if !rest.is_empty() {
+            self.primary.publish_batch(rest).await?;
+        }
+        if !canary.is_empty() {
+            self.other.publish_batch(canary).await?;
+        }
+        Ok(())
+    }
+
+    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.claim(max, |t, n| t.reserve_batch(queue, n)).await
+    }
+
+    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.claim(max, |t, n| t.prefetch_batch(queue, n)).await
+    }
+
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        for (t, part) in [&self.primary, &self.other]
+            .into_iter()
+            .zip(self.split(reservations))
+        {
+            if !part.is_empty() {
+                merge_reports(&mut report, t.start_batch(&part).await?);
+            }
+        }
+        Ok(report)
+    }
+
+    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        let mut report = AckReport::default();
+        for (t, part) in [&self.primary, &self.other]
+            .into_iter()
+            .zip(self.split(reservations))
+        {
+            if !part.is_empty() {
+                merge_reports(&mut report, t.ack_batch(&part).await?);
+            }
+        }
+        Ok(report)
+    }
+
+    async fn release(
+        &self,
+        reservation: &Reservation,
+        delay: Duration,
+        error: Option<&str>,
+    ) -> Result<()> {
+        self.side(reservation)
+            .release(reservation, delay, error)
+            .await
+    }
+
+    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
+        self.side(reservation).abandon(reservation).await
+    }
+
+    async fn dead_letter(
+        &self,
+        reservation: &Reservation,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
+        self.side(reservation)
+            .dead_letter(reservation, reason, error)
+            .await
+    }
+
+    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
+        self.side(reservation).extend(reservation, lease).await
+    }
+
+    /// Both sides' counts, added up per queue (the CLI's `stats` shows them apart).
+    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
+        let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();
+        for side in [&self.primary, &self.other] {
+            for s in side.stats(queue).await? {
+                let sum = by_queue
+                    .entry(s.queue.clone())
+                    .or_insert_with(|| QueueStats::new(s.queue.clone()));
+                sum.ready += s.ready;
+                sum.delayed += s.delayed;
+                sum.reserved += s.reserved;
+                sum.dead += s.dead;
+                sum.oldest_ready_age = sum.oldest_ready_age.max(s.oldest_ready_age);
+            }
+        }
+        Ok(by_queue.into_values().collect())
+    }
+
+    async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
+        let mut all = self.primary.dead_list(queue, limit).await?;
+        all.extend(self.other.dead_list(queue, limit).await?);
+        all.sort_by_key(|d| d.dead_at);
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    async fn dead_replay(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let mut n = 0;
+        let mut missing = 0;
+        for side in [&self.primary, &self.other] {
+            match side.dead_replay(queue, selection).await {
+                Ok(k) => n += k,
+                Err(Error::NotFound { .. }) => missing += 1,
+                Err(err) => return Err(err),
+            }
+        }
+        not_found_on_both(n, missing, selection)
+    }
+
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let mut n = 0;
+        let mut missing = 0;
+        for side in [&self.primary, &self.other] {
+            match side.dead_purge(queue, selection).await {
+                Ok(k) => n += k,
+                Err(Error::NotFound { .. }) => missing += 1,
+                Err(err) => return Err(err),
+            }
+        }
+        not_found_on_both(n, missing, selection)
+    }
+}
+
+/// A dead letter selected by id is missing only when neither side has it.
+fn not_found_on_both(n: u64, missing: usize, selection: &DeadSelection) -> Result<u64> {
+    match selection {
+        DeadSelection::Id(id) if missing == 2 => Err(Error::NotFound {
+            what: "dead letter",
+            id: id.clone(),
+        }),
+        _ => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_canary_share_is_stable_and_close_to_its_percent() {
+        let ids: Vec<Uuid> = (0..20_000).map(|_| Uuid::now_v7()).collect();
+        for percent in [0u8, 10, 50, 100] {
+            let n = ids.iter().filter(|id| canary_side(id, percent)).count();
+            let share = 100.0 * n as f64 / ids.len() as f64;
+            assert!(
+                (share - f64::from(percent)).abs() < 1.5,
+                "{percent}%: {share:.2}%"
+            );
+        }
+        assert!(ids
+            .iter()
+            .all(|id| canary_side(id, 10) == canary_side(id, 10)));
+    }
+}
