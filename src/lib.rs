@@ -88,8 +88,18 @@ async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
     }
     // A canary, or a flip whose previous backend is still drained: both backends.
     let other_kind = config.backend.other();
-    let other = connect_backend(config, other_kind, create)
-        .await
+    let other = connect_backend(config, other_kind, create).await;
+    // Draining only because the other backend's URL happens to be set: without that
+    // backend, run on the configured one alone rather than not at all.
+    let detected = config.canary_percent == 0 && config.drain == DrainSetting::Detect;
+    let other = match other {
+        Err(err) if detected => {
+            tracing::warn!(error = %err, "not draining {other_kind} (its URL is set, QUEUE_DRAIN is not): it cannot be opened; set QUEUE_DRAIN=none to silence this");
+            return Ok(primary);
+        }
+        other => other,
+    };
+    let other = other
         .map_err(|err| match err {
             Error::Config(_) => err,
             err => Error::backend(

@@ -3,14 +3,13 @@
 //! `QUEUE_BACKEND` leaves (`QUEUE_DRAIN`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::{
-    AckReport, BackendKind, Capabilities, DeadLetter, DeadSelection, Envelope, Error, QueueName,
-    QueueStats, Reservation, Result, Transport,
+    AckReport, BackendKind, CancellationToken, Capabilities, DeadLetter, DeadSelection, Envelope,
+    Error, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -28,9 +27,17 @@ pub struct Router {
     primary_kind: BackendKind,
     other: Arc<dyn Transport>,
     canary_percent: u8,
-    /// Which side the next reserve asks first.
-    other_first: AtomicBool,
+    /// Per queue, whether the next reserve asks the other side first.
+    other_first: Mutex<HashMap<String, bool>>,
     wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Stops the wake-up forwarding tasks when the router goes.
+    stop: CancellationToken,
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl std::fmt::Debug for Router {
@@ -56,8 +63,9 @@ impl Router {
             primary_kind,
             other,
             canary_percent: canary_percent.min(100),
-            other_first: AtomicBool::new(false),
+            other_first: Mutex::default(),
             wakers: Mutex::default(),
+            stop: CancellationToken::new(),
         }
     }
 
@@ -87,31 +95,68 @@ impl Router {
         sides
     }
 
-    /// Reserves up to `max` from both sides, through `take`, the first side alternating.
-    async fn claim<'a, F, Fut>(&'a self, max: usize, take: F) -> Result<Vec<Reservation>>
+    /// Reserves up to `max` of `queue` from both sides through `take`, the side asked
+    /// first alternating per queue so that neither starves. A side that fails is
+    /// skipped (and logged) as long as the other answers: what one side handed out is
+    /// never dropped because the other failed.
+    async fn claim<'a, T, F, Fut>(
+        &'a self,
+        queue: &QueueName,
+        max: usize,
+        take: F,
+    ) -> Result<Vec<T>>
     where
-        F: Fn(&'a Arc<dyn Transport>, usize) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<Reservation>>>,
+        F: Fn(&'a Arc<dyn Transport>, usize, u8) -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<T>>>,
     {
-        let other_first = self.other_first.fetch_xor(true, Ordering::Relaxed);
+        let other_first = {
+            let mut turns = self.other_first.lock().unwrap_or_else(|e| e.into_inner());
+            let turn = turns.entry(queue.as_str().to_owned()).or_default();
+            *turn = !*turn;
+            !*turn
+        };
         let order = if other_first {
             [(&self.other, OTHER), (&self.primary, PRIMARY)]
         } else {
             [(&self.primary, PRIMARY), (&self.other, OTHER)]
         };
         let mut out = Vec::new();
+        let mut failed = None;
         for (t, origin) in order {
             if out.len() >= max {
                 break;
             }
-            let got = take(t, max - out.len()).await?;
-            out.extend(got.into_iter().map(|mut r| {
-                r.receipt = r.receipt.clone().with_origin(origin);
-                r
-            }));
+            match take(t, max - out.len(), origin).await {
+                Ok(got) => out.extend(got),
+                Err(err) => {
+                    tracing::warn!(backend = t.name(), error = %err, "router: a backend's claim failed; serving the other");
+                    failed = Some(err);
+                }
+            }
         }
-        Ok(out)
+        match failed {
+            Some(err) if out.is_empty() => Err(err),
+            _ => Ok(out),
+        }
     }
+}
+
+impl Router {
+    /// Before a command over every queue acts on one side: whether both sides can name
+    /// their queues (RabbitMQ cannot, in a process that used none).
+    async fn both_can_list(&self, queue: Option<&QueueName>) -> Result<()> {
+        if queue.is_none() {
+            for side in [&self.primary, &self.other] {
+                side.stats(None).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn marked(mut r: Reservation, origin: u8) -> Reservation {
+    r.receipt = r.receipt.clone().with_origin(origin);
+    r
 }
 
 /// Whether `id` goes to the canary side at `percent`: a stable hash of the id (FNV-1a
@@ -172,9 +217,13 @@ impl Transport for Router {
         for side in [&self.primary, &self.other] {
             if let Some(theirs) = side.waker(queue) {
                 let ours = Arc::downgrade(&ours);
+                let stop = self.stop.clone();
                 tokio::spawn(async move {
                     loop {
-                        theirs.notified().await;
+                        tokio::select! {
+                            () = stop.cancelled() => return,
+                            () = theirs.notified() => {}
+                        }
                         match ours.upgrade() {
                             Some(n) => n.notify_waiters(),
                             None => return,
@@ -188,6 +237,13 @@ impl Transport for Router {
     }
 
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        // Nothing is stored unless every envelope fits both sides. (Should the second side
+        // then fail, the first side's part is stored and a retry publishes it again: at
+        // least once.)
+        let limit = self.capabilities().max_payload_bytes;
+        for env in &envelopes {
+            env.check_size(limit)?;
+        }
         let (canary, rest): (Vec<Envelope>, Vec<Envelope>) = envelopes
             .into_iter()
             .partition(|e| canary_side(&e.id, self.canary_percent));
@@ -201,11 +257,34 @@ impl Transport for Router {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.claim(max, |t, n| t.reserve_batch(queue, n)).await
+        self.claim(queue, max, |t, n, origin| async move {
+            let got = t.reserve_batch(queue, n).await?;
+            Ok(got.into_iter().map(|r| marked(r, origin)).collect())
+        })
+        .await
     }
 
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.claim(max, |t, n| t.prefetch_batch(queue, n)).await
+        self.claim(queue, max, |t, n, origin| async move {
+            let got = t.prefetch_batch(queue, n).await?;
+            Ok(got.into_iter().map(|r| marked(r, origin)).collect())
+        })
+        .await
+    }
+
+    async fn prefetch_batch_starting_fresh(
+        &self,
+        queue: &QueueName,
+        max: usize,
+    ) -> Result<Vec<(Reservation, bool)>> {
+        self.claim(queue, max, |t, n, origin| async move {
+            let got = t.prefetch_batch_starting_fresh(queue, n).await?;
+            Ok(got
+                .into_iter()
+                .map(|(r, started)| (marked(r, origin), started))
+                .collect())
+        })
+        .await
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -295,6 +374,7 @@ impl Transport for Router {
         queue: Option<&QueueName>,
         selection: &DeadSelection,
     ) -> Result<u64> {
+        self.both_can_list(queue).await?;
         let mut n = 0;
         let mut missing = 0;
         for side in [&self.primary, &self.other] {
@@ -312,6 +392,7 @@ impl Transport for Router {
         queue: Option<&QueueName>,
         selection: &DeadSelection,
     ) -> Result<u64> {
+        self.both_can_list(queue).await?;
         let mut n = 0;
         let mut missing = 0;
         for side in [&self.primary, &self.other] {

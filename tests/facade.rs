@@ -180,3 +180,28 @@ async fn an_unreachable_broker_is_an_error_without_the_password() {
     let text = err.to_string();
     assert!(!text.contains("s3cret"), "{text}");
 }
+
+/// A drain that is only inferred (the other backend's URL is set, `QUEUE_DRAIN` is not)
+/// does not stop a process whose other backend cannot be opened; a drain asked for by
+/// name does, and says how to go on without it.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn an_inferred_drain_of_an_unreachable_backend_is_skipped_a_named_one_fails() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("drain.db").display());
+    let base = [
+        ("QUEUE_BACKEND", "exec".to_owned()),
+        ("DATABASE_URL", url),
+        ("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/%2f".to_owned()),
+    ];
+    let t = switchyard::connect(&config(&base))
+        .await
+        .expect("the configured backend alone");
+    assert_eq!(t.name(), "sqlite");
+    let mut named = base.to_vec();
+    named.push(("QUEUE_DRAIN", "rabbitmq".to_owned()));
+    let err = switchyard::connect(&config(&named))
+        .await
+        .expect_err("the named drain cannot be opened");
+    assert!(err.to_string().contains("QUEUE_DRAIN"), "{err}");
+}

@@ -85,3 +85,109 @@ fn harness() -> Arc<dyn Harness> {
 }
 
 queue_core::conformance_tests!(crate::harness());
+
+/// A backend that fails every call, as an unreachable one would.
+#[derive(Debug)]
+struct Down;
+
+#[async_trait]
+impl Transport for Down {
+    fn name(&self) -> &'static str {
+        "down"
+    }
+    fn capabilities(&self) -> queue_core::Capabilities {
+        queue_core::Capabilities::default()
+    }
+    async fn publish_batch(&self, _: Vec<queue_core::Envelope>) -> Result<()> {
+        Err(down())
+    }
+    async fn reserve_batch(
+        &self,
+        _: &queue_core::QueueName,
+        _: usize,
+    ) -> Result<Vec<queue_core::Reservation>> {
+        Err(down())
+    }
+    async fn ack_batch(&self, _: &[queue_core::Reservation]) -> Result<queue_core::AckReport> {
+        Err(down())
+    }
+    async fn release(
+        &self,
+        _: &queue_core::Reservation,
+        _: std::time::Duration,
+        _: Option<&str>,
+    ) -> Result<()> {
+        Err(down())
+    }
+    async fn dead_letter(
+        &self,
+        _: &queue_core::Reservation,
+        _: &str,
+        _: Option<&str>,
+    ) -> Result<()> {
+        Err(down())
+    }
+    async fn extend(&self, _: &queue_core::Reservation, _: std::time::Duration) -> Result<()> {
+        Err(down())
+    }
+    async fn stats(
+        &self,
+        _: Option<&queue_core::QueueName>,
+    ) -> Result<Vec<queue_core::QueueStats>> {
+        Err(down())
+    }
+    async fn dead_list(
+        &self,
+        _: Option<&queue_core::QueueName>,
+        _: usize,
+    ) -> Result<Vec<queue_core::DeadLetter>> {
+        Err(down())
+    }
+    async fn dead_replay(
+        &self,
+        _: Option<&queue_core::QueueName>,
+        _: &queue_core::DeadSelection,
+    ) -> Result<u64> {
+        Err(down())
+    }
+    async fn dead_purge(
+        &self,
+        _: Option<&queue_core::QueueName>,
+        _: &queue_core::DeadSelection,
+    ) -> Result<u64> {
+        Err(down())
+    }
+}
+
+fn down() -> Error {
+    Error::backend("down", true, "unreachable")
+}
+
+/// While the backend being drained is down, the configured one is still served, and
+/// what it hands out is never dropped because the other failed.
+#[tokio::test]
+async fn a_backend_that_is_down_does_not_stop_the_other() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::backend("sqlite", false, e))?;
+    let url = format!("sqlite://{}", dir.path().join("q.db").display());
+    let primary: Arc<dyn Transport> =
+        Arc::new(SqliteTransport::connect(SqliteOptions::new(url)).await?);
+    let router = Router::new(primary, BackendKind::Exec, Arc::new(Down), 0);
+    let q = queue_core::QueueName::new("q")?;
+    router
+        .publish_batch(
+            (0..4)
+                .map(|_| {
+                    queue_core::Envelope::builder("q", "k")
+                        .build()
+                        .expect("an envelope")
+                })
+                .collect(),
+        )
+        .await?;
+    // Both orders of asking (the first side alternates).
+    let mut got = router.reserve_batch(&q, 2).await?;
+    got.extend(router.reserve_batch(&q, 2).await?);
+    assert_eq!(got.len(), 4);
+    assert_eq!(router.ack_batch(&got).await?.acked.len(), 4);
+    Ok(())
+}

@@ -47,7 +47,7 @@ pub(crate) async fn run(config: &Config, args: RelayArgs, json: bool) -> Result<
 }
 
 /// Forwards batches until `shutdown` (or, with `drain`, until the outbox is empty);
-/// how many were forwarded.
+/// how many were forwarded. Backend errors are logged and retried after a pause.
 async fn relay(
     outbox: &dyn Transport,
     broker: &dyn Transport,
@@ -60,7 +60,15 @@ async fn relay(
     let mut relayed = 0u64;
     let mut idle = Duration::from_millis(20);
     while !shutdown.is_cancelled() {
-        let taken = outbox.reserve_batch(queue, batch).await?;
+        // A prefetch: a relay that dies holding the batch charges its messages no attempt.
+        let taken = match outbox.prefetch_batch(queue, batch).await {
+            Ok(taken) => taken,
+            Err(err) => {
+                tracing::warn!(error = %err, "relay: reading the outbox failed; retrying");
+                pause(shutdown, Duration::from_secs(1)).await;
+                continue;
+            }
+        };
         if taken.is_empty() {
             if drain && nothing_left(outbox, queue).await? {
                 break;
@@ -83,26 +91,40 @@ async fn relay(
         // The envelopes as stored: same ids, attempts, due times, headers.
         let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
         if let Err(err) = broker.publish_batch(envelopes).await {
-            // Not confirmed: give them back for the next try.
+            // Not all confirmed: give them back for the next try (those the broker did
+            // confirm are then forwarded twice, with the same ids).
             tracing::warn!(error = %err, "relay: publishing to RabbitMQ failed; retrying");
             for r in &taken {
-                let _ = outbox.abandon(r).await;
+                if let Err(err) = outbox.abandon(r).await {
+                    tracing::warn!(message_id = %r.id(), error = %err, "relay: could not give a message back; it returns when its lease runs out");
+                }
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            pause(shutdown, Duration::from_secs(1)).await;
             continue;
         }
-        // Confirmed by the broker: now they may leave the outbox. A lease lost on the way
-        // means another relay forwards them too, with the same ids.
-        let report = outbox.ack_batch(&taken).await?;
-        relayed += report.acked.len() as u64;
-        if !report.lost.is_empty() {
-            tracing::warn!(
-                lost = report.lost.len(),
-                "relay: leases ran out before the ack; those messages may be forwarded twice"
-            );
+        // Confirmed by the broker: now they may leave the outbox. If this fails, or a
+        // lease ran out, they are forwarded again later, with the same ids.
+        match outbox.ack_batch(&taken).await {
+            Ok(report) => {
+                relayed += report.acked.len() as u64;
+                if !report.lost.is_empty() {
+                    tracing::warn!(lost = report.lost.len(), "relay: leases ran out before the ack; those messages may be forwarded twice");
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "relay: removing a forwarded batch from the outbox failed; it will be forwarded again");
+                pause(shutdown, Duration::from_secs(1)).await;
+            }
         }
     }
     Ok(relayed)
+}
+
+async fn pause(shutdown: &CancellationToken, d: Duration) {
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = tokio::time::sleep(d) => {}
+    }
 }
 
 async fn nothing_left(outbox: &dyn Transport, queue: &QueueName) -> Result<bool> {

@@ -76,7 +76,9 @@ async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Re
                 .map(|q| q.ready + q.delayed + q.reserved)
                 .sum::<u64>()
         });
-        let drained = role == "draining" && stats.is_ok() && left == 0;
+        // RabbitMQ cannot count the delays another process published: it is never
+        // called drained, only empty of ready and reserved messages.
+        let drained = role == "draining" && stats.is_ok() && left == 0 && kind == BackendKind::Exec;
         sides.push((kind, role, drained, stats));
     }
     if json {
@@ -103,6 +105,9 @@ async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Re
     }
     for (kind, role, drained, stats) in sides {
         let state = if drained { ", drained" } else { "" };
+        if role == "draining" && kind == BackendKind::RabbitMq {
+            println!("  (RabbitMQ cannot count messages waiting in its delay chain: once nothing is ready or reserved, wait out the longest delay and retry backoff before switching it off)");
+        }
         println!(
             "{kind} ({role}{state}): {}",
             super::store_url_of(config, kind)
