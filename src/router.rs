@@ -374,17 +374,7 @@ impl Transport for Router {
         queue: Option<&QueueName>,
         selection: &DeadSelection,
     ) -> Result<u64> {
-        self.both_can_list(queue).await?;
-        let mut n = 0;
-        let mut missing = 0;
-        for side in [&self.primary, &self.other] {
-            match side.dead_replay(queue, selection).await {
-                Ok(k) => n += k,
-                Err(Error::NotFound { .. }) => missing += 1,
-                Err(err) => return Err(err),
-            }
-        }
-        not_found_on_both(n, missing, selection)
+        self.settle_dead(queue, selection, true).await
     }
 
     async fn dead_purge(
@@ -392,28 +382,40 @@ impl Transport for Router {
         queue: Option<&QueueName>,
         selection: &DeadSelection,
     ) -> Result<u64> {
+        self.settle_dead(queue, selection, false).await
+    }
+}
+
+impl Router {
+    /// Replays (`replay`) or purges the selected dead letters on both sides; a letter
+    /// selected by id is missing only when neither side has it.
+    async fn settle_dead(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+        replay: bool,
+    ) -> Result<u64> {
         self.both_can_list(queue).await?;
-        let mut n = 0;
-        let mut missing = 0;
+        let (mut n, mut missing) = (0, 0);
         for side in [&self.primary, &self.other] {
-            match side.dead_purge(queue, selection).await {
+            let settled = if replay {
+                side.dead_replay(queue, selection).await
+            } else {
+                side.dead_purge(queue, selection).await
+            };
+            match settled {
                 Ok(k) => n += k,
                 Err(Error::NotFound { .. }) => missing += 1,
                 Err(err) => return Err(err),
             }
         }
-        not_found_on_both(n, missing, selection)
-    }
-}
-
-/// A dead letter selected by id is missing only when neither side has it.
-fn not_found_on_both(n: u64, missing: usize, selection: &DeadSelection) -> Result<u64> {
-    match selection {
-        DeadSelection::Id(id) if missing == 2 => Err(Error::NotFound {
-            what: "dead letter",
-            id: id.clone(),
-        }),
-        _ => Ok(n),
+        match selection {
+            DeadSelection::Id(id) if missing == 2 => Err(Error::NotFound {
+                what: "dead letter",
+                id: id.clone(),
+            }),
+            _ => Ok(n),
+        }
     }
 }
 
