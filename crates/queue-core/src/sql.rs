@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::names::Identifier;
 use crate::names::QueueName;
 use crate::redact::{unsupported_secret_param, SecretUrl};
-use crate::transport::{AckReport, DeadSelection, LeaseToken, Receipt, Reservation};
+use crate::transport::{AckReport, DeadLetter, DeadSelection, LeaseToken, Receipt, Reservation};
 
 /// How many rounds one reserve spends skipping malformed rows before it returns.
 const QUARANTINE_ROUNDS: usize = 16;
@@ -32,6 +32,9 @@ pub enum StartMode {
     All = 1,
     /// Those that come with no attempts (a fast worker's prefetch).
     Fresh = 2,
+    /// None, and the claim takes any row no worker holds, due or not (a move to another
+    /// backend, [`Transport::claim_for_move`](crate::Transport::claim_for_move)).
+    Move = 3,
 }
 
 /// A claimed row, read as plainly as possible so that no stored value can fail a claim.
@@ -326,6 +329,28 @@ async fn claim_rows(
         }
     }
     Ok(rows)
+}
+
+/// What a SQL dead-letter row holds for a moved dead letter: the stored text (the
+/// envelope, or the raw text of a malformed one), the priority and the expiry.
+pub fn dead_row(letter: &DeadLetter) -> (String, i16, Option<DateTime<Utc>>) {
+    match &letter.envelope {
+        Some(env) => (env.to_json(), env.priority, env.expires_at),
+        None => (letter.raw.clone().unwrap_or_default(), 0, None),
+    }
+}
+
+/// [`Transport::claim_for_move`](crate::Transport::claim_for_move) for a SQL transport.
+pub async fn claim_rows_for_move(
+    claims: &dyn RowClaims,
+    queue: &QueueName,
+    max: usize,
+) -> Result<Vec<Reservation>> {
+    Ok(reserve_rows(claims, queue, max, StartMode::Move)
+        .await?
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect())
 }
 
 /// The row a SQL transport's reservation came from: its receipt's tag is the row's

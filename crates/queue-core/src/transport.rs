@@ -362,6 +362,26 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// Counts per queue (one queue when given).
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>>;
 
+    /// Claims up to `max` messages of `queue` that no worker holds, due or not, for a
+    /// move to another backend (`switchyard move`): leased like reservations and not
+    /// started, so that an ack removes them once they are stored elsewhere, and a mover
+    /// that dies gives them back when the lease runs out (at their due time if that is
+    /// later). By default only what is due (`prefetch_batch`): RabbitMQ cannot take a
+    /// message out of its delay chain early.
+    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        self.prefetch_batch(queue, max).await
+    }
+
+    /// Stores dead letters moved from another backend as they are (id, reason, last
+    /// error, attempts, time of death, envelope or raw text); how many were stored.
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        let _ = letters;
+        Err(Error::InvalidInput(format!(
+            "the {} transport cannot take dead letters from another backend",
+            self.name()
+        )))
+    }
+
     /// Lists dead letters, oldest first.
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>>;
 

@@ -62,6 +62,25 @@ pub(crate) enum Command {
     Bench(BenchArgs),
     /// Forward a queue from the SQL store (the outbox) to RabbitMQ, with confirms
     Relay(RelayArgs),
+    /// Move what is left of a queue (delayed messages and dead letters included) to the
+    /// other backend
+    Move(MoveArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MoveArgs {
+    /// The backend to empty: exec or rabbitmq
+    #[arg(long)]
+    pub(crate) from: String,
+    /// The backend to fill: exec or rabbitmq
+    #[arg(long)]
+    pub(crate) to: String,
+    /// Queue to move
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Messages per batch
+    #[arg(long, default_value_t = 500)]
+    pub(crate) batch: usize,
 }
 
 #[derive(Debug, Args)]

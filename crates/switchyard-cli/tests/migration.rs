@@ -331,3 +331,141 @@ fn a_rolled_back_outbox_publish_never_reaches_rabbitmq() {
         "a rolled-back message was relayed"
     );
 }
+
+/// The ids of `dead list` for `queue`, with reason and attempts, sorted.
+fn dead_of(sb: &Sandbox, queue: &str) -> Vec<(String, String, u64)> {
+    let mut out: Vec<(String, String, u64)> = sb
+        .dead(queue)
+        .iter()
+        .map(|d| {
+            (
+                d["id"].as_str().unwrap_or_default().to_owned(),
+                d["reason"].as_str().unwrap_or_default().to_owned(),
+                d["attempts"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// `move` empties the old backend into the new one, ready and delayed messages (ids,
+/// attempts and due times kept) and dead letters alike, and back again.
+#[test]
+fn move_takes_ready_delayed_and_dead_messages_across_and_back() {
+    if let Some(sb) = both() {
+        move_round_trip(sb);
+    }
+}
+
+/// The same, with the SQL side on PostgreSQL.
+#[cfg(feature = "postgres")]
+#[test]
+fn move_round_trips_on_postgres() {
+    if let (Some(mut sb), Some(_)) = (Sandbox::postgres(), Sandbox::rabbitmq()) {
+        sb.set_env("AMQP_URL", &amqp_url());
+        move_round_trip(sb);
+    }
+}
+
+/// The same, with the SQL side on MariaDB (dead letters leave tombstones there).
+#[cfg(feature = "mysql")]
+#[test]
+fn move_round_trips_on_mariadb() {
+    if let (Some(mut sb), Some(_)) = (Sandbox::mysql(), Sandbox::rabbitmq()) {
+        sb.set_env("AMQP_URL", &amqp_url());
+        move_round_trip(sb);
+    }
+}
+
+fn move_round_trip(mut sb: Sandbox) {
+    sb.set_env("QUEUE_DRAIN", "none");
+    sb.set_env("QUEUE_BACKEND", "exec");
+    let q = fresh_queue("move");
+    publish(&sb, &q, 2);
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        &q,
+        "--exec",
+        "cat >/dev/null; exit 1",
+        "--max-attempts",
+        "1",
+        "--drain",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dead_before = dead_of(&sb, &q);
+    assert_eq!(dead_before.len(), 2);
+    publish(&sb, &q, 10);
+    for _ in 0..3 {
+        let out = sb.run(&[
+            "publish",
+            "--queue",
+            &q,
+            "--kind",
+            "later",
+            "--payload",
+            "{}",
+            "--delay",
+            "3s",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+
+    let out = sb.run(&[
+        "move", "--from", "exec", "--to", "rabbitmq", "--queue", &q, "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("move JSON");
+    assert_eq!(
+        (v["moved"].as_u64(), v["delayed"].as_u64()),
+        (Some(13), Some(3)),
+        "{v}"
+    );
+    assert_eq!(v["dead_letters"], 2, "{v}");
+    assert!(
+        v["differences"].as_array().is_some_and(|d| !d.is_empty()),
+        "no capability differences reported: {v}"
+    );
+    let s = sb.stats(&q);
+    assert_eq!(
+        (s["ready"].as_u64(), s["delayed"].as_u64()),
+        (Some(0), Some(0)),
+        "{s}"
+    );
+    assert!(sb.dead(&q).is_empty(), "dead letters left on exec");
+
+    sb.set_env("QUEUE_BACKEND", "rabbitmq");
+    assert_eq!(sb.ready(&q), 10, "the ready messages on RabbitMQ");
+    assert_eq!(
+        dead_of(&sb, &q),
+        dead_before,
+        "the dead letters on RabbitMQ"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while sb.ready(&q) < 13 {
+        assert!(
+            Instant::now() < deadline,
+            "the delayed messages never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let out = sb.run(&[
+        "move", "--from", "rabbitmq", "--to", "exec", "--queue", &q, "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("move JSON");
+    assert_eq!(v["moved"], 13, "{v}");
+    assert_eq!(v["dead_letters"], 2, "{v}");
+    assert_eq!(sb.ready(&q), 0, "left on RabbitMQ");
+    assert!(sb.dead(&q).is_empty(), "dead letters left on RabbitMQ");
+    sb.set_env("QUEUE_BACKEND", "exec");
+    assert_eq!(sb.ready(&q), 13);
+    assert_eq!(
+        dead_of(&sb, &q),
+        dead_before,
+        "the dead letters back on exec"
+    );
+    delete_broker_queue(&q);
+}

@@ -1467,6 +1467,45 @@ impl Transport for AmqpTransport {
         Ok(out)
     }
 
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        let mut outgoing = Vec::with_capacity(letters.len());
+        for letter in letters {
+            self.ensure_queue(&letter.queue).await?;
+            let mut headers = FieldTable::default();
+            headers.insert(H_REASON.into(), long_string(&letter.reason));
+            headers.insert(
+                H_DEAD_AT.into(),
+                AMQPValue::LongLongInt(letter.dead_at.timestamp_millis()),
+            );
+            let body = match &letter.envelope {
+                Some(env) => {
+                    let mut env = env.clone();
+                    env.attempts = letter.attempts;
+                    env.last_error.clone_from(&letter.last_error);
+                    env.to_json()
+                }
+                None => {
+                    if let Some(e) = &letter.last_error {
+                        headers.insert("x-switchyard-error".into(), long_string(e));
+                    }
+                    letter.raw.clone().unwrap_or_default()
+                }
+            };
+            let props = BasicProperties::default()
+                .with_delivery_mode(2)
+                .with_message_id(letter.id.as_str().into())
+                .with_headers(headers);
+            outgoing.push((
+                String::new(),
+                dead_queue(&letter.queue),
+                body.into_bytes(),
+                props,
+            ));
+        }
+        self.publish_all(outgoing).await?;
+        Ok(letters.len() as u64)
+    }
+
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         for q in self.selected_queues(queue)? {

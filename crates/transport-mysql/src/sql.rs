@@ -38,6 +38,33 @@ pub(crate) const CLAIM_LOCK_AFTER: &str = "SELECT seq, prio_rank, visible_at FRO
  LIMIT ?
  FOR UPDATE SKIP LOCKED";
 
+/// The rows of a queue that no worker holds, due or not, locked for a move to another
+/// backend (tombstones excluded).
+pub(crate) const CLAIM_LOCK_MOVE: &str = "SELECT seq FROM `switchyard_jobs`
+ WHERE queue = ? AND ready < 2 AND (ready = 1 OR token IS NULL OR visible_at <= {NOW})
+ ORDER BY seq
+ LIMIT ?
+ FOR UPDATE SKIP LOCKED";
+
+/// Claims the locked rows of a move, not started, visible again (should the mover die)
+/// at the later of their due time and the lease's end. Assigned left to right, as in
+/// [`CLAIM_SET`].
+pub(crate) const CLAIM_MOVE_LOCKED: &str = "UPDATE `switchyard_jobs`
+   SET attempts = attempts + (token IS NOT NULL AND started = 1), started = 0,
+       token = ?, reserved_at = {NOW}, visible_at = GREATEST(available_at, {NOW} + ?), ready = 0
+ WHERE seq IN ({IN})";
+
+/// Stores a dead letter moved from another backend…
+pub(crate) const INSERT_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+/// …with its tombstone in the jobs table, which keeps a republished id out (a live row of
+/// the same id is left alone).
+pub(crate) const INSERT_TOMBSTONE: &str = "INSERT IGNORE INTO `switchyard_jobs`
+    (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at, created_at, envelope)
+    VALUES (?, ?, ?, 0, 0, 0, 2, {NOW}, {NOW}, {NOW}, '')";
+
 /// The candidates of an optimistic claim, read without locks.
 pub(crate) const CLAIM_CANDIDATES: &str =
     "SELECT seq FROM `switchyard_jobs` FORCE INDEX (claim_idx)
@@ -227,6 +254,10 @@ pub(crate) struct Statements {
     pub(crate) any_due: String,
     pub(crate) promote_due: String,
     pub(crate) claim_lock: String,
+    pub(crate) claim_lock_move: String,
+    pub(crate) claim_move_locked: String,
+    pub(crate) insert_dead: String,
+    pub(crate) insert_tombstone: String,
     pub(crate) claim_lock_after: String,
     pub(crate) claim_candidates: String,
     pub(crate) claim_locked: String,
@@ -306,6 +337,10 @@ impl Statements {
             any_due: s(ANY_DUE),
             promote_due: s(PROMOTE_DUE),
             claim_lock: s(CLAIM_LOCK),
+            claim_lock_move: s(CLAIM_LOCK_MOVE),
+            claim_move_locked: s(CLAIM_MOVE_LOCKED),
+            insert_dead: s(INSERT_DEAD),
+            insert_tombstone: s(INSERT_TOMBSTONE),
             claim_lock_after: s(CLAIM_LOCK_AFTER),
             claim_candidates: s(CLAIM_CANDIDATES),
             claim_locked: s(CLAIM_LOCKED),

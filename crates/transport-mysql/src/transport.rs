@@ -425,6 +425,18 @@ impl MySqlTransport {
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
+        if start == StartMode::Move {
+            let rows = self
+                .retrying("claim", || {
+                    self.claim_for_move_locked(queue, max, token, lease)
+                })
+                .await?;
+            return rows
+                .iter()
+                .map(claimed_row)
+                .collect::<std::result::Result<_, _>>()
+                .backend();
+        }
         let rows = match self.options.claim {
             // One transaction: a lost deadlock rolls it back whole, so it simply runs again.
             ClaimStrategy::SkipLocked => {
@@ -498,6 +510,38 @@ impl MySqlTransport {
         // Only a committed claim moves the cursor: rows of a claim rolled back stay
         // ahead of it.
         self.cursors.after_claim(queue.as_str(), &locked, max);
+        Ok(rows)
+    }
+
+    /// Locks up to `max` rows no worker holds, due or not, and claims them for a move,
+    /// in one transaction (the claim cursor is neither used nor moved).
+    async fn claim_for_move_locked(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        lease: i64,
+    ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
+        let max = max.min(MAX_LIST);
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.claim_lock_move)
+            .bind(queue.as_str())
+            .bind(limit(max))
+            .fetch_all(&mut *tx)
+            .await?;
+        if seqs.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let update = with_list(&self.sql.claim_move_locked, seqs.len());
+        let mut q = sqlx::query(&update).bind(token.to_string()).bind(lease);
+        for s in padded(&seqs) {
+            q = q.bind(s);
+        }
+        q.execute(&mut *tx).await?;
+        let rows = self.read_claimed(&mut tx, token, &seqs).await?;
+        tx.commit().await?;
         Ok(rows)
     }
 
@@ -1108,6 +1152,41 @@ impl Transport for MySqlTransport {
         }
         tracing::info!(count = moved, "dead letters replayed");
         Ok(moved)
+    }
+
+    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        queue_core::sql::claim_rows_for_move(self, queue, max).await
+    }
+
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        self.retrying("dead insert", || async {
+            let mut tx = self.pool.begin().await?;
+            for letter in letters {
+                let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+                sqlx::query(&self.sql.insert_dead)
+                    .bind(&letter.id)
+                    .bind(&letter.queue)
+                    .bind(&letter.kind)
+                    .bind(i32::from(priority))
+                    .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+                    .bind(expires_at.map(|t| t.timestamp_micros()))
+                    .bind(&letter.reason)
+                    .bind(letter.last_error.as_deref())
+                    .bind(letter.dead_at.timestamp_micros())
+                    .bind(&text)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&self.sql.insert_tombstone)
+                    .bind(&letter.id)
+                    .bind(&letter.queue)
+                    .bind(&letter.kind)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })
+        .await?;
+        Ok(letters.len() as u64)
     }
 
     async fn dead_purge(

@@ -84,6 +84,30 @@ UPDATE \"switchyard_jobs\" j
  WHERE j.seq = c.seq
 {RETURNING}";
 
+/// Claims up to $4 rows of queue $3 that no worker holds, due or not, for a move to
+/// another backend ($5 is 0: not started). A delayed row keeps `ready` false and its
+/// due time, so should the mover die it comes back when both its lease and its delay
+/// have run out.
+pub(crate) const CLAIM_FOR_MOVE: &str = "
+WITH c AS (
+    SELECT seq FROM \"switchyard_jobs\"
+     WHERE queue = $3 AND {FREE}
+     ORDER BY seq
+     LIMIT $4
+       FOR UPDATE SKIP LOCKED)
+UPDATE \"switchyard_jobs\" j
+   SET {CLAIM_SET}
+  FROM c
+ WHERE j.seq = c.seq
+{RETURNING}";
+
+/// Stores a dead letter moved from another backend (times in microseconds).
+pub(crate) const INSERT_DEAD: &str = "INSERT INTO \"switchyard_jobs_dead\"
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+    VALUES ($1, $2, $3, $4, $5, to_timestamp($6::float8 / 1000000), $7, $8,
+            to_timestamp($9::float8 / 1000000), $10)
+{ON_CONFLICT_REPLACE}";
+
 /// The candidates of an optimistic claim, in delivery order, read without locks.
 pub(crate) const CLAIM_CANDIDATES: &str = "
 SELECT seq FROM \"switchyard_jobs\"
@@ -273,6 +297,8 @@ pub(crate) struct Statements {
     pub(crate) any_expired: String,
     pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
+    pub(crate) claim_for_move: String,
+    pub(crate) insert_dead: String,
     pub(crate) claim_candidates: String,
     pub(crate) claim_optimistic: String,
     pub(crate) publish: String,
@@ -330,6 +356,8 @@ impl Statements {
             any_expired: s(ANY_EXPIRED),
             promote_due: s(PROMOTE_DUE),
             claim_skip_locked: s(CLAIM_SKIP_LOCKED),
+            claim_for_move: s(CLAIM_FOR_MOVE),
+            insert_dead: s(INSERT_DEAD),
             claim_candidates: s(CLAIM_CANDIDATES),
             claim_optimistic: s(CLAIM_OPTIMISTIC),
             publish: s(&PUBLISH.replace("{ON_CONFLICT}", SKIP_STORED)),

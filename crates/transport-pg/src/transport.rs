@@ -439,10 +439,19 @@ impl PgTransport {
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
-        match self.options.claim {
-            ClaimStrategy::SkipLocked => {
+        let strategy = if start == StartMode::Move {
+            None
+        } else {
+            Some(self.options.claim)
+        };
+        match strategy {
+            None | Some(ClaimStrategy::SkipLocked) => {
+                let (sql, start) = match strategy {
+                    None => (&self.sql.claim_for_move, StartMode::None),
+                    _ => (&self.sql.claim_skip_locked, start),
+                };
                 let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
-                let rows = sqlx::query(&self.sql.claim_skip_locked)
+                let rows = sqlx::query(sql)
                     .bind(token.0)
                     .bind(lease)
                     .bind(queue.as_str())
@@ -914,6 +923,33 @@ impl Transport for PgTransport {
         queues.iter().for_each(|q| self.wakers.wake(q));
         tracing::info!(count = total, "dead letters replayed");
         Ok(total)
+    }
+
+    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        queue_core::sql::claim_rows_for_move(self, queue, max).await
+    }
+
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        let mut tx = self.pool.begin().await.backend()?;
+        for letter in letters {
+            let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+            sqlx::query(&self.sql.insert_dead)
+                .bind(&letter.id)
+                .bind(&letter.queue)
+                .bind(&letter.kind)
+                .bind(i32::from(priority))
+                .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+                .bind(expires_at.map(|t| t.timestamp_micros()))
+                .bind(&letter.reason)
+                .bind(letter.last_error.as_deref())
+                .bind(letter.dead_at.timestamp_micros())
+                .bind(text)
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        tx.commit().await.backend()?;
+        Ok(letters.len() as u64)
     }
 
     async fn dead_purge(

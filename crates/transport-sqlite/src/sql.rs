@@ -45,6 +45,24 @@ UPDATE \"switchyard_jobs\"
                 LIMIT ?4)
 {RETURNING}";
 
+/// Claims up to ?4 rows of queue ?3 that no worker holds, due or not, for a move to
+/// another backend: not started, and visible again (should the mover die) at the later
+/// of their due time and the lease's end.
+pub(crate) const CLAIM_FOR_MOVE: &str = "
+UPDATE \"switchyard_jobs\"
+   SET token = ?1, reserved_at = {NOW}, visible_at = MAX(available_at, {NOW} + ?2), ready = 0,
+       started = 0, attempts = attempts + (token IS NOT NULL AND started = 1)
+ WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
+                WHERE queue = ?3 AND (ready = 1 OR token IS NULL OR visible_at <= {NOW})
+                ORDER BY seq
+                LIMIT ?4)
+{RETURNING}";
+
+/// Stores a dead letter moved from another backend.
+pub(crate) const INSERT_DEAD: &str = "INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+
 /// The candidates of an optimistic claim, in delivery order.
 pub(crate) const CLAIM_CANDIDATES: &str = "
 SELECT seq FROM \"switchyard_jobs\"
@@ -204,6 +222,8 @@ pub(crate) struct Statements {
     pub(crate) any_due: String,
     pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
+    pub(crate) claim_for_move: String,
+    pub(crate) insert_dead: String,
     pub(crate) claim_candidates: String,
     pub(crate) claim_optimistic: String,
     pub(crate) insert_jobs_head: String,
@@ -247,6 +267,8 @@ impl Statements {
             any_due: s(ANY_DUE),
             promote_due: s(PROMOTE_DUE),
             claim_skip_locked: s(CLAIM_SKIP_LOCKED),
+            claim_for_move: s(CLAIM_FOR_MOVE),
+            insert_dead: s(INSERT_DEAD),
             claim_candidates: s(CLAIM_CANDIDATES),
             claim_optimistic: s(CLAIM_OPTIMISTIC),
             insert_jobs_head: s(INSERT_JOBS_HEAD),

@@ -301,6 +301,21 @@ impl SqliteTransport {
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         let token = token.to_string();
+        if start == StartMode::Move {
+            let rows = sqlx::query(&self.sql.claim_for_move)
+                .bind(&token)
+                .bind(lease)
+                .bind(queue.as_str())
+                .bind(i64::try_from(max).unwrap_or(i64::MAX))
+                .fetch_all(&self.writer)
+                .await
+                .backend()?;
+            return rows
+                .iter()
+                .map(claimed_row)
+                .collect::<Result<_, _>>()
+                .backend();
+        }
         match self.options.claim {
             queue_core::ClaimStrategy::SkipLocked => {
                 let rows = sqlx::query(&self.sql.claim_skip_locked)
@@ -730,6 +745,33 @@ impl Transport for SqliteTransport {
         }
         tracing::info!(count = moved, "dead letters replayed");
         Ok(moved)
+    }
+
+    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+        queue_core::sql::claim_rows_for_move(self, queue, max).await
+    }
+
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        for letter in letters {
+            let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+            sqlx::query(&self.sql.insert_dead)
+                .bind(&letter.id)
+                .bind(&letter.queue)
+                .bind(&letter.kind)
+                .bind(i64::from(priority))
+                .bind(i64::from(letter.attempts))
+                .bind(expires_at.map(|t| t.timestamp_micros()))
+                .bind(&letter.reason)
+                .bind(letter.last_error.as_deref())
+                .bind(letter.dead_at.timestamp_micros())
+                .bind(text)
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        tx.commit().await.backend()?;
+        Ok(letters.len() as u64)
     }
 
     async fn dead_purge(

@@ -4,6 +4,7 @@ mod baseline;
 mod bench;
 mod dead;
 mod demo;
+mod move_cmd;
 mod publish;
 mod relay;
 mod stats;
@@ -78,6 +79,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo::run(&config, args, json).await,
         Command::Bench(args) => bench::run(&config, args, json).await,
         Command::Relay(args) => relay::run(&config, args, json).await,
+        Command::Move(args) => move_cmd::run(&config, args, json).await,
     }
 }
 
