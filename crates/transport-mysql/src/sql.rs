@@ -40,11 +40,13 @@ pub(crate) const CLAIM_LOCK_AFTER: &str = "SELECT seq, prio_rank, visible_at FRO
 
 /// The rows of a queue that no worker holds, due or not, locked for a move to another
 /// backend (tombstones excluded).
-pub(crate) const CLAIM_LOCK_MOVE: &str = "SELECT seq FROM `switchyard_jobs`
+/// Read along the claim index's `(queue, ready)` prefix, in no particular order (a move
+/// needs none), so that the locking read stops at the limit; `SKIP LOCKED` where the
+/// server has it.
+pub(crate) const CLAIM_LOCK_MOVE: &str = "SELECT seq FROM `switchyard_jobs` FORCE INDEX (claim_idx)
  WHERE queue = ? AND ready < 2 AND (ready = 1 OR token IS NULL OR visible_at <= {NOW})
- ORDER BY seq
  LIMIT ?
- FOR UPDATE SKIP LOCKED";
+ FOR UPDATE {SKIP}";
 
 /// Claims the locked rows of a move, not started, visible again (should the mover die)
 /// at the later of their due time and the lease's end. Assigned left to right, as in
@@ -337,7 +339,7 @@ impl Statements {
             any_due: s(ANY_DUE),
             promote_due: s(PROMOTE_DUE),
             claim_lock: s(CLAIM_LOCK),
-            claim_lock_move: s(CLAIM_LOCK_MOVE),
+            claim_lock_move: s(CLAIM_LOCK_MOVE).replace("{SKIP}", skip),
             claim_move_locked: s(CLAIM_MOVE_LOCKED),
             insert_dead: s(INSERT_DEAD),
             insert_tombstone: s(INSERT_TOMBSTONE),

@@ -49,12 +49,9 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
             .count() as u64;
         prioritised += taken.iter().filter(|r| r.envelope.priority != 0).count() as u64;
         let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
-        if let Err(err) = dest.publish_batch(envelopes).await {
-            for r in &taken {
-                let _ = source.abandon(r).await;
-            }
-            return Err(err);
-        }
+        // On failure the batch is not given back: its move leases return the rows at the
+        // later of their due time and the lease's end, so no delay is cut short.
+        dest.publish_batch(envelopes).await?;
         let report = source.ack_batch(&taken).await?;
         if !report.lost.is_empty() {
             tracing::warn!(lost = report.lost.len(), "move: leases ran out before the removal; those messages may now be on both backends");
@@ -140,6 +137,12 @@ fn differences(source: &Capabilities, dest: &Capabilities, to: BackendKind) -> V
         dest.delayed_stats,
         "cannot count another process's delayed messages in stats",
     );
+    if dest.max_payload_bytes < source.max_payload_bytes {
+        out.push(format!(
+            "{to} takes envelopes of at most {} bytes, the source up to {}",
+            dest.max_payload_bytes, source.max_payload_bytes
+        ));
+    }
     out
 }
 
@@ -154,8 +157,18 @@ async fn move_dead(
     let mut moved = 0u64;
     let mut seen: HashSet<String> = HashSet::new();
     loop {
-        let letters = source.dead_list(Some(queue), batch).await?;
+        let mut letters = source.dead_list(Some(queue), batch).await?;
+        // A letter without an id (a malformed message that carried none) cannot be
+        // purged alone: it stays on the source, for `dead purge` or `dead replay` there.
+        let without_id = letters.iter().filter(|l| l.id.is_empty()).count();
+        letters.retain(|l| !l.id.is_empty());
         if letters.is_empty() {
+            if without_id > 0 {
+                tracing::warn!(
+                    count = without_id,
+                    "move: dead letters without an id stay on the source"
+                );
+            }
             return Ok(moved);
         }
         if letters.iter().all(|l| seen.contains(&l.id)) {
