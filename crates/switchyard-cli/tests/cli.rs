@@ -299,27 +299,6 @@ fn bench_reports_a_bare_lapin_baseline_on_rabbitmq() {
     }
 }
 
-/// Deletes RabbitMQ queues a test made.
-#[cfg(feature = "amqp")]
-fn delete_amqp_queues(queues: &[&str]) {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(async {
-            let t = switchyard::AmqpTransport::connect(switchyard::AmqpOptions::new(
-                support::amqp_url(),
-            ))
-            .await
-            .expect("connect");
-            for q in queues {
-                let q = switchyard::QueueName::new(*q).expect("a queue name");
-                t.delete_queue(&q).await.expect("delete the queue");
-            }
-            t.close().await;
-        });
-}
-
 /// The command line on RabbitMQ: migrate, publish, stats of a named queue (AMQP cannot
 /// list queues, and says so), work --exec with retries into the dead-letter queue, and
 /// the dead-letter commands.
@@ -371,5 +350,5 @@ fn the_command_line_works_on_rabbitmq() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(sb.ready(&q), 0);
     assert!(sb.dead(&q).is_empty());
-    delete_amqp_queues(&[&q]);
+    support::delete_broker_queue(&q);
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::{amqp_url, text, Sandbox};
+use support::{amqp_url, delete_broker_queue, text, Sandbox};
 use switchyard::{AmqpOptions, AmqpTransport, QueueName, Transport};
 
 /// A sandbox on SQLite with the test broker configured beside it, or `None` (having
@@ -88,18 +88,6 @@ fn work(sb: &Sandbox, queue: &str) {
         "--json",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-}
-
-fn delete_broker_queue(queue: &str) {
-    runtime().block_on(async {
-        let t = AmqpTransport::connect(AmqpOptions::new(amqp_url()))
-            .await
-            .expect("connect");
-        t.delete_queue(&QueueName::new(queue).expect("name"))
-            .await
-            .expect("delete");
-        t.close().await;
-    });
 }
 
 /// `QUEUE_CANARY_PERCENT=10`: about a tenth of 10,000 publishes land on RabbitMQ, an id

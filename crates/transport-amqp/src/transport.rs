@@ -521,15 +521,21 @@ impl AmqpTransport {
         let Some(c) = self.holder(r) else {
             return Ok(false);
         };
-        let tag = r.receipt.tag();
-        let _acking = c.acking.lock().await;
-        if lock(&c.held).remove(&tag).is_none() {
-            return Ok(false);
-        }
-        match c.channel.basic_ack(tag, BasicAckOptions::default()).await {
-            Ok(()) => Ok(true),
-            // The channel closed: the broker gives the message to someone else.
-            Err(_) => Ok(false),
+        Ok(ack_one(&c, r.receipt.tag()).await)
+    }
+
+    /// Publishes the message that takes `r`'s place (released, given back, or dead),
+    /// waits for the confirm, and only then acks `r`: at worst twice, never lost.
+    async fn replace(
+        &self,
+        r: &Reservation,
+        with: (Envelope, Option<FieldTable>, Target),
+    ) -> Result<()> {
+        self.send(vec![with]).await?;
+        if self.settle(r).await? {
+            Ok(())
+        } else {
+            Err(lost(r))
         }
     }
 
@@ -1113,12 +1119,15 @@ async fn receive(
     wakers.wake(&queue);
 }
 
-/// Acks one delivery settled on the way in (malformed, expired, early).
-async fn ack_one(c: &QueueConsumer, tag: u64) {
+/// Acks one delivery still in `held`; `false` when it was not (settled already) or its
+/// channel closed (the broker gives the message to someone else).
+async fn ack_one(c: &QueueConsumer, tag: u64) -> bool {
     let _acking = c.acking.lock().await;
-    if lock(&c.held).remove(&tag).is_some() {
-        let _ = c.channel.basic_ack(tag, BasicAckOptions::default()).await;
-    }
+    lock(&c.held).remove(&tag).is_some()
+        && c.channel
+            .basic_ack(tag, BasicAckOptions::default())
+            .await
+            .is_ok()
 }
 
 /// Stops a consumer and closes its channel, so that every delivery it holds returns to
@@ -1347,27 +1356,18 @@ impl Transport for AmqpTransport {
         if let Some(e) = error {
             env.last_error = Some(e.to_owned());
         }
-        // Published and confirmed before the original is acked: at worst twice, never
-        // lost.
-        self.send(vec![(env, None, Target::Queue)]).await?;
-        if self.settle(reservation).await? {
-            Ok(())
-        } else {
-            Err(lost(reservation))
-        }
+        self.replace(reservation, (env, None, Target::Queue)).await
     }
 
     async fn abandon(&self, reservation: &Reservation) -> Result<()> {
         if self.holder(reservation).is_none() {
             return Err(lost(reservation));
         }
-        self.send(vec![(reservation.envelope.clone(), None, Target::Queue)])
-            .await?;
-        if self.settle(reservation).await? {
-            Ok(())
-        } else {
-            Err(lost(reservation))
-        }
+        self.replace(
+            reservation,
+            (reservation.envelope.clone(), None, Target::Queue),
+        )
+        .await
     }
 
     async fn dead_letter(
@@ -1388,13 +1388,8 @@ impl Transport for AmqpTransport {
         if let Some(e) = error {
             env.last_error = Some(e.to_owned());
         }
-        self.send(vec![(env, Some(dead_headers(reason)), Target::Dead)])
-            .await?;
-        if self.settle(reservation).await? {
-            Ok(())
-        } else {
-            Err(lost(reservation))
-        }
+        self.replace(reservation, (env, Some(dead_headers(reason)), Target::Dead))
+            .await
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {

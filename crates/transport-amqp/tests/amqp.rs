@@ -3,6 +3,8 @@
 //! redelivery after a consumer's channel closed (with the attempt counted), delays,
 //! releases and dead letters. Each test uses queues of its own.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,12 +13,8 @@ use queue_core::worker::{handler_fn, JobContext, RetryPolicy, Worker, WorkerOpti
 use queue_core::{
     reason, CancellationToken, DeadSelection, Envelope, Error, QueueName, Result, Transport,
 };
+use support::url;
 use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
-
-fn url() -> String {
-    std::env::var("SWITCHYARD_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
 
 fn queue() -> QueueName {
     QueueName::new(format!("test.{}", uuid::Uuid::new_v4().simple())).expect("a valid queue name")
@@ -80,7 +78,7 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
-    if let Some(why) = queue_core::conformance::skip_unless_reachable("RabbitMQ", &url(), 5672) {
+    if let Some(why) = support::skip_reason() {
         eprintln!("SKIPPED: {why}");
         return;
     }

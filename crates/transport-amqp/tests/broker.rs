@@ -6,6 +6,8 @@
 //! parallel suite and `scripts/test` runs them as a step of their own afterwards:
 //! `cargo nextest run -p transport-amqp --test broker --run-ignored only`.
 
+mod support;
+
 use std::collections::HashMap;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -13,15 +15,11 @@ use std::time::{Duration, Instant};
 
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use queue_core::{CancellationToken, Envelope, Error, QueueName, Transport};
+use support::url;
 use transport_amqp::{AmqpOptions, AmqpTransport};
 use uuid::Uuid;
 
 const MESSAGES: usize = 10_000;
-
-fn url() -> String {
-    std::env::var("SWITCHYARD_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
 
 fn rabbitmqctl(args: &[&str]) -> String {
     let out = Command::new("rabbitmqctl")
@@ -45,7 +43,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn skip() -> bool {
-    if let Some(why) = queue_core::conformance::skip_unless_reachable("RabbitMQ", &url(), 5672) {
+    if let Some(why) = support::skip_reason() {
         eprintln!("SKIPPED: {why}");
         return true;
     }

@@ -6,12 +6,15 @@
 //! Cases use fresh queue names; a case's queues are deleted after it, and expire on
 //! the broker after ten idle minutes should the test process die first.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::conformance::{Harness, OpenOptions, Store, CASE_NAMES};
 use queue_core::{QueueName, Result, Transport};
+use support::url;
 use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
 
 /// Cases that do not apply to AMQP, and why.
@@ -57,11 +60,6 @@ const NOT_APPLICABLE: &[(&str, &str)] = &[
     ),
 ];
 
-fn url() -> String {
-    std::env::var("SWITCHYARD_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
 /// The transports a case opened, to delete their queues afterwards.
 type Opened = Arc<Mutex<Vec<Arc<AmqpTransport>>>>;
 
@@ -94,7 +92,7 @@ impl Harness for AmqpHarness {
     }
 
     fn skip_reason(&self) -> Option<String> {
-        queue_core::conformance::skip_unless_reachable("RabbitMQ", &url(), 5672)
+        support::skip_reason()
     }
 
     async fn teardown(&self) {

@@ -35,6 +35,23 @@ pub fn pg_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// Deletes a queue (and its dead-letter queue) a test made on the test broker.
+#[cfg(feature = "amqp")]
+pub fn delete_broker_queue(queue: &str) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(async {
+            let t = switchyard::AmqpTransport::connect(switchyard::AmqpOptions::new(amqp_url()))
+                .await
+                .expect("connect");
+            let q = switchyard::QueueName::new(queue).expect("a queue name");
+            t.delete_queue(&q).await.expect("delete the queue");
+            t.close().await;
+        });
+}
+
 impl Sandbox {
     /// A sandbox with its own SQLite database file.
     pub fn new() -> Self {
