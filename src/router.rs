@@ -343,6 +343,13 @@ impl Transport for Router {
         self.side(reservation).extend(reservation, lease).await
     }
 
+    /// The SQL side's store: during a migration the exec backend keeps status for both.
+    fn status_store(&self) -> Option<Arc<dyn queue_core::status::StatusStore>> {
+        self.primary
+            .status_store()
+            .or_else(|| self.other.status_store())
+    }
+
     /// Both sides' counts, added up per queue (the CLI's `stats` shows them apart).
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
         let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();

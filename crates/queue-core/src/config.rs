@@ -155,6 +155,9 @@ pub struct Config {
     pub database_url_set: bool,
     /// Whether `AMQP_URL` was set (rather than defaulted).
     pub amqp_url_set: bool,
+    /// `QUEUE_STATUS` (`on`, the default, or `off`): whether the command line records
+    /// each job's status and result (see [`crate::status`]).
+    pub status: bool,
 }
 
 impl Default for Config {
@@ -172,6 +175,7 @@ impl Default for Config {
             drain: DrainSetting::Detect,
             database_url_set: false,
             amqp_url_set: false,
+            status: true,
         }
     }
 }
@@ -261,6 +265,19 @@ impl Config {
         }
         if let Some(v) = get("QUEUE_TABLE") {
             cfg.table = Identifier::table("QUEUE_TABLE", v.trim())?;
+        }
+        if let Some(v) = get("QUEUE_STATUS") {
+            cfg.status = match v.trim() {
+                "on" => true,
+                "off" => false,
+                _ => {
+                    return Err(ConfigError::new(
+                        "QUEUE_STATUS",
+                        Some(v),
+                        "expected on or off",
+                    ))
+                }
+            };
         }
         if let Some(v) = get("QUEUE_SCHEMA") {
             cfg.schema = Some(Identifier::new("QUEUE_SCHEMA", v.trim())?);

@@ -10,9 +10,11 @@ mod capabilities;
 mod config;
 mod envelope;
 mod error;
+pub mod metrics;
 mod names;
 mod redact;
 pub mod sql;
+pub mod status;
 mod transport;
 pub mod worker;
 

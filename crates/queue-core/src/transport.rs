@@ -362,6 +362,12 @@ pub trait Transport: Send + Sync + fmt::Debug {
     /// Counts per queue (one queue when given).
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>>;
 
+    /// The store of job status and results beside this transport's messages (a table
+    /// next to the queue table), or `None` where the backend keeps none (RabbitMQ).
+    fn status_store(&self) -> Option<Arc<dyn crate::status::StatusStore>> {
+        None
+    }
+
     /// Claims up to `max` messages of `queue` that no worker holds, due or not, for a
     /// move to another backend (`switchyard move`): leased like reservations and not
     /// started, so that an ack removes them once they are stored elsewhere, and a mover

@@ -8,7 +8,9 @@ mod error;
 mod migrate;
 mod options;
 mod sql;
+mod status;
 mod transport;
 
 pub use options::{SqliteOptions, SqliteSynchronous};
+pub use status::SqliteStatusStore;
 pub use transport::SqliteTransport;

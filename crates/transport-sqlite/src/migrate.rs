@@ -6,7 +6,13 @@ use crate::error::SqlxResultExt;
 use crate::sql::specialise;
 
 /// The schema versions, in order. Each is plain SQL for the default table name.
-const MIGRATIONS: &[(i64, &str)] = &[(1, include_str!("../../../migrations/sqlite/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../../../migrations/sqlite/0001_init.sql")),
+    (
+        2,
+        include_str!("../../../migrations/sqlite/0002_status.sql"),
+    ),
+];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (
     target     TEXT    NOT NULL,

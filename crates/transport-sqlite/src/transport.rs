@@ -26,6 +26,8 @@ use crate::error::{SqlxResultExt, TRANSPORT};
 use crate::migrate::migrate;
 use crate::options::{SqliteOptions, SqliteSynchronous};
 use crate::sql::Statements;
+use crate::status::SqliteStatusStore;
+use queue_core::status::StatusStore;
 
 /// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
 const INSERT_CHUNK: usize = 500;
@@ -46,6 +48,7 @@ pub struct SqliteTransport {
     pacer: PromotePacer,
     /// Wakes this process's idle workers of a queue when this transport publishes to it.
     wakers: Wakers,
+    status: Arc<SqliteStatusStore>,
 }
 
 impl fmt::Debug for SqliteTransport {
@@ -146,6 +149,11 @@ impl SqliteTransport {
         };
         tracing::debug!(url = %options.url, table = %table, claim = %options.claim, "sqlite transport ready");
         Ok(SqliteTransport {
+            status: Arc::new(SqliteStatusStore::new(
+                writer.clone(),
+                reader.clone(),
+                table.as_str(),
+            )),
             writer,
             reader,
             sql: Arc::new(Statements::new(table.as_str())),
@@ -616,6 +624,10 @@ impl Transport for SqliteTransport {
             .bind(reservation.id().to_string())
             .bind(reservation.token().to_string());
         self.on_lease(query, reservation).await
+    }
+
+    fn status_store(&self) -> Option<Arc<dyn StatusStore>> {
+        Some(self.status.clone())
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {

@@ -16,6 +16,7 @@ use async_trait::async_trait;
 use crate::{Result, Transport};
 
 pub mod cases;
+pub mod status_cases;
 pub mod worker_cases;
 
 /// How a case wants a transport opened.

@@ -8,7 +8,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
+use serde_json::Value;
+
 use super::WorkerCounters;
+use crate::status::{StatusUpdate, StatusWriter};
 use crate::transport::{Reservation, Transport};
 
 /// How often a failing ack batch is retried before it is left to the lease (the
@@ -18,7 +21,7 @@ const ACK_RETRIES: u32 = 5;
 /// The sending side; dropping every clone flushes what is left and stops the flusher.
 #[derive(Debug, Clone)]
 pub(crate) struct Acker {
-    tx: mpsc::UnboundedSender<(Reservation, OwnedSemaphorePermit)>,
+    tx: mpsc::UnboundedSender<Handled>,
     room: Arc<Semaphore>,
     capacity: usize,
 }
@@ -30,10 +33,11 @@ impl Acker {
         transport: Arc<dyn Transport>,
         capacity: usize,
         counters: Arc<WorkerCounters>,
+        status: Option<StatusWriter>,
     ) -> (Acker, JoinHandle<()>) {
         let capacity = capacity.max(1);
         let (tx, rx) = mpsc::unbounded_channel();
-        let handle = tokio::spawn(flush_loop(transport, rx, capacity, counters));
+        let handle = tokio::spawn(flush_loop(transport, rx, capacity, counters, status));
         let acker = Acker {
             tx,
             room: Arc::new(Semaphore::new(capacity)),
@@ -42,12 +46,12 @@ impl Acker {
         (acker, handle)
     }
 
-    /// Queues an ack.
-    pub(crate) async fn ack(&self, reservation: Reservation) {
+    /// Queues an ack; `result` is recorded with the `completed` status once it commits.
+    pub(crate) async fn ack(&self, reservation: Reservation, result: Option<Value>) {
         let Ok(permit) = self.room.clone().acquire_owned().await else {
             return;
         };
-        if self.tx.send((reservation, permit)).is_err() {
+        if self.tx.send((reservation, result, permit)).is_err() {
             tracing::error!("the ack flusher stopped; the message will be delivered again");
         }
     }
@@ -58,23 +62,47 @@ impl Acker {
     }
 }
 
+/// A handled message waiting for its ack: the reservation, the handler's result, and
+/// its room in the acker.
+type Handled = (Reservation, Option<Value>, OwnedSemaphorePermit);
+
 async fn flush_loop(
     transport: Arc<dyn Transport>,
-    mut rx: mpsc::UnboundedReceiver<(Reservation, OwnedSemaphorePermit)>,
+    mut rx: mpsc::UnboundedReceiver<Handled>,
     capacity: usize,
     counters: Arc<WorkerCounters>,
+    status: Option<StatusWriter>,
 ) {
     let mut pending = Vec::with_capacity(capacity);
     // Whatever arrives while a batch is being committed forms the next batch.
     while rx.recv_many(&mut pending, capacity).await > 0 {
-        let (batch, permits): (Vec<Reservation>, Vec<OwnedSemaphorePermit>) =
-            pending.drain(..).unzip();
-        flush(transport.as_ref(), &batch, &counters).await;
+        let mut batch = Vec::with_capacity(pending.len());
+        let mut results = Vec::with_capacity(pending.len());
+        let mut permits = Vec::with_capacity(pending.len());
+        for (r, result, permit) in pending.drain(..) {
+            batch.push(r);
+            results.push(result);
+            permits.push(permit);
+        }
+        flush(
+            transport.as_ref(),
+            &batch,
+            results,
+            &counters,
+            status.as_ref(),
+        )
+        .await;
         drop(permits);
     }
 }
 
-async fn flush(transport: &dyn Transport, batch: &[Reservation], counters: &WorkerCounters) {
+async fn flush(
+    transport: &dyn Transport,
+    batch: &[Reservation],
+    results: Vec<Option<Value>>,
+    counters: &WorkerCounters,
+    status: Option<&StatusWriter>,
+) {
     let mut delay = Duration::from_millis(50);
     for attempt in 1..=ACK_RETRIES {
         match transport.ack_batch(batch).await {
@@ -82,6 +110,18 @@ async fn flush(transport: &dyn Transport, batch: &[Reservation], counters: &Work
                 counters
                     .succeeded
                     .fetch_add(report.acked.len() as u64, Ordering::Relaxed);
+                // Only what committed is completed: a lost lease means another worker
+                // runs the job again.
+                for (r, result) in batch.iter().zip(results) {
+                    if report.lost.contains(&r.id()) {
+                        continue;
+                    }
+                    let env = &r.envelope;
+                    crate::metrics::count(crate::metrics::ACKED, &env.queue, &env.kind, 1);
+                    if let Some(status) = status {
+                        status.send(StatusUpdate::completed(env, env.attempts + 1, result));
+                    }
+                }
                 if !report.lost.is_empty() {
                     counters
                         .lost

@@ -3,10 +3,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use std::sync::{Arc, Mutex};
+
 use async_trait::async_trait;
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
+use crate::status::{StatusUpdate, StatusWriter};
 use crate::transport::LeaseToken;
 
 /// What a handler gets for one delivery.
@@ -30,12 +34,49 @@ pub struct JobContext {
     /// Fires when the worker starts shutting down: finish or checkpoint within the grace
     /// period.
     pub shutdown: CancellationToken,
+    pub(crate) report: Report,
+}
+
+/// Where a handler's progress and result go.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Report {
+    pub(crate) writer: Option<StatusWriter>,
+    pub(crate) result: Arc<Mutex<Option<Value>>>,
 }
 
 impl JobContext {
     /// Deserializes the payload.
     pub fn payload<'a, T: serde::Deserialize<'a>>(&'a self) -> crate::Result<T> {
         self.envelope.payload_as()
+    }
+
+    /// Reports progress, 0–100 with a short note, to the job's status (shown by
+    /// `switchyard serve` and streamed to its followers). Written in the background;
+    /// without a status store it does nothing.
+    pub fn progress(&self, percent: u8, note: impl Into<String>) {
+        if let Some(writer) = &self.report.writer {
+            let note: String = note.into();
+            let note = (!note.is_empty()).then_some(note);
+            writer.send(StatusUpdate::progress(
+                &self.envelope,
+                self.attempt,
+                percent,
+                note,
+            ));
+        }
+    }
+
+    /// Sets the job's result: recorded with its `completed` status once the message is
+    /// acknowledged, and returned to a [`publish_and_wait`](crate::status::Jobs::publish_and_wait)
+    /// caller. A later call replaces it.
+    pub fn set_result<T: serde::Serialize + ?Sized>(&self, result: &T) -> crate::Result<()> {
+        let value = serde_json::to_value(result).map_err(|e| {
+            crate::Error::InvalidInput(format!("the job's result is not JSON: {e}"))
+        })?;
+        if let Ok(mut slot) = self.report.result.lock() {
+            *slot = Some(value);
+        }
+        Ok(())
     }
 }
 

@@ -8,7 +8,7 @@ mod retry;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -23,8 +23,10 @@ pub use retry::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::names::QueueName;
 use crate::reason;
+use crate::status::{JobState, StatusStore, StatusUpdate, StatusWriter};
 use crate::transport::{Reservation, Transport};
 use acker::Acker;
+use handler::Report;
 
 /// What the worker does with a message whose kind has no handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -251,6 +253,9 @@ pub struct Worker {
     fallback: Option<Arc<dyn Handler>>,
     options: WorkerOptions,
     counters: Arc<WorkerCounters>,
+    status: Option<Arc<dyn StatusStore>>,
+    /// Set when the worker starts, if it records status.
+    writer: OnceLock<StatusWriter>,
 }
 
 impl fmt::Debug for Worker {
@@ -283,6 +288,23 @@ impl Worker {
             fallback: None,
             options,
             counters: Arc::default(),
+            status: None,
+            writer: OnceLock::new(),
+        }
+    }
+
+    /// Records each job's status, progress and result in `store` (see
+    /// [`crate::status`]): `running` as it starts, `completed` with its result once its
+    /// ack has committed, `retrying`, `failed` or `dead` as it ends. Written in batches
+    /// in the background.
+    pub fn with_status(mut self, store: Arc<dyn StatusStore>) -> Self {
+        self.status = Some(store);
+        self
+    }
+
+    fn record(&self, update: impl FnOnce() -> StatusUpdate) {
+        if let Some(writer) = self.writer.get() {
+            writer.send(update());
         }
     }
 
@@ -324,10 +346,16 @@ impl Worker {
         let worker = Arc::new(self);
         let opts = &worker.options;
         let concurrency = opts.concurrency.max(1);
+        let status_flusher = worker.status.clone().map(|store| {
+            let (writer, flusher) = StatusWriter::spawn(store);
+            let _ = worker.writer.set(writer);
+            flusher
+        });
         let (acker, flusher) = Acker::spawn(
             worker.transport.clone(),
             opts.ack_batch,
             worker.counters.clone(),
+            worker.writer.get().cloned(),
         );
         let slots = Arc::new(Semaphore::new(concurrency));
         let hard_stop = CancellationToken::new();
@@ -534,6 +562,9 @@ impl Worker {
                 "the ack flusher panicked; unacknowledged messages will be delivered again"
             );
         }
+        if let Some(flusher) = status_flusher {
+            flusher.finish().await;
+        }
         let report = worker.counters.snapshot();
         tracing::info!(queue = %worker.queue, ?report, "worker stopped");
         Ok(report)
@@ -585,8 +616,13 @@ impl Worker {
         let env = &r.envelope;
         let max_attempts = self.options.retry.max_attempts_for(env);
         if !self.transport.capabilities().expiry && env.is_expired_at(chrono::Utc::now()) {
-            self.dead_letter(r, reason::EXPIRED, "expired before it could be handled")
-                .await;
+            self.dead_letter(
+                r,
+                env.attempts,
+                reason::EXPIRED,
+                "expired before it could be handled",
+            )
+            .await;
             return true;
         }
         if env.attempts >= max_attempts {
@@ -598,14 +634,21 @@ impl Worker {
                     env.attempts
                 )
             });
-            self.dead_letter(r, reason::MAX_ATTEMPTS, &why).await;
+            self.dead_letter(r, env.attempts, reason::MAX_ATTEMPTS, &why)
+                .await;
             return true;
         }
         if !self.handlers.contains_key(&env.kind) && self.fallback.is_none() {
             let why = format!("no handler for kind {:?} on this worker", env.kind);
             match self.options.unknown_kind {
-                UnknownKind::DeadLetter => self.dead_letter(r, reason::NO_HANDLER, &why).await,
-                UnknownKind::Release(delay) => self.release(r, delay, &why).await,
+                UnknownKind::DeadLetter => {
+                    self.dead_letter(r, env.attempts, reason::NO_HANDLER, &why)
+                        .await
+                }
+                UnknownKind::Release(delay) => {
+                    self.release(r, env.attempts, JobState::Pending, delay, &why)
+                        .await
+                }
             }
             return true;
         }
@@ -631,13 +674,21 @@ impl Worker {
         };
 
         let cancel = hard_stop.child_token();
+        let attempt = env.attempts + 1;
+        self.record(|| StatusUpdate::running(env, attempt));
+        let report = Report {
+            writer: self.writer.get().cloned(),
+            result: Arc::default(),
+        };
+        let result = report.result.clone();
         let ctx = JobContext {
             envelope: env.clone(),
-            attempt: env.attempts + 1,
+            attempt,
             max_attempts,
             lease_token: r.token(),
             cancel: cancel.clone(),
             shutdown,
+            report,
         };
         let started = std::time::Instant::now();
         // Its own task, so that a panic is caught as a JoinError.
@@ -693,14 +744,17 @@ impl Worker {
         }
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
+        crate::metrics::handler_duration(&env.queue, &env.kind, elapsed);
         match ending {
             Ending::Finished(Ok(())) => {
                 tracing::debug!(?elapsed, "handled");
-                acker.ack(r).await;
+                let result = result.lock().ok().and_then(|mut slot| slot.take());
+                acker.ack(r, result).await;
             }
             Ending::Finished(Err(JobError::Fail { message })) => {
                 tracing::warn!(error = %message, "handler failed for good");
-                self.dead_letter(&r, reason::FAILED, &message).await;
+                self.dead_letter(&r, attempt, reason::FAILED, &message)
+                    .await;
             }
             Ending::Finished(Err(JobError::Retry { message, after })) => {
                 self.failed(&r, max_attempts, &message, after).await;
@@ -733,6 +787,7 @@ impl Worker {
                         self.counters
                             .released_on_shutdown
                             .fetch_add(1, Ordering::Relaxed);
+                        self.record(|| StatusUpdate::ended(env, attempt, JobState::Pending, None));
                     }
                     Err(err) => self.log_settle_error("release at shutdown", &err),
                 }
@@ -752,28 +807,50 @@ impl Worker {
         let failures = r.envelope.attempts + 1;
         if failures >= max_attempts {
             tracing::info!(error = %message, failures, "attempts exhausted");
-            self.dead_letter(r, reason::MAX_ATTEMPTS, message).await;
+            self.dead_letter(r, failures, reason::MAX_ATTEMPTS, message)
+                .await;
         } else {
             let delay = after.unwrap_or_else(|| self.options.retry.backoff(failures));
             tracing::info!(error = %message, retry_in = ?delay, "handler failed; will retry");
-            self.release(r, delay, message).await;
+            self.release(r, failures, JobState::Retrying, delay, message)
+                .await;
         }
     }
 
-    async fn release(&self, r: &Reservation, delay: Duration, message: &str) {
+    /// Releases `r` after `delay`; its status becomes `state` (`retrying` after a
+    /// failure, `pending` when it was never run).
+    async fn release(
+        &self,
+        r: &Reservation,
+        attempt: u32,
+        state: JobState,
+        delay: Duration,
+        message: &str,
+    ) {
         match self.transport.release(r, delay, Some(message)).await {
             Ok(()) => {
                 self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                let env = &r.envelope;
+                crate::metrics::count(crate::metrics::RELEASED, &env.queue, &env.kind, 1);
+                self.record(|| StatusUpdate::ended(env, attempt, state, Some(message)));
             }
             Err(err) => self.log_settle_error("release", &err),
         }
     }
 
-    async fn dead_letter(&self, r: &Reservation, why: &str, message: &str) {
+    async fn dead_letter(&self, r: &Reservation, attempt: u32, why: &str, message: &str) {
         match self.transport.dead_letter(r, why, Some(message)).await {
             Ok(()) => {
                 self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(reason = why, error = %message, "dead-lettered");
+                let env = &r.envelope;
+                crate::metrics::dead_lettered(&env.queue, &env.kind, why);
+                let state = if why == reason::FAILED {
+                    JobState::Failed
+                } else {
+                    JobState::Dead
+                };
+                self.record(|| StatusUpdate::ended(env, attempt, state, Some(message)));
             }
             Err(err) => self.log_settle_error("dead-letter", &err),
         }
@@ -928,6 +1005,10 @@ async fn fetch_loop(
         match claimed {
             Ok(batch) if !batch.is_empty() => {
                 pause = opts.poll_min;
+                for (r, _) in &batch {
+                    let env = &r.envelope;
+                    crate::metrics::count(crate::metrics::RESERVED, &env.queue, &env.kind, 1);
+                }
                 backlog = batch.len() >= n;
                 let at = std::time::Instant::now();
                 for (reservation, started) in batch {

@@ -1,0 +1,511 @@
+//! Job status, progress, results and request/reply, checked against a transport's
+//! status store. Run by [`status_tests!`](crate::status_tests).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{Harness, OpenOptions, Store};
+use crate::status::{next_change, JobState, JobStatus, Jobs, StatusStore, StatusUpdate, WaitError};
+use crate::worker::{handler_fn, JobContext, JobError, RetryPolicy, Worker, WorkerOptions};
+use crate::{DeadSelection, Envelope, Error, QueueName, Result, Transport};
+
+fn fresh_queue() -> QueueName {
+    QueueName::new(format!("s-{}", Uuid::new_v4().simple())).expect("a valid queue name")
+}
+
+fn job(queue: &QueueName, kind: &str) -> Envelope {
+    Envelope::builder(queue.as_str(), kind)
+        .build()
+        .expect("a valid envelope")
+}
+
+fn options(max_attempts: u32) -> WorkerOptions {
+    WorkerOptions::default()
+        .with_retry(RetryPolicy::new(
+            Duration::from_millis(20),
+            Duration::from_millis(40),
+            max_attempts,
+        ))
+        .with_poll(Duration::from_millis(5), Duration::from_millis(50))
+}
+
+struct Opened {
+    _store: Box<dyn Store>,
+    transport: Arc<dyn Transport>,
+    status: Arc<dyn StatusStore>,
+}
+
+async fn open(h: &Arc<dyn Harness>) -> Result<Opened> {
+    let store = h.store().await?;
+    let transport = store.open(OpenOptions::default()).await?;
+    let status = transport
+        .status_store()
+        .ok_or_else(|| Error::InvalidInput(format!("{} keeps no job status", transport.name())))?;
+    Ok(Opened {
+        _store: store,
+        transport,
+        status,
+    })
+}
+
+/// Waits up to 10 s for the record of `id` to satisfy `done`.
+async fn until(
+    status: &dyn StatusStore,
+    id: Uuid,
+    what: &str,
+    done: impl Fn(&JobStatus) -> bool,
+) -> Result<JobStatus> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut last = None;
+    while tokio::time::Instant::now() < deadline {
+        if let Some(s) = status.get(id).await? {
+            if done(&s) {
+                return Ok(s);
+            }
+            last = Some(s);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("job {id} never became {what}; last seen {last:?}");
+}
+
+/// Runs `worker` until `stop` is cancelled.
+fn spawn(worker: Worker, stop: &CancellationToken) -> tokio::task::JoinHandle<()> {
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        if let Err(err) = worker.run(stop).await {
+            panic!("the worker failed: {err}");
+        }
+    })
+}
+
+/// pending → running (with progress) → completed, with the result recorded once acked.
+pub async fn status_walks_pending_running_completed(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let jobs = Jobs::new(o.transport.clone(), Some(o.status.clone()));
+    let e = job(&q, "report");
+    let id = e.id;
+    jobs.publish(e).await?;
+    let s = until(o.status.as_ref(), id, "pending", |_| true).await?;
+    assert_eq!(s.state, JobState::Pending);
+    assert_eq!((s.attempts, s.progress, s.version), (0, 0, 1));
+    assert_eq!((s.queue.as_str(), s.kind.as_str()), (q.as_str(), "report"));
+    assert!(s.finished_at.is_none() && s.result.is_none());
+
+    let go_on = Arc::new(Notify::new());
+    let gate = go_on.clone();
+    let worker = Worker::new(o.transport.clone(), q.clone(), options(3))
+        .with_status(o.status.clone())
+        .handle(
+            "report",
+            handler_fn(move |ctx: JobContext| {
+                let gate = gate.clone();
+                async move {
+                    ctx.progress(40, "rendering");
+                    gate.notified().await;
+                    ctx.set_result(&json!({"pages": 12}))?;
+                    Ok(())
+                }
+            }),
+        );
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    let s = until(o.status.as_ref(), id, "running at 40%", |s| {
+        s.state == JobState::Running && s.progress == 40
+    })
+    .await?;
+    assert_eq!(s.attempts, 1);
+    assert_eq!(s.progress_message.as_deref(), Some("rendering"));
+    assert!(s.version > 1);
+    go_on.notify_one();
+    let s = until(o.status.as_ref(), id, "completed", |s| {
+        s.state == JobState::Completed
+    })
+    .await?;
+    assert_eq!(s.result, Some(json!({"pages": 12})));
+    assert_eq!(s.progress, 100);
+    assert!(s.finished_at.is_some());
+    assert!(s.updated_at >= s.created_at);
+    stop.cancel();
+    let _ = running.await;
+    Ok(())
+}
+
+/// running → retrying (with the error) → running → dead once the attempts run out; and a
+/// handler that gives up is `failed` at once.
+pub async fn status_records_retrying_dead_and_failed(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let jobs = Jobs::new(o.transport.clone(), Some(o.status.clone()));
+    let flaky = job(&q, "flaky");
+    let doomed = job(&q, "doomed");
+    let (flaky_id, doomed_id) = (flaky.id, doomed.id);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let status = o.status.clone();
+    let worker = Worker::new(o.transport.clone(), q.clone(), options(2))
+        .with_status(o.status.clone())
+        .handle(
+            "flaky",
+            handler_fn(move |ctx: JobContext| {
+                let (log, status) = (log.clone(), status.clone());
+                async move {
+                    // What the previous attempt left recorded, seen from the next one.
+                    if ctx.attempt == 2 {
+                        let before = until(status.as_ref(), ctx.envelope.id, "running", |s| {
+                            s.state == JobState::Running && s.attempts == 2
+                        })
+                        .await
+                        .map_err(|e| JobError::fail(e.to_string()))?;
+                        if let Ok(mut log) = log.lock() {
+                            log.push(before);
+                        }
+                    }
+                    Err(JobError::retry(format!("boom {}", ctx.attempt)))
+                }
+            }),
+        )
+        .handle(
+            "doomed",
+            handler_fn(
+                |_ctx: JobContext| async move { Err(JobError::fail("the invoice was deleted")) },
+            ),
+        );
+    jobs.publish_batch(vec![flaky, doomed]).await?;
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    let s = until(o.status.as_ref(), flaky_id, "retrying", |s| {
+        s.state == JobState::Retrying || s.state == JobState::Dead
+    })
+    .await?;
+    if s.state == JobState::Retrying {
+        assert_eq!(s.attempts, 1);
+        assert_eq!(s.last_error.as_deref(), Some("boom 1"));
+        assert!(s.finished_at.is_none());
+    }
+    let s = until(o.status.as_ref(), flaky_id, "dead", |s| {
+        s.state == JobState::Dead
+    })
+    .await?;
+    assert_eq!(s.attempts, 2);
+    assert_eq!(s.last_error.as_deref(), Some("boom 2"));
+    assert!(s.finished_at.is_some() && s.result.is_none());
+    let second = seen.lock().map(|v| v.clone()).unwrap_or_default();
+    assert_eq!(second.len(), 1, "the second attempt ran once");
+    // Running again, the first attempt's error still shown.
+    assert_eq!(second[0].last_error.as_deref(), Some("boom 1"));
+
+    let s = until(o.status.as_ref(), doomed_id, "failed", |s| {
+        s.state == JobState::Failed
+    })
+    .await?;
+    assert_eq!(s.attempts, 1);
+    assert_eq!(s.last_error.as_deref(), Some("the invoice was deleted"));
+    stop.cancel();
+    let _ = running.await;
+    Ok(())
+}
+
+/// A replayed dead letter is `pending` again, and its new deliveries, counted from 1,
+/// are recorded over the old `dead`.
+pub async fn status_of_a_replayed_dead_letter_starts_over(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let jobs = Jobs::new(o.transport.clone(), Some(o.status.clone()));
+    let e = job(&q, "flaky");
+    let id = e.id;
+    jobs.publish(e).await?;
+    let fails = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let failing = fails.clone();
+    let worker = Worker::new(o.transport.clone(), q.clone(), options(1))
+        .with_status(o.status.clone())
+        .handle(
+            "flaky",
+            handler_fn(move |ctx: JobContext| {
+                let failing = failing.clone();
+                async move {
+                    if failing.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Err(JobError::retry("down"));
+                    }
+                    ctx.set_result("fixed")?;
+                    Ok(())
+                }
+            }),
+        );
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    until(o.status.as_ref(), id, "dead", |s| s.state == JobState::Dead).await?;
+    fails.store(false, std::sync::atomic::Ordering::SeqCst);
+    let replayed = o
+        .transport
+        .dead_replay(Some(&q), &DeadSelection::Id(id.to_string()))
+        .await?;
+    assert_eq!(replayed, 1);
+    o.status.reset(&[id]).await?;
+    let s = until(o.status.as_ref(), id, "completed after the replay", |s| {
+        s.state != JobState::Dead
+    })
+    .await?;
+    assert!(
+        matches!(
+            s.state,
+            JobState::Pending | JobState::Running | JobState::Completed
+        ),
+        "{s:?}"
+    );
+    let s = until(o.status.as_ref(), id, "completed", |s| {
+        s.state == JobState::Completed
+    })
+    .await?;
+    assert_eq!(s.attempts, 1);
+    assert_eq!(s.result, Some(json!("fixed")));
+    stop.cancel();
+    let _ = running.await;
+    Ok(())
+}
+
+/// An update of an older attempt (a worker that lost its lease) never overwrites a newer
+/// one; publishing a known id again changes nothing; every applied change bumps the
+/// version.
+pub async fn stale_status_updates_are_fenced(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let e = job(&q, "k");
+    let st = o.status.as_ref();
+    st.record(&[StatusUpdate::published(&e)]).await?;
+    st.record(&[StatusUpdate::running(&e, 2)]).await?;
+    st.record(&[
+        StatusUpdate::completed(&e, 1, Some(json!("stale"))),
+        StatusUpdate::published(&e),
+    ])
+    .await?;
+    let s = st.get(e.id).await?.expect("the record");
+    assert_eq!((s.state, s.attempts, s.version), (JobState::Running, 2, 2));
+    assert_eq!(s.result, None);
+    // Several changes of one id in one batch apply in order.
+    st.record(&[
+        StatusUpdate::progress(&e, 2, 50, Some("half".into())),
+        StatusUpdate::progress(&e, 2, 150, None),
+    ])
+    .await?;
+    let s = st.get(e.id).await?.expect("the record");
+    assert_eq!((s.state, s.progress), (JobState::Running, 100));
+    assert_eq!(st.get(Uuid::new_v4()).await?, None);
+    Ok(())
+}
+
+/// `publish_and_wait` returns the handler's result, the failure, or a timeout.
+pub async fn publish_and_wait_returns_result_failure_or_timeout(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let jobs = Jobs::new(o.transport.clone(), Some(o.status.clone()));
+    let worker = Worker::new(o.transport.clone(), q.clone(), options(2))
+        .with_status(o.status.clone())
+        .handle(
+            "add",
+            handler_fn(|ctx: JobContext| async move {
+                let [a, b]: [i64; 2] = ctx.payload().map_err(|e| JobError::fail(e.to_string()))?;
+                ctx.set_result(&json!({"sum": a + b}))?;
+                Ok(())
+            }),
+        )
+        .handle(
+            "refuse",
+            handler_fn(|_ctx: JobContext| async move { Err(JobError::fail("refused")) }),
+        );
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    let add = Envelope::builder(q.as_str(), "add")
+        .payload(&[2, 3])
+        .build()?;
+    let answer = jobs
+        .publish_and_wait(add, Duration::from_secs(20))
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    assert_eq!(answer, json!({"sum": 5}));
+
+    let refused = job(&q, "refuse");
+    let refused_id = refused.id;
+    match jobs
+        .publish_and_wait(refused, Duration::from_secs(20))
+        .await
+    {
+        Err(WaitError::Failed(s)) => {
+            assert_eq!(s.id, refused_id);
+            assert_eq!(s.state, JobState::Failed);
+            assert_eq!(s.last_error.as_deref(), Some("refused"));
+        }
+        other => panic!("expected the failure, got {other:?}"),
+    }
+
+    // Nobody works this queue.
+    let idle = job(&fresh_queue(), "add");
+    let started = std::time::Instant::now();
+    match jobs
+        .publish_and_wait(idle, Duration::from_millis(300))
+        .await
+    {
+        Err(WaitError::TimedOut { last, timeout, .. }) => {
+            assert_eq!(timeout, Duration::from_millis(300));
+            assert_eq!(last.map(|s| s.state), Some(JobState::Pending));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    stop.cancel();
+    let _ = running.await;
+
+    let without = Jobs::new(o.transport.clone(), None);
+    match without
+        .publish_and_wait(job(&q, "add"), Duration::from_secs(1))
+        .await
+    {
+        Err(WaitError::Queue(Error::InvalidInput(m))) => assert!(m.contains("status"), "{m}"),
+        other => panic!("expected a clear error without a store, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// A follower sees a job's changes in order, each once, up to its final state.
+pub async fn followers_see_changes_in_order(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let jobs = Jobs::new(o.transport.clone(), Some(o.status.clone()));
+    let e = job(&q, "steps");
+    let id = e.id;
+    jobs.publish(e).await?;
+    let follower = {
+        let status = o.status.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<JobStatus> = Vec::new();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            let mut version = 0;
+            while let Some(s) = next_change(status.as_ref(), id, version, deadline).await? {
+                version = s.version;
+                let done = s.state.is_final();
+                seen.push(s);
+                if done {
+                    break;
+                }
+            }
+            Ok::<_, Error>(seen)
+        })
+    };
+    let worker = Worker::new(o.transport.clone(), q.clone(), options(3))
+        .with_status(o.status.clone())
+        .handle(
+            "steps",
+            handler_fn(|ctx: JobContext| async move {
+                for p in [25, 50, 75] {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    ctx.progress(p, format!("step {p}"));
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                ctx.set_result(&"done")?;
+                Ok(())
+            }),
+        );
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    let seen = follower
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))??;
+    stop.cancel();
+    let _ = running.await;
+    let versions: Vec<u64> = seen.iter().map(|s| s.version).collect();
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "versions in order: {versions:?}"
+    );
+    let steps: Vec<(JobState, u8)> = seen.iter().map(|s| (s.state, s.progress)).collect();
+    assert_eq!(
+        steps,
+        vec![
+            (JobState::Pending, 0),
+            (JobState::Running, 0),
+            (JobState::Running, 25),
+            (JobState::Running, 50),
+            (JobState::Running, 75),
+            (JobState::Completed, 100),
+        ]
+    );
+    Ok(())
+}
+
+/// Pruning removes finished records older than the cut, and nothing unfinished; the
+/// throughput counts finished jobs per queue.
+pub async fn prune_and_throughput(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let st = o.status.as_ref();
+    let done = job(&q, "k");
+    let dead = job(&q, "k");
+    let open_job = job(&q, "k");
+    st.record(&[
+        StatusUpdate::completed(&done, 1, None),
+        StatusUpdate::ended(&dead, 3, JobState::Dead, Some("x")),
+        StatusUpdate::running(&open_job, 1),
+    ])
+    .await?;
+    let buckets = st
+        .throughput(Duration::from_secs(300), Duration::from_secs(10))
+        .await?;
+    let ours: Vec<_> = buckets.iter().filter(|b| b.queue == q.as_str()).collect();
+    let (completed, failed) = ours
+        .iter()
+        .fold((0, 0), |(c, f), b| (c + b.completed, f + b.failed));
+    assert_eq!((completed, failed), (1, 1), "{buckets:?}");
+    assert_eq!(st.prune(Duration::from_secs(3600)).await?, 0);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(st.prune(Duration::from_millis(10)).await?, 2);
+    assert_eq!(st.get(done.id).await?, None);
+    assert_eq!(st.get(dead.id).await?, None);
+    assert!(st.get(open_job.id).await?.is_some());
+    let recent = st.recent(10).await?;
+    assert_eq!(
+        recent.iter().map(|s| s.id).collect::<Vec<_>>(),
+        vec![open_job.id]
+    );
+    Ok(())
+}
+
+/// The names of every case [`status_tests!`](crate::status_tests) runs.
+pub const STATUS_CASE_NAMES: &[&str] = &[
+    "status_walks_pending_running_completed",
+    "status_records_retrying_dead_and_failed",
+    "status_of_a_replayed_dead_letter_starts_over",
+    "stale_status_updates_are_fenced",
+    "publish_and_wait_returns_result_failure_or_timeout",
+    "followers_see_changes_in_order",
+    "prune_and_throughput",
+];
+
+/// Expands to one `#[test]` per status case, against a harness made by `$harness`.
+#[macro_export]
+macro_rules! status_tests {
+    ($harness:expr) => {
+        $crate::status_tests!(@cases $harness;
+            status_walks_pending_running_completed,
+            status_records_retrying_dead_and_failed,
+            status_of_a_replayed_dead_letter_starts_over,
+            stale_status_updates_are_fenced,
+            publish_and_wait_returns_result_failure_or_timeout,
+            followers_see_changes_in_order,
+            prune_and_throughput
+        );
+    };
+    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::status_cases::$case);
+            }
+        )*
+    };
+}

@@ -1,0 +1,94 @@
+//! Metrics through the [`metrics`] facade: nothing is recorded until the application
+//! installs a recorder (the command line installs a Prometheus one for `serve` and
+//! `work --metrics-listen`).
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `switchyard_published_total` | counter | queue, kind |
+//! | `switchyard_reserved_total` | counter | queue, kind |
+//! | `switchyard_acked_total` | counter | queue, kind |
+//! | `switchyard_released_total` | counter | queue, kind |
+//! | `switchyard_dead_lettered_total` | counter | queue, kind, reason |
+//! | `switchyard_handler_duration_seconds` | histogram | queue, kind |
+//! | `switchyard_queue_depth` | gauge | queue, state (ready, delayed, reserved, dead) |
+//! | `switchyard_queue_oldest_ready_age_seconds` | gauge | queue |
+
+use std::time::Duration;
+
+use crate::transport::QueueStats;
+
+/// Messages published (by [`crate::status::Jobs`] and the command line).
+pub const PUBLISHED: &str = "switchyard_published_total";
+/// Messages a worker reserved.
+pub const RESERVED: &str = "switchyard_reserved_total";
+/// Messages acknowledged after their handler succeeded.
+pub const ACKED: &str = "switchyard_acked_total";
+/// Failed deliveries released for a retry.
+pub const RELEASED: &str = "switchyard_released_total";
+/// Messages moved to the dead-letter store.
+pub const DEAD_LETTERED: &str = "switchyard_dead_lettered_total";
+/// How long handlers ran.
+pub const HANDLER_DURATION: &str = "switchyard_handler_duration_seconds";
+/// Messages per queue and state.
+pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
+/// Age of each queue's oldest ready message.
+pub const OLDEST_READY_AGE: &str = "switchyard_queue_oldest_ready_age_seconds";
+
+/// Describes every metric to the installed recorder (units and help texts).
+pub fn describe() {
+    metrics::describe_counter!(PUBLISHED, "Messages published.");
+    metrics::describe_counter!(RESERVED, "Messages reserved by workers.");
+    metrics::describe_counter!(
+        ACKED,
+        "Messages acknowledged after their handler succeeded."
+    );
+    metrics::describe_counter!(RELEASED, "Failed deliveries released for a retry.");
+    metrics::describe_counter!(DEAD_LETTERED, "Messages moved to the dead-letter store.");
+    metrics::describe_histogram!(
+        HANDLER_DURATION,
+        metrics::Unit::Seconds,
+        "How long handlers ran."
+    );
+    metrics::describe_gauge!(QUEUE_DEPTH, "Messages per queue and state.");
+    metrics::describe_gauge!(
+        OLDEST_READY_AGE,
+        metrics::Unit::Seconds,
+        "Age of the oldest ready message, where the backend can tell."
+    );
+}
+
+pub(crate) fn published(queue: &str, kind: &str) {
+    count(PUBLISHED, queue, kind, 1);
+}
+
+pub(crate) fn count(name: &'static str, queue: &str, kind: &str, n: u64) {
+    metrics::counter!(name, "queue" => queue.to_owned(), "kind" => kind.to_owned()).increment(n);
+}
+
+pub(crate) fn dead_lettered(queue: &str, kind: &str, reason: &str) {
+    metrics::counter!(DEAD_LETTERED, "queue" => queue.to_owned(), "kind" => kind.to_owned(), "reason" => reason.to_owned())
+        .increment(1);
+}
+
+pub(crate) fn handler_duration(queue: &str, kind: &str, d: Duration) {
+    metrics::histogram!(HANDLER_DURATION, "queue" => queue.to_owned(), "kind" => kind.to_owned())
+        .record(d.as_secs_f64());
+}
+
+/// Sets the depth and age gauges from `stats`.
+pub fn record_stats(stats: &[QueueStats]) {
+    for s in stats {
+        for (state, n) in [
+            ("ready", s.ready),
+            ("delayed", s.delayed),
+            ("reserved", s.reserved),
+            ("dead", s.dead),
+        ] {
+            metrics::gauge!(QUEUE_DEPTH, "queue" => s.queue.clone(), "state" => state)
+                .set(n as f64);
+        }
+        if let Some(age) = s.oldest_ready_age {
+            metrics::gauge!(OLDEST_READY_AGE, "queue" => s.queue.clone()).set(age.as_secs_f64());
+        }
+    }
+}

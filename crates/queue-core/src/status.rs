@@ -1,0 +1,698 @@
+//! Job status and results: an optional store that records, per message id, where the
+//! job is (`pending`, `running`, `completed`, `retrying`, `failed`, `dead`), its
+//! attempts, the progress its handler reported, its result and its last error; and
+//! request/reply on top of it ([`Jobs::publish_and_wait`]).
+//!
+//! The SQL transports keep it in a table beside their queue table
+//! ([`Transport::status_store`]). Workers write to it in batches, off the hot path
+//! ([`crate::worker::Worker::with_status`]); a job is recorded `completed` only once its
+//! ack has committed.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Published (or replayed), waiting for a worker.
+    Pending,
+    /// A handler is running it.
+    Running,
+    /// The handler succeeded and the message was acknowledged. Final.
+    Completed,
+    /// An attempt failed; it will run again after its backoff.
+    Retrying,
+    /// The handler said it cannot succeed ([`crate::worker::JobError::Fail`]); the
+    /// message is in the dead-letter store. Final.
+    Failed,
+    /// Dead-lettered for any other reason: attempts exhausted, expired, no handler.
+    /// Final.
+    Dead,
+}
+
+impl JobState {
+    /// Every state, in the order a job usually passes through them.
+    pub const ALL: [JobState; 6] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Retrying,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Dead,
+    ];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Completed => "completed",
+            JobState::Retrying => "retrying",
+            JobState::Failed => "failed",
+            JobState::Dead => "dead",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Whether the job has nothing more to do (until a dead letter is replayed).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Dead
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the store knows of one job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct JobStatus {
+    /// The message id.
+    pub id: Uuid,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// Where it is.
+    pub state: JobState,
+    /// Deliveries so far (the attempt running now included).
+    pub attempts: u32,
+    /// 0–100, as the handler last reported it (100 once completed).
+    pub progress: u8,
+    /// The handler's short note beside its progress.
+    pub progress_message: Option<String>,
+    /// The handler's result, once completed.
+    pub result: Option<Value>,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// Counts the changes to this record: a reader that saw version `v` has seen every
+    /// change up to it.
+    pub version: u64,
+    /// When it was first recorded.
+    pub created_at: DateTime<Utc>,
+    /// When it last changed.
+    pub updated_at: DateTime<Utc>,
+    /// When it reached a final state.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A status row as a SQL backend reads it, before decoding (times in microseconds
+/// since the Unix epoch).
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)]
+pub struct RawStatus {
+    pub id: String,
+    pub queue: String,
+    pub kind: String,
+    pub state: String,
+    pub attempts: i64,
+    pub progress: i64,
+    pub progress_message: Option<String>,
+    pub result: Option<String>,
+    pub last_error: Option<String>,
+    pub version: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+impl RawStatus {
+    /// Decodes the row; a value no writer of this crate stores is a decode error that
+    /// names the column.
+    pub fn decode(self) -> Result<JobStatus> {
+        let bad = |column: &str, value: &str| {
+            Error::Decode(crate::error::DecodeError::new(format!(
+                "status row {:?}: column {column} holds {value:?}",
+                self.id
+            )))
+        };
+        let time = |column: &str, us: i64| {
+            DateTime::from_timestamp_micros(us).ok_or_else(|| bad(column, &us.to_string()))
+        };
+        Ok(JobStatus {
+            id: Uuid::parse_str(&self.id).map_err(|_| bad("id", &self.id))?,
+            state: JobState::parse(&self.state).ok_or_else(|| bad("state", &self.state))?,
+            attempts: u32::try_from(self.attempts)
+                .map_err(|_| bad("attempts", &self.attempts.to_string()))?,
+            progress: u8::try_from(self.progress.clamp(0, 100)).unwrap_or(0),
+            // A result that is not JSON (written by hand, say) is shown as its text.
+            result: self
+                .result
+                .as_deref()
+                .map(|r| serde_json::from_str(r).unwrap_or_else(|_| Value::String(r.to_owned()))),
+            version: u64::try_from(self.version)
+                .map_err(|_| bad("version", &self.version.to_string()))?,
+            created_at: time("created_at", self.created_at)?,
+            updated_at: time("updated_at", self.updated_at)?,
+            finished_at: self
+                .finished_at
+                .map(|t| time("finished_at", t))
+                .transpose()?,
+            queue: self.queue.clone(),
+            kind: self.kind.clone(),
+            progress_message: self.progress_message.clone(),
+            last_error: self.last_error.clone(),
+        })
+    }
+}
+
+/// One change to record.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct StatusUpdate {
+    /// The message id.
+    pub id: Uuid,
+    /// Its queue.
+    pub queue: String,
+    /// Its kind.
+    pub kind: String,
+    /// The new state.
+    pub state: JobState,
+    /// The attempt this update belongs to: an update from an older attempt than the one
+    /// recorded is ignored (a worker whose lease was lost cannot overwrite its
+    /// successor).
+    pub attempts: u32,
+    /// New progress and note; `None` keeps what is recorded.
+    pub progress: Option<(u8, Option<String>)>,
+    /// The result (only with `completed`).
+    pub result: Option<Value>,
+    /// The failure (with `retrying`, `failed`, `dead`); `None` keeps the last one.
+    pub error: Option<String>,
+    /// Only creates the record: a message published again under a known id, or a
+    /// publish that lost the race with its worker, changes nothing.
+    pub create_only: bool,
+}
+
+impl StatusUpdate {
+    fn new(envelope: &Envelope, state: JobState, attempts: u32) -> Self {
+        StatusUpdate {
+            id: envelope.id,
+            queue: envelope.queue.to_string(),
+            kind: envelope.kind.clone(),
+            state,
+            attempts,
+            progress: None,
+            result: None,
+            error: None,
+            create_only: false,
+        }
+    }
+
+    /// Published: `pending`, unless the id is known already.
+    pub fn published(envelope: &Envelope) -> Self {
+        StatusUpdate {
+            create_only: true,
+            progress: Some((0, None)),
+            ..Self::new(envelope, JobState::Pending, envelope.attempts)
+        }
+    }
+
+    /// Attempt `attempt` started: `running`, progress back to 0.
+    pub fn running(envelope: &Envelope, attempt: u32) -> Self {
+        StatusUpdate {
+            progress: Some((0, None)),
+            ..Self::new(envelope, JobState::Running, attempt)
+        }
+    }
+
+    /// The handler reported progress.
+    pub fn progress(envelope: &Envelope, attempt: u32, percent: u8, note: Option<String>) -> Self {
+        StatusUpdate {
+            progress: Some((percent.min(100), note)),
+            ..Self::new(envelope, JobState::Running, attempt)
+        }
+    }
+
+    /// Acknowledged, with the handler's result.
+    pub fn completed(envelope: &Envelope, attempt: u32, result: Option<Value>) -> Self {
+        StatusUpdate {
+            progress: Some((100, None)),
+            result,
+            ..Self::new(envelope, JobState::Completed, attempt)
+        }
+    }
+
+    /// Ended without a result: `retrying`, `failed` or `dead`, or `pending` when it was
+    /// handed back unfinished at shutdown.
+    pub fn ended(envelope: &Envelope, attempt: u32, state: JobState, error: Option<&str>) -> Self {
+        StatusUpdate {
+            error: error.map(str::to_owned),
+            ..Self::new(envelope, state, attempt)
+        }
+    }
+}
+
+impl StatusUpdate {
+    /// The result as JSON text, for binding.
+    pub fn result_text(&self) -> Option<String> {
+        self.result.as_ref().map(Value::to_string)
+    }
+
+    /// The progress percentage, for binding (`None` keeps the recorded one).
+    pub fn progress_percent(&self) -> Option<i64> {
+        self.progress.as_ref().map(|(p, _)| i64::from(*p))
+    }
+
+    /// The progress note, for binding.
+    pub fn progress_note(&self) -> Option<&str> {
+        self.progress.as_ref().and_then(|(_, n)| n.as_deref())
+    }
+}
+
+/// Finished jobs of one queue in one time bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Throughput {
+    /// The queue.
+    pub queue: String,
+    /// The bucket's start.
+    pub at: DateTime<Utc>,
+    /// Jobs completed in it.
+    pub completed: u64,
+    /// Jobs that failed or died in it.
+    pub failed: u64,
+}
+
+impl Throughput {
+    /// A bucket.
+    pub fn new(queue: String, at: DateTime<Utc>, completed: u64, failed: u64) -> Self {
+        Throughput {
+            queue,
+            at,
+            completed,
+            failed,
+        }
+    }
+}
+
+/// Where job status lives. Implemented by the SQL transports.
+#[async_trait]
+pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
+    /// Records `updates`, in order.
+    ///
+    /// # Behavior
+    /// An update whose `attempts` is below the recorded one is ignored; a `create_only`
+    /// update of a known id is ignored. Each applied update bumps the record's
+    /// `version`; a final state sets `finished_at`, any other clears it.
+    async fn record(&self, updates: &[StatusUpdate]) -> Result<()>;
+
+    /// Sets known jobs back to `pending` whatever their attempt (their dead letters
+    /// were replayed). Returns how many were known.
+    async fn reset(&self, ids: &[Uuid]) -> Result<u64>;
+
+    /// The record of `id`.
+    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>>;
+
+    /// The most recently changed records, newest first.
+    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>>;
+
+    /// Deletes records that reached a final state longer than `older_than` ago.
+    async fn prune(&self, older_than: Duration) -> Result<u64>;
+
+    /// Jobs finished per queue in buckets of `bucket` over the last `window`.
+    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>>;
+
+    /// Ids of records as they change, where the store can push them (PostgreSQL's
+    /// `LISTEN/NOTIFY`); `None` means readers poll. A hint: a reader still reads the
+    /// record, and still polls now and then in case a notification was lost.
+    fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
+        None
+    }
+}
+
+/// Folds a batch so that each id appears at most once among creations and once among
+/// changes (PostgreSQL refuses an upsert that touches a row twice): the first creation
+/// of an id wins, and later changes of an id override the earlier ones field by field,
+/// except that an update of an older attempt is dropped.
+pub fn fold_updates(updates: &[StatusUpdate]) -> (Vec<StatusUpdate>, Vec<StatusUpdate>) {
+    let mut creates: Vec<StatusUpdate> = Vec::new();
+    let mut created: HashMap<Uuid, ()> = HashMap::new();
+    let mut changes: Vec<StatusUpdate> = Vec::new();
+    let mut at: HashMap<Uuid, usize> = HashMap::new();
+    for u in updates {
+        if u.create_only {
+            if created.insert(u.id, ()).is_none() {
+                creates.push(u.clone());
+            }
+            continue;
+        }
+        match at.get(&u.id) {
+            Some(&i) => {
+                let old = &mut changes[i];
+                if u.attempts < old.attempts {
+                    continue;
+                }
+                let progress = u.progress.clone().or_else(|| old.progress.take());
+                let error = u.error.clone().or_else(|| old.error.take());
+                *old = StatusUpdate {
+                    progress,
+                    error,
+                    ..u.clone()
+                };
+            }
+            None => {
+                at.insert(u.id, changes.len());
+                changes.push(u.clone());
+            }
+        }
+    }
+    (creates, changes)
+}
+
+/// How often status writes are retried before they are given up (logged).
+const WRITE_RETRIES: u32 = 3;
+/// The most updates written at once.
+const WRITE_BATCH: usize = 512;
+
+/// Writes updates in the background, in batches: whatever arrives while one batch is
+/// written forms the next.
+#[derive(Debug, Clone)]
+pub struct StatusWriter {
+    tx: mpsc::UnboundedSender<StatusUpdate>,
+}
+
+/// Stops a [`StatusWriter`] once it has written everything sent before.
+#[derive(Debug)]
+pub struct StatusFlusher {
+    stop: CancellationToken,
+    handle: JoinHandle<()>,
+}
+
+impl StatusFlusher {
+    /// Writes what is queued, then stops the writer.
+    pub async fn finish(self) {
+        self.stop.cancel();
+        if self.handle.await.is_err() {
+            tracing::error!("the status writer panicked; some status updates were lost");
+        }
+    }
+}
+
+impl StatusWriter {
+    /// Starts the writer.
+    pub fn spawn(store: Arc<dyn StatusStore>) -> (StatusWriter, StatusFlusher) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<StatusUpdate>();
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let handle = tokio::spawn(async move {
+            let mut batch = Vec::with_capacity(WRITE_BATCH);
+            loop {
+                tokio::select! {
+                    biased;
+                    n = rx.recv_many(&mut batch, WRITE_BATCH) => {
+                        if n == 0 {
+                            return;
+                        }
+                        write(store.as_ref(), &batch).await;
+                        batch.clear();
+                    }
+                    _ = stopped.cancelled() => break,
+                }
+            }
+            while let Ok(update) = rx.try_recv() {
+                batch.push(update);
+                if batch.len() >= WRITE_BATCH {
+                    write(store.as_ref(), &batch).await;
+                    batch.clear();
+                }
+            }
+            if !batch.is_empty() {
+                write(store.as_ref(), &batch).await;
+            }
+        });
+        (StatusWriter { tx }, StatusFlusher { stop, handle })
+    }
+
+    /// Queues an update.
+    pub fn send(&self, update: StatusUpdate) {
+        if self.tx.send(update).is_err() {
+            tracing::warn!("the status writer stopped; a status update was dropped");
+        }
+    }
+}
+
+async fn write(store: &dyn StatusStore, batch: &[StatusUpdate]) {
+    let mut delay = Duration::from_millis(50);
+    for attempt in 1..=WRITE_RETRIES {
+        match store.record(batch).await {
+            Ok(()) => return,
+            Err(err) => {
+                tracing::warn!(error = %err, attempt, size = batch.len(), "status write failed");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+    tracing::error!(
+        size = batch.len(),
+        "giving up on a batch of status updates; the jobs ran, their status is stale"
+    );
+}
+
+/// Polling readers start at this pause and double it up to [`POLL_MAX`].
+const POLL_MIN: Duration = Duration::from_millis(10);
+/// The longest pause of a polling reader.
+const POLL_MAX: Duration = Duration::from_millis(250);
+/// Readers woken by notifications still read this often, in case one was lost.
+const WATCH_FALLBACK: Duration = Duration::from_secs(1);
+
+/// Waits until the record of `id` is newer than `after_version`, and returns it; `None`
+/// once `deadline` passes first. Woken by the store's notifications where it has them,
+/// else by polling with backoff.
+pub async fn next_change(
+    store: &dyn StatusStore,
+    id: Uuid,
+    after_version: u64,
+    deadline: tokio::time::Instant,
+) -> Result<Option<JobStatus>> {
+    // Subscribed before reading, so that a change between the read and the wait is seen.
+    let mut watch = store.watch();
+    let mut pause = POLL_MIN;
+    loop {
+        if let Some(status) = store.get(id).await? {
+            if status.version > after_version {
+                return Ok(Some(status));
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        match watch.as_mut() {
+            Some(rx) => {
+                let until = deadline.min(now + WATCH_FALLBACK);
+                loop {
+                    match tokio::time::timeout_at(until, rx.recv()).await {
+                        Ok(Ok(changed)) if changed != id => continue,
+                        // Ours, or notifications were dropped (lagged) or stopped: read.
+                        Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
+                        Ok(Err(broadcast::error::RecvError::Closed)) => {
+                            watch = None;
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+            None => {
+                tokio::time::sleep_until(deadline.min(now + pause)).await;
+                pause = (pause * 2).min(POLL_MAX);
+            }
+        }
+    }
+}
+
+/// Why [`Jobs::publish_and_wait`] returned no result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The job ended without a result: `failed` or `dead`.
+    #[error("job {} ended {}: {}", .0.id, .0.state, .0.last_error.as_deref().unwrap_or("no error recorded"))]
+    Failed(Box<JobStatus>),
+    /// No final state within the timeout; the job may still run. `last` is what was
+    /// recorded when the wait gave up.
+    #[error("no answer from job {id} within {timeout:?} (last seen: {})", last.as_ref().map_or("nothing recorded", |s| s.state.as_str()))]
+    TimedOut {
+        /// The job.
+        id: Uuid,
+        /// How long the wait lasted.
+        timeout: Duration,
+        /// The record when it gave up.
+        last: Option<Box<JobStatus>>,
+    },
+    /// Publishing or reading the status failed.
+    #[error(transparent)]
+    Queue(#[from] Error),
+}
+
+/// Publishes through a transport and keeps each job's status: what an application uses
+/// to enqueue jobs it wants to follow, or wait for.
+#[derive(Debug, Clone)]
+pub struct Jobs {
+    transport: Arc<dyn Transport>,
+    store: Option<Arc<dyn StatusStore>>,
+}
+
+impl Jobs {
+    /// Over `transport`, recording status in `store` (`None`: publishing only).
+    pub fn new(transport: Arc<dyn Transport>, store: Option<Arc<dyn StatusStore>>) -> Self {
+        Jobs { transport, store }
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// The status store, if any.
+    pub fn store(&self) -> Option<&Arc<dyn StatusStore>> {
+        self.store.as_ref()
+    }
+
+    fn require_store(&self) -> Result<&Arc<dyn StatusStore>> {
+        self.store.as_ref().ok_or_else(|| {
+            Error::InvalidInput(
+                "job status is off: it needs a SQL store (DATABASE_URL) and QUEUE_STATUS=on".into(),
+            )
+        })
+    }
+
+    /// Publishes one message, recorded `pending`.
+    pub async fn publish(&self, envelope: Envelope) -> Result<()> {
+        self.publish_batch(vec![envelope]).await
+    }
+
+    /// Publishes messages, recorded `pending`. The status is recorded first, so that a
+    /// worker's `running` can never be overtaken by it.
+    pub async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        if let Some(store) = &self.store {
+            let caps = self.transport.capabilities();
+            // Oversized envelopes would be refused by the publish below; record nothing
+            // for a batch that will not be stored.
+            for e in &envelopes {
+                e.check_size(caps.max_payload_bytes)?;
+            }
+            let updates: Vec<StatusUpdate> =
+                envelopes.iter().map(StatusUpdate::published).collect();
+            store.record(&updates).await?;
+        }
+        let counts: Vec<(String, String)> = envelopes
+            .iter()
+            .map(|e| (e.queue.to_string(), e.kind.clone()))
+            .collect();
+        self.transport.publish_batch(envelopes).await?;
+        for (queue, kind) in counts {
+            crate::metrics::published(&queue, &kind);
+        }
+        Ok(())
+    }
+
+    /// The status of `id`.
+    pub async fn status(&self, id: Uuid) -> Result<Option<JobStatus>> {
+        self.require_store()?.get(id).await
+    }
+
+    /// Publishes `envelope` and waits up to `timeout` for its job to end: the handler's
+    /// result (`null` when it returned none), or [`WaitError::Failed`] once it failed
+    /// or died, or [`WaitError::TimedOut`]. Retries in between are waited through. On
+    /// PostgreSQL the wait is woken by `LISTEN/NOTIFY`; elsewhere it polls, from 10 ms
+    /// backing off to 250 ms.
+    pub async fn publish_and_wait(
+        &self,
+        envelope: Envelope,
+        timeout: Duration,
+    ) -> std::result::Result<Value, WaitError> {
+        let store = self.require_store()?.clone();
+        let id = envelope.id;
+        self.publish(envelope).await?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut version = 0;
+        let mut last = None;
+        loop {
+            match next_change(store.as_ref(), id, version, deadline).await? {
+                None => {
+                    return Err(WaitError::TimedOut {
+                        id,
+                        timeout,
+                        last: last.map(Box::new),
+                    })
+                }
+                Some(status) => {
+                    version = status.version;
+                    match status.state {
+                        JobState::Completed => return Ok(status.result.unwrap_or(Value::Null)),
+                        JobState::Failed | JobState::Dead => {
+                            return Err(WaitError::Failed(Box::new(status)))
+                        }
+                        _ => last = Some(status),
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> Envelope {
+        Envelope::builder("q", "k").build().expect("an envelope")
+    }
+
+    #[test]
+    fn states_round_trip_their_names() {
+        for s in JobState::ALL {
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(JobState::parse("done"), None);
+        assert!(JobState::Dead.is_final() && !JobState::Retrying.is_final());
+    }
+
+    #[test]
+    fn folding_keeps_one_change_per_id_and_drops_older_attempts() {
+        let e = env();
+        let updates = vec![
+            StatusUpdate::published(&e),
+            StatusUpdate::published(&e),
+            StatusUpdate::running(&e, 2),
+            StatusUpdate::progress(&e, 2, 40, Some("half".into())),
+            StatusUpdate::ended(&e, 1, JobState::Retrying, Some("stale")),
+            StatusUpdate::ended(&e, 2, JobState::Retrying, Some("boom")),
+        ];
+        let (creates, changes) = fold_updates(&updates);
+        assert_eq!(creates.len(), 1);
+        assert_eq!(changes.len(), 1);
+        let c = &changes[0];
+        assert_eq!(c.state, JobState::Retrying);
+        assert_eq!(c.attempts, 2);
+        assert_eq!(c.progress, Some((40, Some("half".into()))));
+        assert_eq!(c.error.as_deref(), Some("boom"));
+    }
+}

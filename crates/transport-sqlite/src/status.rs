@@ -1,0 +1,226 @@
+//! Job status and results in `<table>_status` (see `queue_core::status`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::status::{
+    fold_updates, JobStatus, RawStatus, StatusStore, StatusUpdate, Throughput,
+};
+use queue_core::Result;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlitePool};
+use uuid::Uuid;
+
+use crate::error::SqlxResultExt;
+use crate::sql::specialise;
+
+const CREATE: &str = "
+INSERT INTO \"switchyard_jobs_status\"
+    (id, queue, kind, state, attempts, progress, progress_message, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, 0, NULL, {NOW}, {NOW})
+ON CONFLICT (id) DO NOTHING";
+
+/// An update of an older attempt is ignored, unless the job had ended failed or dead:
+/// then it was replayed, and its new deliveries start counting again.
+const CHANGE: &str = "
+INSERT INTO \"switchyard_jobs_status\"
+    (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
+     created_at, updated_at, finished_at)
+VALUES (?1, ?2, ?3, ?4, ?5, coalesce(?6, 0), ?7, ?8, ?9, {NOW}, {NOW},
+        CASE WHEN ?10 THEN {NOW} END)
+ON CONFLICT (id) DO UPDATE SET
+    state = excluded.state,
+    attempts = excluded.attempts,
+    progress = CASE WHEN ?6 IS NULL THEN progress ELSE excluded.progress END,
+    progress_message = CASE WHEN ?6 IS NULL THEN progress_message ELSE excluded.progress_message END,
+    result = excluded.result,
+    last_error = coalesce(excluded.last_error, last_error),
+    version = version + 1,
+    updated_at = excluded.updated_at,
+    finished_at = excluded.finished_at
+WHERE excluded.attempts >= attempts OR state IN ('failed', 'dead')";
+
+const RESET: &str = "
+UPDATE \"switchyard_jobs_status\"
+   SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL, result = NULL,
+       finished_at = NULL, version = version + 1, updated_at = {NOW}
+ WHERE id = ?1";
+
+const COLUMNS: &str = "id, queue, kind, state, attempts, progress, progress_message, result, \
+                       last_error, version, created_at, updated_at, finished_at";
+
+const PRUNE: &str = "
+DELETE FROM \"switchyard_jobs_status\" WHERE id IN (
+    SELECT id FROM \"switchyard_jobs_status\"
+     WHERE finished_at IS NOT NULL AND finished_at < {NOW} - ?1 LIMIT 10000)";
+
+const THROUGHPUT: &str = "
+SELECT queue, (finished_at / ?2) * ?2 AS bucket,
+       sum(state = 'completed') AS completed, sum(state <> 'completed') AS failed
+  FROM \"switchyard_jobs_status\"
+ WHERE finished_at IS NOT NULL AND finished_at >= {NOW} - ?1
+ GROUP BY queue, bucket ORDER BY bucket, queue";
+
+/// The status store of a SQLite transport: writes through the transport's one writer
+/// connection, reads through its readers.
+#[derive(Debug, Clone)]
+pub struct SqliteStatusStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    create: String,
+    change: String,
+    reset: String,
+    get: String,
+    recent: String,
+    prune: String,
+    throughput: String,
+}
+
+impl SqliteStatusStore {
+    pub(crate) fn new(writer: SqlitePool, reader: SqlitePool, table: &str) -> Self {
+        let s = |sql: &str| specialise(sql, table);
+        SqliteStatusStore {
+            writer,
+            reader,
+            create: s(CREATE),
+            change: s(CHANGE),
+            reset: s(RESET),
+            get: s(&format!(
+                "SELECT {COLUMNS} FROM \"switchyard_jobs_status\" WHERE id = ?1"
+            )),
+            recent: s(&format!(
+                "SELECT {COLUMNS} FROM \"switchyard_jobs_status\" ORDER BY updated_at DESC LIMIT ?1"
+            )),
+            prune: s(PRUNE),
+            throughput: s(THROUGHPUT),
+        }
+    }
+}
+
+fn raw(row: &SqliteRow) -> std::result::Result<RawStatus, sqlx::Error> {
+    Ok(RawStatus {
+        id: row.try_get("id")?,
+        queue: row.try_get("queue")?,
+        kind: row.try_get("kind")?,
+        state: row.try_get("state")?,
+        attempts: row.try_get("attempts")?,
+        progress: row.try_get("progress")?,
+        progress_message: row.try_get("progress_message")?,
+        result: row.try_get("result")?,
+        last_error: row.try_get("last_error")?,
+        version: row.try_get("version")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl StatusStore for SqliteStatusStore {
+    async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
+        let (creates, changes) = fold_updates(updates);
+        let mut tx = self.writer.begin().await.backend()?;
+        for u in &creates {
+            sqlx::query(&self.create)
+                .bind(u.id.to_string())
+                .bind(&u.queue)
+                .bind(&u.kind)
+                .bind(u.state.as_str())
+                .bind(i64::from(u.attempts))
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        for u in &changes {
+            sqlx::query(&self.change)
+                .bind(u.id.to_string())
+                .bind(&u.queue)
+                .bind(&u.kind)
+                .bind(u.state.as_str())
+                .bind(i64::from(u.attempts))
+                .bind(u.progress_percent())
+                .bind(u.progress_note())
+                .bind(u.result_text())
+                .bind(u.error.as_deref())
+                .bind(u.state.is_final())
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        tx.commit().await.backend()
+    }
+
+    async fn reset(&self, ids: &[Uuid]) -> Result<u64> {
+        let mut tx = self.writer.begin().await.backend()?;
+        let mut known = 0;
+        for id in ids {
+            known += sqlx::query(&self.reset)
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await
+                .backend()?
+                .rows_affected();
+        }
+        tx.commit().await.backend()?;
+        Ok(known)
+    }
+
+    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>> {
+        let row = sqlx::query(&self.get)
+            .bind(id.to_string())
+            .fetch_optional(&self.reader)
+            .await
+            .backend()?;
+        row.map(|r| raw(&r).backend()?.decode()).transpose()
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
+        let rows = sqlx::query(&self.recent)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64> {
+        let mut total = 0;
+        // In slices, so that other writers get the lock in between.
+        loop {
+            let n = sqlx::query(&self.prune)
+                .bind(micros(older_than))
+                .execute(&self.writer)
+                .await
+                .backend()?
+                .rows_affected();
+            total += n;
+            if n < 10_000 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
+        let rows = sqlx::query(&self.throughput)
+            .bind(micros(window))
+            .bind(micros(bucket).max(1))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                let at: i64 = r.try_get("bucket").backend()?;
+                Ok(Throughput::new(
+                    r.try_get("queue").backend()?,
+                    chrono::DateTime::from_timestamp_micros(at).unwrap_or_default(),
+                    u64::try_from(r.try_get::<i64, _>("completed").backend()?).unwrap_or(0),
+                    u64::try_from(r.try_get::<i64, _>("failed").backend()?).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+}
