@@ -12,8 +12,10 @@ mod listener;
 mod migrate;
 mod options;
 mod sql;
+mod status;
 mod transport;
 
 pub use options::PgOptions;
 pub use sqlx;
+pub use status::PgStatusStore;
 pub use transport::{ClaimCounters, PgTransport};

@@ -35,6 +35,22 @@ pub(crate) async fn listen(
     wakers: Arc<Wakers>,
     stop: CancellationToken,
 ) {
+    let on_notify = move |payload: Option<&str>| match payload {
+        Some(queue) => wakers.wake(queue),
+        None => wakers.wake_all(),
+    };
+    listen_with(connect, channel, on_notify, stop).await;
+}
+
+/// Listens on `channel` until `stop` fires, handing each notification's payload to
+/// `on_notify`, and `None` whenever notifications may have been missed (after every
+/// (re)connect). Reconnects by itself with backoff.
+pub(crate) async fn listen_with(
+    connect: PgConnectOptions,
+    channel: String,
+    on_notify: impl Fn(Option<&str>) + Send + 'static,
+    stop: CancellationToken,
+) {
     const BACKOFF_MIN: Duration = Duration::from_millis(100);
     const BACKOFF_MAX: Duration = Duration::from_secs(5);
     let pool = PgPoolOptions::new()
@@ -48,16 +64,16 @@ pub(crate) async fn listen(
             let mut listener = PgListener::connect_with(&pool).await?;
             listener.listen(&channel).await?;
             connected = true;
-            tracing::debug!(channel, "listening for new messages");
-            wakers.wake_all();
+            tracing::debug!(channel, "listening");
+            on_notify(None);
             loop {
                 match listener.try_recv().await? {
-                    Some(n) => wakers.wake(n.payload()),
+                    Some(n) => on_notify(Some(n.payload())),
                     // The connection dropped; the next try_recv reconnects and listens
                     // again. Whatever was sent in between is lost: look now.
                     None => {
                         tracing::debug!(channel, "listen connection lost; reconnecting");
-                        wakers.wake_all();
+                        on_notify(None);
                     }
                 }
             }
@@ -72,7 +88,7 @@ pub(crate) async fn listen(
                 }
             }
         }
-        wakers.wake_all();
+        on_notify(None);
         if connected {
             backoff = BACKOFF_MIN;
         }

@@ -15,6 +15,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         2,
         include_str!("../../../migrations/postgres/0002_hot_claims.sql"),
     ),
+    (
+        3,
+        include_str!("../../../migrations/postgres/0003_status.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at
@@ -100,7 +104,7 @@ pub(crate) async fn uninstall(pool: &PgPool, schema: Option<&str>, table: &str) 
         .backend()?;
     tx.execute(
         specialise(
-            "DROP TABLE IF EXISTS \"switchyard_jobs\", \"switchyard_jobs_dead\"",
+            "DROP TABLE IF EXISTS \"switchyard_jobs\", \"switchyard_jobs_dead\", \"switchyard_jobs_status\"",
             schema,
             table,
         )

@@ -28,6 +28,7 @@ use crate::listener;
 use crate::migrate::{migrate, uninstall};
 use crate::options::PgOptions;
 use crate::sql::Statements;
+use crate::status::PgStatusStore;
 
 /// Rows per publish statement: bounds the size of one statement's arrays.
 const PUBLISH_CHUNK: usize = 1_000;
@@ -59,6 +60,7 @@ pub struct PgTransport {
     counters: Counters,
     /// Connections kept out of the pool for the hot path.
     kept: KeptConnections<PoolConnection<Postgres>>,
+    status: Arc<PgStatusStore>,
 }
 
 impl fmt::Debug for PgTransport {
@@ -179,6 +181,13 @@ impl PgTransport {
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, "postgres transport ready");
         let kept = KeptConnections::for_pool(options.max_connections);
         Ok(PgTransport {
+            status: Arc::new(PgStatusStore::new(
+                pool.clone(),
+                connect.clone(),
+                schema.as_deref(),
+                &table,
+                stop.clone(),
+            )),
             pool,
             connect,
             sql: Arc::new(Statements::new(schema.as_deref(), &table)),
@@ -809,6 +818,10 @@ impl Transport for PgTransport {
             .bind(reservation.id().to_string())
             .bind(reservation.token().0);
         self.on_lease(query, reservation).await
+    }
+
+    fn status_store(&self) -> Option<Arc<dyn queue_core::status::StatusStore>> {
+        Some(self.status.clone())
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {

@@ -474,3 +474,41 @@ fn a_table_from_a_newer_build_is_refused() {
         Ok(())
     });
 }
+
+/// Status changes written by one transport reach another transport's followers through
+/// `NOTIFY` (the watch channel only carries notifications).
+#[test]
+fn status_changes_are_announced_to_other_transports() {
+    use queue_core::status::{next_change, JobState, StatusUpdate};
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let writer_side = schema.open(ClaimStrategy::SkipLocked).await?;
+        let reader_side = schema.open(ClaimStrategy::SkipLocked).await?;
+        let (writer, reader) = (
+            writer_side.status_store().expect("a status store"),
+            reader_side.status_store().expect("a status store"),
+        );
+        let q = queue();
+        let e = job(&q, 1);
+        writer.record(&[StatusUpdate::published(&e)]).await?;
+        let mut changes = reader.watch().expect("PostgreSQL pushes changes");
+        tokio::time::sleep(Duration::from_millis(500)).await; // listening
+        writer
+            .record(&[StatusUpdate::completed(&e, 1, Some(serde_json::json!(7)))])
+            .await?;
+        let id = tokio::time::timeout(Duration::from_secs(5), changes.recv())
+            .await
+            .expect("a notification within 5 s")
+            .map_err(|e| err(e.to_string()))?;
+        assert_eq!(id, e.id);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let s = next_change(reader.as_ref(), e.id, 1, deadline)
+            .await?
+            .expect("the change");
+        assert_eq!(
+            (s.state, s.result),
+            (JobState::Completed, Some(serde_json::json!(7)))
+        );
+        Ok(())
+    });
+}

@@ -1,0 +1,336 @@
+//! Job status and results in `<table>_status` (see `queue_core::status`), with every
+//! change announced by `NOTIFY` so that followers wake at once.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::status::{
+    fold_updates, JobStatus, RawStatus, StatusStore, StatusUpdate, Throughput,
+};
+use queue_core::Result;
+use sqlx::postgres::{PgConnectOptions, PgRow};
+use sqlx::{PgPool, Row};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::error::SqlxResultExt;
+use crate::listener;
+use crate::sql::specialise;
+
+/// Counts the ids a statement returned and announces them, at most 200 per
+/// notification (a payload holds under 8,000 bytes).
+const NOTIFY_RETURNED: &str = "
+SELECT (SELECT count(*) FROM changed) AS changed,
+       (SELECT count(pg_notify($1, ids)) FROM (
+            SELECT string_agg(id, ',') AS ids
+              FROM (SELECT id, (row_number() OVER () - 1) / 200 AS chunk FROM changed) c
+             GROUP BY chunk) n) AS notified";
+
+const CREATE: &str = "
+WITH changed AS (
+    INSERT INTO \"switchyard_jobs_status\" (id, queue, kind, state, attempts, progress)
+    SELECT u.id, u.queue, u.kind, u.state, u.attempts, 0
+      FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
+           AS u(id, queue, kind, state, attempts)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id)
+{NOTIFY_RETURNED}";
+
+/// An update of an older attempt is ignored, unless the job had ended failed or dead:
+/// then it was replayed, and its new deliveries start counting again.
+const CHANGE: &str = "
+WITH changed AS (
+    INSERT INTO \"switchyard_jobs_status\" AS s
+        (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
+         finished_at)
+    SELECT u.id, u.queue, u.kind, u.state, u.attempts, u.progress, u.note, u.result,
+           u.error, CASE WHEN u.final THEN now() END
+      FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::smallint[],
+                  $8::text[], $9::text[], $10::text[], $11::bool[])
+           AS u(id, queue, kind, state, attempts, progress, note, result, error, final)
+    ON CONFLICT (id) DO UPDATE SET
+        state = excluded.state,
+        attempts = excluded.attempts,
+        progress = coalesce(excluded.progress, s.progress),
+        progress_message = CASE WHEN excluded.progress IS NULL THEN s.progress_message
+                                ELSE excluded.progress_message END,
+        result = excluded.result,
+        last_error = coalesce(excluded.last_error, s.last_error),
+        version = s.version + 1,
+        updated_at = now(),
+        finished_at = excluded.finished_at
+    WHERE excluded.attempts >= s.attempts OR s.state IN ('failed', 'dead')
+    RETURNING id)
+{NOTIFY_RETURNED}";
+
+const RESET: &str = "
+WITH changed AS (
+    UPDATE \"switchyard_jobs_status\"
+       SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL,
+           result = NULL, finished_at = NULL, version = version + 1, updated_at = now()
+     WHERE id = ANY($2::text[])
+    RETURNING id)
+{NOTIFY_RETURNED}";
+
+const COLUMNS: &str = "id, queue, kind, state, attempts::bigint AS attempts, \
+    coalesce(progress, 0)::bigint AS progress, progress_message, result, last_error, version, \
+    (extract(epoch FROM created_at) * 1000000)::bigint AS created_at, \
+    (extract(epoch FROM updated_at) * 1000000)::bigint AS updated_at, \
+    (extract(epoch FROM finished_at) * 1000000)::bigint AS finished_at";
+
+const PRUNE: &str = "
+DELETE FROM \"switchyard_jobs_status\" WHERE id IN (
+    SELECT id FROM \"switchyard_jobs_status\"
+     WHERE finished_at < now() - $1 * interval '1 microsecond' LIMIT 10000)";
+
+const THROUGHPUT: &str = "
+SELECT queue,
+       (floor(extract(epoch FROM finished_at) * 1000000 / $2) * $2)::bigint AS bucket,
+       count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE state <> 'completed') AS failed
+  FROM \"switchyard_jobs_status\"
+ WHERE finished_at >= now() - $1 * interval '1 microsecond'
+ GROUP BY 1, 2 ORDER BY 2, 1";
+
+/// The status store of a PostgreSQL transport.
+#[derive(Debug)]
+pub struct PgStatusStore {
+    pool: PgPool,
+    connect: PgConnectOptions,
+    channel: String,
+    stop: CancellationToken,
+    changes: Mutex<Option<broadcast::Sender<Uuid>>>,
+    create: String,
+    change: String,
+    reset: String,
+    get: String,
+    recent: String,
+    prune: String,
+    throughput: String,
+}
+
+impl PgStatusStore {
+    pub(crate) fn new(
+        pool: PgPool,
+        connect: PgConnectOptions,
+        schema: Option<&str>,
+        table: &str,
+        stop: CancellationToken,
+    ) -> Self {
+        let s = |sql: &str| {
+            specialise(
+                &sql.replace("{NOTIFY_RETURNED}", NOTIFY_RETURNED),
+                schema,
+                table,
+            )
+        };
+        PgStatusStore {
+            pool,
+            connect,
+            channel: listener::channel(schema, &format!("{table}_status")),
+            stop,
+            changes: Mutex::new(None),
+            create: s(CREATE),
+            change: s(CHANGE),
+            reset: s(RESET),
+            get: s(&format!(
+                "SELECT {COLUMNS} FROM \"switchyard_jobs_status\" WHERE id = $1"
+            )),
+            recent: s(&format!(
+                "SELECT {COLUMNS} FROM \"switchyard_jobs_status\" ORDER BY updated_at DESC LIMIT $1"
+            )),
+            prune: s(PRUNE),
+            throughput: s(THROUGHPUT),
+        }
+    }
+
+    /// The `NOTIFY` channel that announces status changes (payload: ids, comma-separated).
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+}
+
+fn raw(row: &PgRow) -> std::result::Result<RawStatus, sqlx::Error> {
+    Ok(RawStatus {
+        id: row.try_get("id")?,
+        queue: row.try_get("queue")?,
+        kind: row.try_get("kind")?,
+        state: row.try_get("state")?,
+        attempts: row.try_get("attempts")?,
+        progress: row.try_get("progress")?,
+        progress_message: row.try_get("progress_message")?,
+        result: row.try_get("result")?,
+        last_error: row.try_get("last_error")?,
+        version: row.try_get("version")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn ids(updates: &[StatusUpdate]) -> Vec<String> {
+    updates.iter().map(|u| u.id.to_string()).collect()
+}
+
+#[async_trait]
+impl StatusStore for PgStatusStore {
+    async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
+        let (creates, changes) = fold_updates(updates);
+        let column = |f: fn(&StatusUpdate) -> String, of: &[StatusUpdate]| -> Vec<String> {
+            of.iter().map(f).collect()
+        };
+        let attempts = |of: &[StatusUpdate]| -> Vec<i32> {
+            of.iter()
+                .map(|u| i32::try_from(u.attempts).unwrap_or(i32::MAX))
+                .collect()
+        };
+        if !creates.is_empty() {
+            sqlx::query(&self.create)
+                .bind(&self.channel)
+                .bind(ids(&creates))
+                .bind(column(|u| u.queue.clone(), &creates))
+                .bind(column(|u| u.kind.clone(), &creates))
+                .bind(column(|u| u.state.as_str().to_owned(), &creates))
+                .bind(attempts(&creates))
+                .execute(&self.pool)
+                .await
+                .backend()?;
+        }
+        if !changes.is_empty() {
+            sqlx::query(&self.change)
+                .bind(&self.channel)
+                .bind(ids(&changes))
+                .bind(column(|u| u.queue.clone(), &changes))
+                .bind(column(|u| u.kind.clone(), &changes))
+                .bind(column(|u| u.state.as_str().to_owned(), &changes))
+                .bind(attempts(&changes))
+                .bind(
+                    changes
+                        .iter()
+                        .map(|u| u.progress_percent().map(|p| p as i16))
+                        .collect::<Vec<Option<i16>>>(),
+                )
+                .bind(
+                    changes
+                        .iter()
+                        .map(|u| u.progress_note().map(str::to_owned))
+                        .collect::<Vec<Option<String>>>(),
+                )
+                .bind(
+                    changes
+                        .iter()
+                        .map(StatusUpdate::result_text)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(changes.iter().map(|u| u.error.clone()).collect::<Vec<_>>())
+                .bind(
+                    changes
+                        .iter()
+                        .map(|u| u.state.is_final())
+                        .collect::<Vec<_>>(),
+                )
+                .execute(&self.pool)
+                .await
+                .backend()?;
+        }
+        Ok(())
+    }
+
+    async fn reset(&self, ids: &[Uuid]) -> Result<u64> {
+        let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        let row = sqlx::query(&self.reset)
+            .bind(&self.channel)
+            .bind(&ids)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        let known: i64 = row.try_get("changed").backend()?;
+        Ok(u64::try_from(known).unwrap_or(0))
+    }
+
+    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>> {
+        let row = sqlx::query(&self.get)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .backend()?;
+        row.map(|r| raw(&r).backend()?.decode()).transpose()
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
+        let rows = sqlx::query(&self.recent)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let n = sqlx::query(&self.prune)
+                .bind(micros(older_than))
+                .execute(&self.pool)
+                .await
+                .backend()?
+                .rows_affected();
+            total += n;
+            if n < 10_000 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
+        let rows = sqlx::query(&self.throughput)
+            .bind(micros(window))
+            .bind(micros(bucket).max(1))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                let at: i64 = r.try_get("bucket").backend()?;
+                Ok(Throughput::new(
+                    r.try_get("queue").backend()?,
+                    chrono::DateTime::from_timestamp_micros(at).unwrap_or_default(),
+                    u64::try_from(r.try_get::<i64, _>("completed").backend()?).unwrap_or(0),
+                    u64::try_from(r.try_get::<i64, _>("failed").backend()?).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+
+    /// Starts one `LISTEN` task per store on first use (inside a tokio runtime).
+    fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = changes.as_ref() {
+            return Some(tx.subscribe());
+        }
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        let (tx, rx) = broadcast::channel(4096);
+        let sender = tx.clone();
+        let on_notify = move |payload: Option<&str>| {
+            for id in payload.unwrap_or_default().split(',') {
+                if let Ok(id) = Uuid::parse_str(id) {
+                    let _ = sender.send(id);
+                }
+            }
+        };
+        handle.spawn(listener::listen_with(
+            self.connect.clone(),
+            self.channel.clone(),
+            on_notify,
+            self.stop.clone(),
+        ));
+        *changes = Some(tx);
+        Some(rx)
+    }
+}
