@@ -30,9 +30,9 @@ ALTER TABLE "switchyard_jobs_status" SET (
 );
 
 -- Pruning and the throughput chart read finished rows by time.
-CREATE INDEX IF NOT EXISTS switchyard_jobs_status_finished
+CREATE INDEX IF NOT EXISTS switchyard_jobs_sfin
     ON "switchyard_jobs_status" (finished_at) WHERE finished_at IS NOT NULL;
 
 -- The dashboard's list of recent jobs.
-CREATE INDEX IF NOT EXISTS switchyard_jobs_status_updated
+CREATE INDEX IF NOT EXISTS switchyard_jobs_supd
     ON "switchyard_jobs_status" (updated_at);

@@ -21,9 +21,9 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_status" (
 );
 
 -- Pruning and the throughput chart read finished rows by time.
-CREATE INDEX IF NOT EXISTS "switchyard_jobs_status_finished"
+CREATE INDEX IF NOT EXISTS "switchyard_jobs_sfin"
     ON "switchyard_jobs_status" (finished_at) WHERE finished_at IS NOT NULL;
 
 -- The dashboard's list of recent jobs.
-CREATE INDEX IF NOT EXISTS "switchyard_jobs_status_updated"
+CREATE INDEX IF NOT EXISTS "switchyard_jobs_supd"
     ON "switchyard_jobs_status" (updated_at);

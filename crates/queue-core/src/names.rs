@@ -93,18 +93,20 @@ impl Identifier {
     }
 
     /// Validates `value` as the name of a queue table: an identifier short enough for
-    /// the `_dead`, `_claim` and `_due` names derived from it (57 characters, so they stay
-    /// within PostgreSQL's 63), and not itself such a derived name.
+    /// the `_status`, `_dead`, `_claim` and `_due` names derived from it (56 characters,
+    /// so they stay within PostgreSQL's 63), and not itself such a derived name.
     pub fn table(setting: &str, value: impl Into<String>) -> Result<Self, ConfigError> {
         let id = Identifier::new(setting, value)?;
-        let derived = ["_dead", "_claim", "_due", "_expiry"]
-            .iter()
-            .find(|suffix| id.0.ends_with(*suffix));
-        if id.0.len() > 57 || derived.is_some() {
+        let derived = [
+            "_dead", "_claim", "_due", "_expiry", "_status", "_sfin", "_supd",
+        ]
+        .iter()
+        .find(|suffix| id.0.ends_with(*suffix));
+        if id.0.len() > 56 || derived.is_some() {
             return Err(ConfigError::new(
                 setting,
                 Some(id.0),
-                "a bare SQL identifier of at most 57 characters that does not end in _dead, _claim, _due or _expiry (those name the tables and indexes derived from it)",
+                "a bare SQL identifier of at most 56 characters that does not end in _status, _dead, _claim, _due, _expiry, _sfin or _supd (those name the tables and indexes derived from it)",
             ));
         }
         Ok(id)
@@ -168,12 +170,13 @@ mod tests {
             Identifier::table("QUEUE_TABLE", "select").is_ok(),
             "keywords are quoted"
         );
-        assert!(Identifier::table("QUEUE_TABLE", "a".repeat(57)).is_ok());
+        assert!(Identifier::table("QUEUE_TABLE", "a".repeat(56)).is_ok());
         for bad in [
             "jobs_dead",
             "jobs_claim",
             "x_due",
-            "a".repeat(58).as_str(),
+            "jobs_status",
+            "a".repeat(57).as_str(),
             "a b",
         ] {
             let err = Identifier::table("QUEUE_TABLE", bad).unwrap_err();

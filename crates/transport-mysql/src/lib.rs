@@ -11,8 +11,10 @@ mod error;
 mod migrate;
 mod options;
 mod sql;
+mod status;
 mod transport;
 mod watch;
 
 pub use options::MySqlOptions;
+pub use status::MySqlStatusStore;
 pub use transport::{MySqlTransport, ServerInfo};

@@ -12,6 +12,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         2,
         include_str!("../../../migrations/mysql/0002_dead_tombstones.sql"),
     ),
+    (3, include_str!("../../../migrations/mysql/0003_status.sql")),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside
@@ -123,7 +124,7 @@ pub(crate) async fn uninstall(pool: &MySqlPool, schema: Option<&str>, table: &st
     };
     pool.execute(
         specialise(
-            "DROP TABLE IF EXISTS `switchyard_jobs`, `switchyard_jobs_dead`",
+            "DROP TABLE IF EXISTS `switchyard_jobs`, `switchyard_jobs_dead`, `switchyard_jobs_status`",
             schema,
             table,
         )

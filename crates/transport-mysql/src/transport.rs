@@ -29,6 +29,7 @@ use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{migrate, uninstall};
 use crate::options::MySqlOptions;
 use crate::sql::{padded, with_list, Statements};
+use crate::status::MySqlStatusStore;
 use crate::watch::{watch_publishes, WatchSql};
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
@@ -100,6 +101,7 @@ pub struct MySqlTransport {
     kept: KeptConnections<PoolConnection<MySql>>,
     /// Where each queue's last full skip-locked claim ended.
     cursors: ClaimCursors,
+    status: Arc<MySqlStatusStore>,
 }
 
 impl fmt::Debug for MySqlTransport {
@@ -201,6 +203,11 @@ impl MySqlTransport {
         let kept = KeptConnections::for_pool(options.max_connections);
         let stop = CancellationToken::new();
         Ok(MySqlTransport {
+            status: Arc::new(MySqlStatusStore::new(
+                pool.clone(),
+                schema.as_deref(),
+                &table,
+            )),
             pool,
             sql: Arc::new(Statements::new(
                 schema.as_deref(),
@@ -1008,6 +1015,10 @@ impl Transport for MySqlTransport {
             None,
         )
         .await
+    }
+
+    fn status_store(&self) -> Option<Arc<dyn queue_core::status::StatusStore>> {
+        Some(self.status.clone())
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {

@@ -90,3 +90,7 @@ mod skip_locked {
 mod optimistic {
     queue_core::conformance_tests!(super::harness(queue_core::ClaimStrategy::Optimistic));
 }
+
+mod status {
+    queue_core::status_tests!(super::harness(queue_core::ClaimStrategy::SkipLocked));
+}

@@ -337,13 +337,13 @@ fn a_publish_of_another_transport_wakes_an_idle_worker() {
     });
 }
 
-/// The longest table name the configuration accepts (57 characters) migrates: index
-/// names are scoped to their table and never grow with it.
+/// The longest table name the configuration accepts (56 characters) migrates, its
+/// status table too: index names are scoped to their table and never grow with it.
 #[test]
 fn the_longest_table_name_migrates() {
     with_server(|| async {
         let db = Database::fresh().await?;
-        let table = "t".repeat(57);
+        let table = "t".repeat(56);
         let t = MySqlTransport::connect(db.options(ClaimStrategy::SkipLocked).with_table(table))
             .await?;
         let q = queue();
@@ -351,6 +351,11 @@ fn the_longest_table_name_migrates() {
         let r = t.reserve(&q).await?.expect("the message");
         t.dead_letter(&r, "failed", Some("x")).await?;
         assert_eq!(t.dead_list(Some(&q), 10).await?.len(), 1);
+        let status = t.status_store().expect("a status store");
+        status
+            .record(&[queue_core::status::StatusUpdate::running(&r.envelope, 1)])
+            .await?;
+        assert!(status.get(r.envelope.id).await?.is_some());
         Ok(())
     });
 }

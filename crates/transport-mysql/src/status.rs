@@ -1,0 +1,262 @@
+//! Job status and results in `<table>_status` (see `queue_core::status`). MySQL has no
+//! notifications: followers poll.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::status::{
+    fold_updates, JobStatus, RawStatus, StatusStore, StatusUpdate, Throughput,
+};
+use queue_core::Result;
+use sqlx::mysql::MySqlRow;
+use sqlx::{MySqlPool, Row};
+use uuid::Uuid;
+
+use crate::error::SqlxResultExt;
+use crate::sql::specialise;
+
+const CREATE_HEAD: &str = "
+INSERT IGNORE INTO `switchyard_jobs_status`
+    (id, queue, kind, state, attempts, progress, created_at, updated_at) VALUES ";
+const CREATE_ROW: &str = "(?, ?, ?, ?, ?, 0, {NOW}, {NOW})";
+
+const CHANGE_HEAD: &str = "
+INSERT INTO `switchyard_jobs_status`
+    (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
+     created_at, updated_at, finished_at) VALUES ";
+const CHANGE_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, IF(?, {NOW}, NULL))";
+
+/// An update of an older attempt is ignored, unless the job had ended failed or dead
+/// (then it was replayed). MySQL assigns left to right, each seeing the ones before:
+/// `attempts` and `state`, which the condition reads, come last, and once `attempts` is
+/// taken the condition still holds for `state`.
+const CHANGE_TAIL: &str = "
+ON DUPLICATE KEY UPDATE
+    progress_message = IF({OK}, IF(VALUES(progress) IS NULL, progress_message, VALUES(progress_message)), progress_message),
+    progress = IF({OK}, coalesce(VALUES(progress), progress), progress),
+    result = IF({OK}, VALUES(result), result),
+    last_error = IF({OK}, coalesce(VALUES(last_error), last_error), last_error),
+    version = IF({OK}, version + 1, version),
+    updated_at = IF({OK}, VALUES(updated_at), updated_at),
+    finished_at = IF({OK}, VALUES(finished_at), finished_at),
+    queue = IF({OK}, VALUES(queue), queue),
+    kind = IF({OK}, VALUES(kind), kind),
+    attempts = IF({OK}, VALUES(attempts), attempts),
+    state = IF({OK}, VALUES(state), state)";
+const OK: &str = "(VALUES(attempts) >= attempts OR state IN ('failed', 'dead'))";
+
+const RESET: &str = "
+UPDATE `switchyard_jobs_status`
+   SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL, result = NULL,
+       finished_at = NULL, version = version + 1, updated_at = {NOW}
+ WHERE id = ?";
+
+const COLUMNS: &str = "id, queue, kind, state, CAST(attempts AS SIGNED) AS attempts, \
+    CAST(coalesce(progress, 0) AS SIGNED) AS progress, progress_message, result, last_error, \
+    version, created_at, updated_at, finished_at";
+
+const PRUNE: &str = "
+DELETE FROM `switchyard_jobs_status`
+ WHERE finished_at IS NOT NULL AND finished_at < {NOW} - ? LIMIT 10000";
+
+const THROUGHPUT: &str = "
+SELECT queue, CAST(FLOOR(finished_at / ?) * ? AS SIGNED) AS bucket,
+       CAST(SUM(state = 'completed') AS SIGNED) AS completed,
+       CAST(SUM(state <> 'completed') AS SIGNED) AS failed
+  FROM `switchyard_jobs_status`
+ WHERE finished_at IS NOT NULL AND finished_at >= {NOW} - ?
+ GROUP BY 1, 2 ORDER BY 2, 1";
+
+/// The status store of a MySQL transport.
+#[derive(Debug, Clone)]
+pub struct MySqlStatusStore {
+    pool: MySqlPool,
+    create_head: String,
+    create_row: String,
+    change_head: String,
+    change_row: String,
+    change_tail: String,
+    reset: String,
+    get: String,
+    recent: String,
+    prune: String,
+    throughput: String,
+}
+
+impl MySqlStatusStore {
+    pub(crate) fn new(pool: MySqlPool, schema: Option<&str>, table: &str) -> Self {
+        let s = |sql: &str| specialise(sql, schema, table);
+        MySqlStatusStore {
+            pool,
+            create_head: s(CREATE_HEAD),
+            create_row: s(CREATE_ROW),
+            change_head: s(CHANGE_HEAD),
+            change_row: s(CHANGE_ROW),
+            change_tail: s(&CHANGE_TAIL.replace("{OK}", OK)),
+            reset: s(RESET),
+            get: s(&format!(
+                "SELECT {COLUMNS} FROM `switchyard_jobs_status` WHERE id = ?"
+            )),
+            recent: s(&format!(
+                "SELECT {COLUMNS} FROM `switchyard_jobs_status` ORDER BY updated_at DESC LIMIT ?"
+            )),
+            prune: s(PRUNE),
+            throughput: s(THROUGHPUT),
+        }
+    }
+}
+
+/// Text columns under a binary collation arrive as bytes.
+fn text(row: &MySqlRow, column: &str) -> std::result::Result<String, sqlx::Error> {
+    let bytes: Vec<u8> = row.try_get(column)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn opt_text(row: &MySqlRow, column: &str) -> std::result::Result<Option<String>, sqlx::Error> {
+    let bytes: Option<Vec<u8>> = row.try_get(column)?;
+    Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned()))
+}
+
+fn raw(row: &MySqlRow) -> std::result::Result<RawStatus, sqlx::Error> {
+    Ok(RawStatus {
+        id: text(row, "id")?,
+        queue: text(row, "queue")?,
+        kind: text(row, "kind")?,
+        state: text(row, "state")?,
+        attempts: row.try_get("attempts")?,
+        progress: row.try_get("progress")?,
+        progress_message: opt_text(row, "progress_message")?,
+        result: opt_text(row, "result")?,
+        last_error: opt_text(row, "last_error")?,
+        version: row.try_get("version")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        finished_at: row.try_get("finished_at")?,
+    })
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn rows(head: &str, row: &str, n: usize) -> String {
+    let mut sql = String::with_capacity(head.len() + n * (row.len() + 2));
+    sql.push_str(head);
+    for i in 0..n {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(row);
+    }
+    sql
+}
+
+#[async_trait]
+impl StatusStore for MySqlStatusStore {
+    async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
+        let (creates, changes) = fold_updates(updates);
+        if !creates.is_empty() {
+            let sql = rows(&self.create_head, &self.create_row, creates.len());
+            // One statement per batch size: not worth a slot in the statement cache.
+            let mut q = sqlx::query(&sql).persistent(false);
+            for u in &creates {
+                q = q
+                    .bind(u.id.to_string())
+                    .bind(u.queue.as_str())
+                    .bind(u.kind.as_str())
+                    .bind(u.state.as_str())
+                    .bind(i64::from(u.attempts));
+            }
+            q.execute(&self.pool).await.backend()?;
+        }
+        if !changes.is_empty() {
+            let mut sql = rows(&self.change_head, &self.change_row, changes.len());
+            sql.push_str(&self.change_tail);
+            let mut q = sqlx::query(&sql).persistent(false);
+            for u in &changes {
+                q = q
+                    .bind(u.id.to_string())
+                    .bind(u.queue.as_str())
+                    .bind(u.kind.as_str())
+                    .bind(u.state.as_str())
+                    .bind(i64::from(u.attempts))
+                    .bind(u.progress_percent())
+                    .bind(u.progress_note())
+                    .bind(u.result_text())
+                    .bind(u.error.as_deref())
+                    .bind(u.state.is_final());
+            }
+            q.execute(&self.pool).await.backend()?;
+        }
+        Ok(())
+    }
+
+    async fn reset(&self, ids: &[Uuid]) -> Result<u64> {
+        let mut known = 0;
+        for id in ids {
+            known += sqlx::query(&self.reset)
+                .bind(id.to_string())
+                .execute(&self.pool)
+                .await
+                .backend()?
+                .rows_affected();
+        }
+        Ok(known)
+    }
+
+    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>> {
+        let row = sqlx::query(&self.get)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .backend()?;
+        row.map(|r| raw(&r).backend()?.decode()).transpose()
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
+        let rows = sqlx::query(&self.recent)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let n = sqlx::query(&self.prune)
+                .bind(micros(older_than))
+                .execute(&self.pool)
+                .await
+                .backend()?
+                .rows_affected();
+            total += n;
+            if n < 10_000 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
+        let bucket = micros(bucket).max(1);
+        let rows = sqlx::query(&self.throughput)
+            .bind(bucket)
+            .bind(bucket)
+            .bind(micros(window))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                let at: i64 = r.try_get("bucket").backend()?;
+                Ok(Throughput::new(
+                    text(r, "queue").backend()?,
+                    chrono::DateTime::from_timestamp_micros(at).unwrap_or_default(),
+                    u64::try_from(r.try_get::<i64, _>("completed").backend()?).unwrap_or(0),
+                    u64::try_from(r.try_get::<i64, _>("failed").backend()?).unwrap_or(0),
+                ))
+            })
+            .collect()
+    }
+}
