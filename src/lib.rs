@@ -34,7 +34,8 @@
 use std::sync::Arc;
 
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
-pub use queue_core::worker;
+pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
+pub use queue_core::{metrics, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     ClaimStrategy, Config, ConfigError, DeadLetter, DeadSelection, DecodeError, DrainSetting,
@@ -119,6 +120,74 @@ async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
         other,
         config.canary_percent,
     )))
+}
+
+/// The store of job status and results that `config` calls for (`QUEUE_STATUS`, on by
+/// default): the SQL transport's own, the exec side's during a migration, or, for a
+/// RabbitMQ deployment, the SQL store in `DATABASE_URL` when it is set. `None` when
+/// status is off or there is no SQL store to keep it in.
+pub async fn status_store(
+    config: &Config,
+    transport: &Arc<dyn Transport>,
+) -> Result<Option<Arc<dyn StatusStore>>> {
+    if !config.status {
+        return Ok(None);
+    }
+    if let Some(store) = transport.status_store() {
+        return Ok(Some(store));
+    }
+    if config.backend == BackendKind::RabbitMq && config.database_url_set {
+        let sql = connect_sql(config, true).await?;
+        return Ok(sql.status_store().map(|store| {
+            Arc::new(KeptOpen { store, _owner: sql }) as Arc<dyn StatusStore>
+        }));
+    }
+    Ok(None)
+}
+
+/// A transport and the status store `config` calls for, ready to publish and follow
+/// jobs: [`Jobs::publish_and_wait`] for request/reply.
+pub async fn connect_jobs(config: &Config) -> Result<Jobs> {
+    let transport = connect(config).await?;
+    let store = status_store(config, &transport).await?;
+    Ok(Jobs::new(transport, store))
+}
+
+/// A status store that keeps the transport it came from open (its pool and listener
+/// stop with the transport).
+#[derive(Debug)]
+struct KeptOpen {
+    store: Arc<dyn StatusStore>,
+    _owner: Arc<dyn Transport>,
+}
+
+#[async_trait::async_trait]
+impl StatusStore for KeptOpen {
+    async fn record(&self, updates: &[queue_core::status::StatusUpdate]) -> Result<()> {
+        self.store.record(updates).await
+    }
+    async fn reset(&self, ids: &[uuid::Uuid]) -> Result<u64> {
+        self.store.reset(ids).await
+    }
+    async fn get(&self, id: uuid::Uuid) -> Result<Option<JobStatus>> {
+        self.store.get(id).await
+    }
+    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
+        self.store.recent(limit).await
+    }
+    async fn prune(&self, older_than: std::time::Duration) -> Result<u64> {
+        self.store.prune(older_than).await
+    }
+    async fn throughput(
+        &self,
+        window: std::time::Duration,
+        bucket: std::time::Duration,
+    ) -> Result<Vec<queue_core::status::Throughput>> {
+        self.store.throughput(window, bucket).await
+    }
+    fn watch(&self) -> Option<tokio::sync::broadcast::Receiver<uuid::Uuid>> {
+        self.store.watch()
+    }
 }
 
 /// Builds the transport of one backend (`exec`: the SQL database of `DATABASE_URL`;

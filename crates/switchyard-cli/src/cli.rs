@@ -65,6 +65,10 @@ pub(crate) enum Command {
     /// Move what is left of a queue (delayed messages and dead letters included) to the
     /// other backend
     Move(MoveArgs),
+    /// Delete job results and dead letters older than a given age
+    Prune(PruneArgs),
+    /// The admin server: dashboard, JSON API, live job events and Prometheus metrics
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -128,6 +132,10 @@ pub(crate) struct PublishArgs {
     /// Header KEY=VALUE (repeatable)
     #[arg(long = "header", value_name = "KEY=VALUE")]
     pub(crate) headers: Vec<String>,
+    /// Wait up to this long for the job to end, e.g. 10s, and print its result (exit 1
+    /// when the job failed, 124 when no answer came in time)
+    #[arg(long, value_name = "DUR")]
+    pub(crate) wait: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -162,6 +170,26 @@ pub(crate) struct WorkArgs {
     /// and their messages released
     #[arg(long, default_value = "30s")]
     pub(crate) grace: String,
+    /// Serve Prometheus metrics of this worker at http://ADDR/metrics, e.g. 127.0.0.1:9187
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) metrics_listen: Option<String>,
+    /// Every hour, delete job results and dead letters older than this, e.g. 30d
+    #[arg(long, value_name = "DUR")]
+    pub(crate) prune_older_than: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct PruneArgs {
+    /// Delete job results and dead letters that ended longer ago than this, e.g. 30d
+    #[arg(long, value_name = "DUR")]
+    pub(crate) older_than: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on; the default keeps it to this machine
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    pub(crate) listen: String,
 }
 
 #[derive(Debug, Args)]

@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("switchyard: error: {}", output::one_line(&e));
-            ExitCode::FAILURE
+            ExitCode::from(output::exit_code())
         }
     }
 }

@@ -20,6 +20,18 @@ pub(crate) fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+static EXIT_CODE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+
+/// The exit code of the error the command is about to return (1 unless set).
+pub(crate) fn set_exit_code(code: u8) {
+    EXIT_CODE.store(code, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The exit code for a command that failed.
+pub(crate) fn exit_code() -> u8 {
+    EXIT_CODE.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Prints one JSON value on its own line.
 pub(crate) fn json_line(value: &impl serde::Serialize) -> switchyard::Result<()> {
     let text = serde_json::to_string(value)

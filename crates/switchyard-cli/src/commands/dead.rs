@@ -37,6 +37,9 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             let queue = super::queue_arg(queue.as_deref())?;
             let t = switchyard::connect_existing(config).await?;
             let n = t.dead_replay(queue.as_ref(), &selection).await?;
+            if let DeadSelection::Id(id) = &selection {
+                super::serve::reset_status(config, &t, id, n).await;
+            }
             report(json, "replayed", n)
         }
         DeadCommand::Purge {

@@ -5,8 +5,10 @@ mod bench;
 mod dead;
 mod demo;
 mod move_cmd;
+mod prune;
 mod publish;
 mod relay;
+mod serve;
 mod stats;
 mod work;
 
@@ -80,6 +82,8 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(&config, args, json).await,
         Command::Relay(args) => relay::run(&config, args, json).await,
         Command::Move(args) => move_cmd::run(&config, args, json).await,
+        Command::Prune(args) => prune::run(&config, args, json).await,
+        Command::Serve(args) => serve::run(&config, args).await,
     }
 }
 

@@ -33,10 +33,23 @@ pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Resul
             "no payload: give --payload JSON, or one JSON payload per stdin line".into(),
         ));
     }
-    let transport = switchyard::connect(config).await?;
+    let wait = args
+        .wait
+        .as_deref()
+        .map(|w| parse_duration("--wait", w))
+        .transpose()?;
+    if wait.is_some() && args.payload.is_none() {
+        return Err(Error::InvalidInput(
+            "--wait applies to one message: give --payload too".into(),
+        ));
+    }
+    let jobs = switchyard::connect_jobs(config).await?;
+    if let (Some(wait), Some(envelope)) = (wait, envelopes.first()) {
+        return publish_and_wait(&jobs, envelope.clone(), wait, json).await;
+    }
     let bar = crate::output::progress(envelopes.len() as u64, "publishing", json);
     for chunk in envelopes.chunks(BATCH) {
-        transport.publish_batch(chunk.to_vec()).await?;
+        jobs.publish_batch(chunk.to_vec()).await?;
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
@@ -50,6 +63,52 @@ pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Resul
         }
     }
     Ok(())
+}
+
+/// Publishes one message and prints its result: the handler's JSON as it is (under
+/// `--json`, `{"id", "state", "result"}`). A failure or a timeout prints its reason and
+/// sets the exit code (1, or 124 like timeout(1)).
+async fn publish_and_wait(
+    jobs: &switchyard::Jobs,
+    envelope: Envelope,
+    wait: std::time::Duration,
+    json: bool,
+) -> Result<()> {
+    let id = envelope.id;
+    match jobs.publish_and_wait(envelope, wait).await {
+        Ok(result) => {
+            if json {
+                crate::output::json_line(&serde_json::json!({
+                    "id": id, "state": "completed", "result": result,
+                }))
+            } else {
+                crate::output::json_line(&result)
+            }
+        }
+        Err(switchyard::WaitError::Failed(status)) => {
+            if json {
+                crate::output::json_line(&*status)?;
+            }
+            crate::output::set_exit_code(1);
+            Err(Error::InvalidInput(format!(
+                "job {id} ended {} after {} attempt{}: {}",
+                status.state,
+                status.attempts,
+                if status.attempts == 1 { "" } else { "s" },
+                status.last_error.as_deref().unwrap_or("no error recorded")
+            )))
+        }
+        Err(switchyard::WaitError::TimedOut { last, .. }) => {
+            crate::output::set_exit_code(124);
+            Err(Error::InvalidInput(format!(
+                "no answer from job {id} within {} (it is {}; it may still run: `curl …/api/jobs/{id}` or wait again)",
+                crate::output::human_duration(wait),
+                last.map_or("not yet recorded".to_owned(), |s| s.state.to_string()),
+            )))
+        }
+        Err(switchyard::WaitError::Queue(err)) => Err(err),
+        Err(err) => Err(Error::InvalidInput(err.to_string())),
+    }
 }
 
 /// The flags shared by every message of one call, validated once.

@@ -45,12 +45,32 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .with_timeout(timeout)
         .with_grace_period(parse_duration("--grace", &args.grace)?)
         .with_drain(args.drain);
+    let prune_older_than = args
+        .prune_older_than
+        .as_deref()
+        .map(|d| parse_duration("--prune-older-than", d))
+        .transpose()?;
+    let metrics = args
+        .metrics_listen
+        .as_deref()
+        .map(|addr| super::serve::parse_listen("--metrics-listen", addr))
+        .transpose()?;
     let transport = switchyard::connect(config).await?;
-    let worker = Worker::new(transport, queue, options).handle_any(ExecHandler {
+    let status = switchyard::status_store(config, &transport).await?;
+    let mut worker = Worker::new(transport.clone(), queue, options).handle_any(ExecHandler {
         command: args.exec.clone(),
     });
+    if let Some(store) = &status {
+        worker = worker.with_status(store.clone());
+    }
     let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
     spawn_signal_handler(shutdown.clone(), abort.clone())?;
+    if let Some(addr) = metrics {
+        super::serve::spawn_metrics_server(addr, transport.clone(), shutdown.clone()).await?;
+    }
+    if let Some(older_than) = prune_older_than {
+        super::prune::spawn_periodic(transport, status, older_than, shutdown.clone());
+    }
     let report = worker.run_until(shutdown, abort).await?;
     if json {
         crate::output::json_line(&report)
@@ -164,6 +184,9 @@ impl Handler for ExecHandler {
         drop(group);
         if status.success() {
             tracing::debug!(stdout_bytes = out.len(), "command succeeded");
+            if let Some(result) = result_of(&out) {
+                ctx.set_result(&result)?;
+            }
             return Ok(());
         }
         let how = match (
@@ -182,6 +205,20 @@ impl Handler for ExecHandler {
             format!("command {how}: {stderr}")
         }))
     }
+}
+
+/// The job's result from the command's stdout: its JSON, or else its text as a JSON
+/// string; nothing for empty output.
+fn result_of(stdout: &[u8]) -> Option<serde_json::Value> {
+    let text = String::from_utf8_lossy(stdout);
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    Some(
+        serde_json::from_str(text)
+            .unwrap_or_else(|_| serde_json::Value::String(text.to_owned())),
+    )
 }
 
 /// Kills the command's whole process group when the job ends: at once if the handler is
@@ -238,6 +275,17 @@ async fn read_tail(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stdout_becomes_json_or_text() {
+        assert_eq!(result_of(b""), None);
+        assert_eq!(result_of(b" \n"), None);
+        assert_eq!(
+            result_of(b"{\"ok\": true}\n"),
+            Some(serde_json::json!({"ok": true}))
+        );
+        assert_eq!(result_of(b"done\n"), Some(serde_json::json!("done")));
+    }
 
     #[tokio::test]
     async fn read_tail_keeps_the_end_of_long_output() {

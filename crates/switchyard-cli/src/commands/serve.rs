@@ -1,0 +1,560 @@
+//! `switchyard serve`: the admin server. A dashboard page (embedded in the binary), a
+//! JSON API over the queues, dead letters and job status, Server-Sent Events that follow
+//! one job, and Prometheus metrics.
+//!
+//! Reads are open to whoever can reach the address (127.0.0.1 by default). The mutating
+//! endpoints (replay, purge) require `Authorization: Bearer $SWITCHYARD_ADMIN_TOKEN`
+//! when that variable is set, a JSON body, and refuse requests a browser marks as
+//! cross-site, so a page on another site cannot make a visitor's browser replay or purge.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
+use switchyard::status::next_change;
+use switchyard::{
+    parse_duration, CancellationToken, Config, ConfigError, DeadSelection, Error, QueueName,
+    Result, StatusStore, Transport,
+};
+use uuid::Uuid;
+
+use crate::cli::ServeArgs;
+
+const DASHBOARD_HTML: &str = include_str!("../../assets/dashboard.html");
+const DASHBOARD_JS: &str = include_str!("../../assets/dashboard.js");
+const DASHBOARD_CSS: &str = include_str!("../../assets/dashboard.css");
+
+/// The throughput chart: finished jobs per 10 s over the last 5 minutes.
+const CHART_BUCKET: Duration = Duration::from_secs(10);
+const CHART_WINDOW: Duration = Duration::from_secs(300);
+/// A job's event stream ends after this long even if the job never finishes.
+const EVENTS_MAX: Duration = Duration::from_secs(3600);
+
+struct App {
+    transport: Arc<dyn Transport>,
+    store: Option<Arc<dyn StatusStore>>,
+    metrics: PrometheusHandle,
+    token: Option<String>,
+}
+
+type Shared = State<Arc<App>>;
+
+/// Parses a listen address (`HOST:PORT`; port 0 picks a free one).
+pub(crate) fn parse_listen(flag: &str, addr: &str) -> Result<SocketAddr> {
+    addr.parse().map_err(|_| {
+        ConfigError::new(
+            flag,
+            Some(addr.to_owned()),
+            "an address such as 127.0.0.1:8080 or 0.0.0.0:8080 (IP:PORT)",
+        )
+        .into()
+    })
+}
+
+pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
+    let addr = parse_listen("--listen", &args.listen)?;
+    let token = std::env::var("SWITCHYARD_ADMIN_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    if !addr.ip().is_loopback() && token.is_none() {
+        tracing::warn!(%addr, "serving beyond this machine with no SWITCHYARD_ADMIN_TOKEN: anyone who reaches it can replay and purge dead letters");
+    }
+    let metrics = install_recorder()?;
+    let transport = switchyard::connect(config).await?;
+    let store = switchyard::status_store(config, &transport).await?;
+    let app = Arc::new(App {
+        transport,
+        store,
+        metrics,
+        token,
+    });
+    let listener = bind(addr).await?;
+    let local = listener.local_addr().unwrap_or(addr);
+    // The first line says where it listens (with port 0, the port it got).
+    println!("switchyard serve: listening on http://{local}/");
+    let shutdown = CancellationToken::new();
+    super::work::spawn_signal_handler(shutdown.clone(), CancellationToken::new())?;
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(|e| Error::InvalidInput(format!("the admin server stopped: {e}")))
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        Error::InvalidInput(format!(
+            "cannot listen on {addr}: {e} (choose another with --listen IP:PORT)"
+        ))
+    })
+}
+
+/// Installs the Prometheus recorder for this process's metrics.
+pub(crate) fn install_recorder() -> Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(switchyard::metrics::HANDLER_DURATION.to_owned()),
+            &[
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                300.0,
+            ],
+        )
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| Error::InvalidInput(format!("cannot set up the metrics recorder: {e}")))?;
+    switchyard::metrics::describe();
+    Ok(handle)
+}
+
+/// Serves `/metrics` (and `/healthz`) of a worker on `addr` until `stop`.
+pub(crate) async fn spawn_metrics_server(
+    addr: SocketAddr,
+    transport: Arc<dyn Transport>,
+    stop: CancellationToken,
+) -> Result<()> {
+    let app = Arc::new(App {
+        transport,
+        store: None,
+        metrics: install_recorder()?,
+        token: None,
+    });
+    let listener = bind(addr).await?;
+    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics");
+    let routes = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(app);
+    tokio::spawn(async move {
+        let served = axum::serve(listener, routes)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await;
+        if let Err(err) = served {
+            tracing::error!(error = %err, "the metrics server stopped");
+        }
+    });
+    Ok(())
+}
+
+fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/assets/dashboard.js", get(dashboard_js))
+        .route("/assets/dashboard.css", get(dashboard_css))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/api/stats", get(stats))
+        .route("/api/jobs", get(recent_jobs))
+        .route("/api/jobs/{id}", get(job))
+        .route("/api/jobs/{id}/events", get(job_events))
+        .route("/api/dead", get(dead_list))
+        .route("/api/dead/replay", post(dead_replay))
+        .route("/api/dead/purge", post(dead_purge))
+        .with_state(app)
+}
+
+/// A JSON error: `{"error": message}`.
+fn problem(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
+
+fn backend_error(err: &Error) -> Response {
+    let status = match err {
+        Error::InvalidInput(_) | Error::Config(_) => StatusCode::BAD_REQUEST,
+        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    problem(status, crate::output::one_line(err))
+}
+
+/// Headers of the dashboard's own files: no framing by other sites, nothing loaded from
+/// elsewhere.
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(
+                    "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'none'",
+                ),
+            ),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn dashboard() -> Response {
+    asset("text/html; charset=utf-8", DASHBOARD_HTML)
+}
+
+async fn dashboard_js() -> Response {
+    asset("text/javascript; charset=utf-8", DASHBOARD_JS)
+}
+
+async fn dashboard_css() -> Response {
+    asset("text/css; charset=utf-8", DASHBOARD_CSS)
+}
+
+async fn healthz(State(app): Shared) -> Response {
+    // RabbitMQ cannot list queues it has not used, so its check is the connection made
+    // at start; the SQL stores answer a query.
+    if app.transport.status_store().is_some() {
+        if let Err(err) = app.transport.stats(None).await {
+            return backend_error(&err);
+        }
+    }
+    Json(serde_json::json!({ "status": "ok", "transport": app.transport.name() })).into_response()
+}
+
+async fn metrics(State(app): Shared) -> Response {
+    match app.transport.stats(None).await {
+        Ok(stats) => switchyard::metrics::record_stats(&stats),
+        Err(err) => tracing::debug!(error = %err, "no queue gauges"),
+    }
+    app.metrics.run_upkeep();
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn stats(State(app): Shared) -> Response {
+    let queues = match app.transport.stats(None).await {
+        Ok(q) => q,
+        Err(err) => return backend_error(&err),
+    };
+    let throughput = match &app.store {
+        Some(store) => match store.throughput(CHART_WINDOW, CHART_BUCKET).await {
+            Ok(t) => Some(t),
+            Err(err) => return backend_error(&err),
+        },
+        None => None,
+    };
+    Json(serde_json::json!({
+        "transport": app.transport.name(),
+        "queues": queues,
+        "throughput": throughput,
+        "bucket_seconds": CHART_BUCKET.as_secs(),
+        "window_seconds": CHART_WINDOW.as_secs(),
+        "status_store": app.store.is_some(),
+        "token_required": app.token.is_some(),
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    limit: Option<usize>,
+    queue: Option<String>,
+}
+
+fn store_of(app: &App) -> std::result::Result<&Arc<dyn StatusStore>, Response> {
+    app.store.as_ref().ok_or_else(|| {
+        problem(
+            StatusCode::NOT_FOUND,
+            "job status is off: it needs a SQL store (DATABASE_URL) and QUEUE_STATUS=on",
+        )
+    })
+}
+
+async fn recent_jobs(State(app): Shared, Query(q): Query<ListQuery>) -> Response {
+    let store = match store_of(&app) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match store.recent(q.limit.unwrap_or(20).min(500)).await {
+        Ok(jobs) => Json(jobs).into_response(),
+        Err(err) => backend_error(&err),
+    }
+}
+
+fn job_id(id: &str) -> std::result::Result<Uuid, Response> {
+    Uuid::parse_str(id).map_err(|_| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            format!("invalid job id {id:?}: expected a UUID"),
+        )
+    })
+}
+
+async fn job(State(app): Shared, Path(id): Path<String>) -> Response {
+    let (store, id) = match (store_of(&app), job_id(&id)) {
+        (Ok(s), Ok(id)) => (s, id),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    match store.get(id).await {
+        Ok(Some(status)) => Json(status).into_response(),
+        Ok(None) => problem(StatusCode::NOT_FOUND, format!("no job {id} is recorded")),
+        Err(err) => backend_error(&err),
+    }
+}
+
+/// Follows one job: an event `status` (the job's record as JSON, `id:` its version) for
+/// each change, in order, and the stream ends after the final state.
+async fn job_events(State(app): Shared, Path(id): Path<String>) -> Response {
+    let (store, id) = match (store_of(&app), job_id(&id)) {
+        (Ok(s), Ok(id)) => (s.clone(), id),
+        (Err(r), _) | (_, Err(r)) => return r,
+    };
+    let first = match store.get(id).await {
+        Ok(Some(status)) => status,
+        Ok(None) => return problem(StatusCode::NOT_FOUND, format!("no job {id} is recorded")),
+        Err(err) => return backend_error(&err),
+    };
+    let deadline = tokio::time::Instant::now() + EVENTS_MAX;
+    let state = (store, Some(first), 0_u64, false);
+    let events = futures_util::stream::unfold(state, move |(store, first, version, ended)| async move {
+        if ended {
+            return None;
+        }
+        let next = match first {
+            Some(status) => Ok(Some(status)),
+            None => next_change(store.as_ref(), id, version, deadline).await,
+        };
+        match next {
+            Ok(Some(status)) => {
+                let event = Event::default()
+                    .event("status")
+                    .id(status.version.to_string())
+                    .json_data(&status)
+                    .unwrap_or_else(|_| Event::default().event("status"));
+                let done = status.state.is_final();
+                Some((Ok::<_, Infallible>(event), (store, None, status.version, done)))
+            }
+            Ok(None) => None,
+            Err(err) => {
+                let event = Event::default()
+                    .event("error")
+                    .data(crate::output::one_line(&err));
+                Some((Ok(event), (store, None, version, true)))
+            }
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn dead_list(State(app): Shared, Query(q): Query<ListQuery>) -> Response {
+    let queue = match q.queue.as_deref().map(QueueName::new).transpose() {
+        Ok(queue) => queue,
+        Err(err) => return backend_error(&err.into()),
+    };
+    match app
+        .transport
+        .dead_list(queue.as_ref(), q.limit.unwrap_or(50).min(1000))
+        .await
+    {
+        Ok(dead) => Json(dead).into_response(),
+        Err(err) => backend_error(&err),
+    }
+}
+
+/// What to replay or purge: exactly one of `id`, `all` or (purge only) `older_than`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeadRequest {
+    id: Option<String>,
+    #[serde(default)]
+    all: bool,
+    older_than: Option<String>,
+    queue: Option<String>,
+}
+
+impl DeadRequest {
+    fn selection(&self, purge: bool) -> Result<(Option<QueueName>, DeadSelection)> {
+        let queue = self.queue.as_deref().map(QueueName::new).transpose()?;
+        let selection = match (&self.id, self.all, &self.older_than) {
+            (Some(id), false, None) => DeadSelection::Id(id.clone()),
+            (None, true, None) => DeadSelection::All,
+            (None, false, Some(age)) if purge => {
+                DeadSelection::OlderThan(parse_duration("older_than", age)?)
+            }
+            _ => {
+                return Err(Error::InvalidInput(if purge {
+                    "give exactly one of \"id\", \"all\": true or \"older_than\": \"30d\"".into()
+                } else {
+                    "give exactly one of \"id\" or \"all\": true".into()
+                }))
+            }
+        };
+        Ok((queue, selection))
+    }
+}
+
+/// Refuses a mutating request that a browser marks as coming from another site, that
+/// carries no JSON body (a plain form post could), or that lacks the admin token.
+fn check_mutation(app: &App, headers: &HeaderMap) -> std::result::Result<(), Response> {
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
+        if !matches!(site, "same-origin" | "none") {
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                format!("cross-site request refused (Sec-Fetch-Site: {site})"),
+            ));
+        }
+    }
+    if let Some(origin) = text(header::ORIGIN) {
+        let host = text(header::HOST).unwrap_or_default();
+        let same = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"))
+            .is_some_and(|o| o.eq_ignore_ascii_case(host));
+        if !same {
+            return Err(problem(
+                StatusCode::FORBIDDEN,
+                format!("cross-site request refused (Origin {origin} is not this server, {host})"),
+            ));
+        }
+    }
+    let json = text(header::CONTENT_TYPE)
+        .is_some_and(|t| t.split(';').next().is_some_and(|t| t.trim() == "application/json"));
+    if !json {
+        return Err(problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected a JSON body (Content-Type: application/json)",
+        ));
+    }
+    if let Some(token) = &app.token {
+        let given = text(header::AUTHORIZATION)
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !same_secret(given.trim().as_bytes(), token.trim().as_bytes()) {
+            let mut refused = problem(
+                StatusCode::UNAUTHORIZED,
+                "this server needs Authorization: Bearer <SWITCHYARD_ADMIN_TOKEN> to change anything",
+            );
+            refused.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer"),
+            );
+            return Err(refused);
+        }
+    }
+    Ok(())
+}
+
+/// Compares without stopping at the first difference, so the time taken does not tell
+/// how much of a guess was right.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+fn dead_request(body: &[u8]) -> std::result::Result<DeadRequest, Response> {
+    serde_json::from_slice(body).map_err(|e| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            format!("invalid request body: {e}; expected {{\"id\": \"…\"}}, {{\"all\": true}} or {{\"older_than\": \"30d\"}}, with an optional \"queue\""),
+        )
+    })
+}
+
+async fn dead_replay(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    if let Err(r) = check_mutation(&app, &headers) {
+        return r;
+    }
+    let request = match dead_request(&body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let (queue, selection) = match request.selection(false) {
+        Ok(s) => s,
+        Err(err) => return backend_error(&err),
+    };
+    match app.transport.dead_replay(queue.as_ref(), &selection).await {
+        Ok(n) => {
+            if let (DeadSelection::Id(id), Some(store)) = (&selection, &app.store) {
+                reset(store, id, n).await;
+            }
+            Json(serde_json::json!({ "replayed": n })).into_response()
+        }
+        Err(err) => backend_error(&err),
+    }
+}
+
+async fn dead_purge(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    if let Err(r) = check_mutation(&app, &headers) {
+        return r;
+    }
+    let request = match dead_request(&body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let (queue, selection) = match request.selection(true) {
+        Ok(s) => s,
+        Err(err) => return backend_error(&err),
+    };
+    match app.transport.dead_purge(queue.as_ref(), &selection).await {
+        Ok(n) => Json(serde_json::json!({ "purged": n })).into_response(),
+        Err(err) => backend_error(&err),
+    }
+}
+
+/// A replayed job is `pending` again (its status said `dead`).
+async fn reset(store: &Arc<dyn StatusStore>, id: &str, replayed: u64) {
+    if replayed == 0 {
+        return;
+    }
+    if let Ok(id) = Uuid::parse_str(id) {
+        if let Err(err) = store.reset(&[id]).await {
+            tracing::warn!(error = %err, %id, "replayed, but its status still says dead");
+        }
+    }
+}
+
+/// The same for `switchyard dead replay --id`.
+pub(crate) async fn reset_status(
+    config: &Config,
+    transport: &Arc<dyn Transport>,
+    id: &str,
+    replayed: u64,
+) {
+    match switchyard::status_store(config, transport).await {
+        Ok(Some(store)) => reset(&store, id, replayed).await,
+        Ok(None) => {}
+        Err(err) => tracing::warn!(error = %err, "replayed, but the status store is unreachable"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cre", b"s3cret"));
+        assert!(!same_secret(b"s3cret!", b"s3cret"));
+        assert!(!same_secret(b"", b"s3cret"));
+        assert!(!same_secret(b"S3cret", b"s3cret"));
+    }
+
+    #[test]
+    fn listen_addresses_are_checked() {
+        assert!(parse_listen("--listen", "127.0.0.1:0").is_ok());
+        let err = parse_listen("--listen", "localhost").expect_err("not an IP:PORT");
+        assert!(err.to_string().contains("IP:PORT"), "{err}");
+    }
+}
