@@ -138,9 +138,9 @@ pub async fn status_store(
     }
     if config.backend == BackendKind::RabbitMq && config.database_url_set {
         let sql = connect_sql(config, true).await?;
-        return Ok(sql.status_store().map(|store| {
-            Arc::new(KeptOpen { store, _owner: sql }) as Arc<dyn StatusStore>
-        }));
+        return Ok(sql
+            .status_store()
+            .map(|store| Arc::new(KeptOpen { store, _owner: sql }) as Arc<dyn StatusStore>));
     }
     Ok(None)
 }

@@ -321,33 +321,37 @@ async fn job_events(State(app): Shared, Path(id): Path<String>) -> Response {
     };
     let deadline = tokio::time::Instant::now() + EVENTS_MAX;
     let state = (store, Some(first), 0_u64, false);
-    let events = futures_util::stream::unfold(state, move |(store, first, version, ended)| async move {
-        if ended {
-            return None;
-        }
-        let next = match first {
-            Some(status) => Ok(Some(status)),
-            None => next_change(store.as_ref(), id, version, deadline).await,
-        };
-        match next {
-            Ok(Some(status)) => {
-                let event = Event::default()
-                    .event("status")
-                    .id(status.version.to_string())
-                    .json_data(&status)
-                    .unwrap_or_else(|_| Event::default().event("status"));
-                let done = status.state.is_final();
-                Some((Ok::<_, Infallible>(event), (store, None, status.version, done)))
+    let events =
+        futures_util::stream::unfold(state, move |(store, first, version, ended)| async move {
+            if ended {
+                return None;
             }
-            Ok(None) => None,
-            Err(err) => {
-                let event = Event::default()
-                    .event("error")
-                    .data(crate::output::one_line(&err));
-                Some((Ok(event), (store, None, version, true)))
+            let next = match first {
+                Some(status) => Ok(Some(status)),
+                None => next_change(store.as_ref(), id, version, deadline).await,
+            };
+            match next {
+                Ok(Some(status)) => {
+                    let event = Event::default()
+                        .event("status")
+                        .id(status.version.to_string())
+                        .json_data(&status)
+                        .unwrap_or_else(|_| Event::default().event("status"));
+                    let done = status.state.is_final();
+                    Some((
+                        Ok::<_, Infallible>(event),
+                        (store, None, status.version, done),
+                    ))
+                }
+                Ok(None) => None,
+                Err(err) => {
+                    let event = Event::default()
+                        .event("error")
+                        .data(crate::output::one_line(&err));
+                    Some((Ok(event), (store, None, version, true)))
+                }
             }
-        }
-    });
+        });
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
@@ -425,8 +429,11 @@ fn check_mutation(app: &App, headers: &HeaderMap) -> std::result::Result<(), Res
             ));
         }
     }
-    let json = text(header::CONTENT_TYPE)
-        .is_some_and(|t| t.split(';').next().is_some_and(|t| t.trim() == "application/json"));
+    let json = text(header::CONTENT_TYPE).is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|t| t.trim() == "application/json")
+    });
     if !json {
         return Err(problem(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -442,10 +449,9 @@ fn check_mutation(app: &App, headers: &HeaderMap) -> std::result::Result<(), Res
                 StatusCode::UNAUTHORIZED,
                 "this server needs Authorization: Bearer <SWITCHYARD_ADMIN_TOKEN> to change anything",
             );
-            refused.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
+            refused
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return Err(refused);
         }
     }

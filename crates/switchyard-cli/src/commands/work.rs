@@ -215,10 +215,7 @@ fn result_of(stdout: &[u8]) -> Option<serde_json::Value> {
     if text.is_empty() {
         return None;
     }
-    Some(
-        serde_json::from_str(text)
-            .unwrap_or_else(|_| serde_json::Value::String(text.to_owned())),
-    )
+    Some(serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_owned())))
 }
 
 /// Kills the command's whole process group when the job ends: at once if the handler is

@@ -149,6 +149,8 @@ impl Sandbox {
             "QUEUE_TABLE",
             "QUEUE_SCHEMA",
             "QUEUE_DRAIN",
+            "QUEUE_STATUS",
+            "SWITCHYARD_ADMIN_TOKEN",
         ] {
             cmd.env_remove(var);
         }
@@ -239,9 +241,79 @@ impl Sandbox {
         text(&out.stdout).lines().map(str::to_owned).collect()
     }
 
+    /// The queue configuration the sandbox's commands get, for opening the same store
+    /// from the test itself.
+    pub fn config(&self) -> switchyard::Config {
+        let cmd = self.cmd(&[]);
+        let envs: Vec<(String, String)> = cmd
+            .get_envs()
+            .filter_map(|(k, v)| {
+                Some((
+                    k.to_string_lossy().into_owned(),
+                    v?.to_string_lossy().into_owned(),
+                ))
+            })
+            .collect();
+        switchyard::Config::from_lookup(|name| {
+            envs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .expect("the sandbox's configuration")
+    }
+
+    /// Starts `switchyard serve` on a free port; stopped when the guard drops.
+    pub fn serve(&self) -> Served {
+        let mut child = self
+            .cmd(&["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn switchyard serve");
+        let stdout = child.stdout.take().expect("serve's stdout");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("serve's first line");
+        let url = line
+            .trim()
+            .rsplit(' ')
+            .next()
+            .filter(|u| u.starts_with("http://"))
+            .unwrap_or_else(|| panic!("serve said {line:?}"))
+            .trim_end_matches('/')
+            .to_owned();
+        Served { child, url }
+    }
+
     pub fn path(&self, name: &str) -> std::path::PathBuf {
         self.dir.path().join(name)
     }
+}
+
+/// A running `switchyard serve`, killed on drop.
+pub struct Served {
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `curl` of `url` with `args`: the HTTP status and the body.
+pub fn curl(url: &str, args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run curl (scripts/test installs it)");
+    assert!(out.status.success(), "curl {url}: {}", text(&out.stderr));
+    let all = text(&out.stdout);
+    let (body, code) = all.rsplit_once('\n').unwrap_or(("", &all));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
 }
 
 pub fn text(bytes: &[u8]) -> String {
