@@ -159,19 +159,56 @@ fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// A JSON error: `{"error": message}`.
-fn problem(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+/// An error answer: its status and `{"error": message}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    bearer: bool,
 }
 
-fn backend_error(err: &Error) -> Response {
-    let status = match err {
-        Error::InvalidInput(_) | Error::Config(_) => StatusCode::BAD_REQUEST,
-        Error::NotFound { .. } => StatusCode::NOT_FOUND,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    problem(status, crate::output::one_line(err))
+fn problem(status: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        message: message.into(),
+        bearer: false,
+    }
 }
+
+impl From<Error> for ApiError {
+    fn from(err: Error) -> Self {
+        let status = match &err {
+            Error::InvalidInput(_) | Error::Config(_) => StatusCode::BAD_REQUEST,
+            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        problem(status, crate::output::one_line(&err))
+    }
+}
+
+impl From<ConfigError> for ApiError {
+    fn from(err: ConfigError) -> Self {
+        Error::from(err).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response();
+        if self.bearer {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+type Answer = std::result::Result<Response, ApiError>;
 
 /// Headers of the dashboard's own files: no framing by other sites, nothing loaded from
 /// elsewhere.
@@ -209,15 +246,16 @@ async fn dashboard_css() -> Response {
     asset("text/css; charset=utf-8", DASHBOARD_CSS)
 }
 
-async fn healthz(State(app): Shared) -> Response {
+async fn healthz(State(app): Shared) -> Answer {
     // RabbitMQ cannot list queues it has not used, so its check is the connection made
     // at start; the SQL stores answer a query.
     if app.transport.status_store().is_some() {
-        if let Err(err) = app.transport.stats(None).await {
-            return backend_error(&err);
-        }
+        app.transport.stats(None).await?;
     }
-    Json(serde_json::json!({ "status": "ok", "transport": app.transport.name() })).into_response()
+    Ok(
+        Json(serde_json::json!({ "status": "ok", "transport": app.transport.name() }))
+            .into_response(),
+    )
 }
 
 async fn metrics(State(app): Shared) -> Response {
@@ -236,19 +274,13 @@ async fn metrics(State(app): Shared) -> Response {
         .into_response()
 }
 
-async fn stats(State(app): Shared) -> Response {
-    let queues = match app.transport.stats(None).await {
-        Ok(q) => q,
-        Err(err) => return backend_error(&err),
-    };
+async fn stats(State(app): Shared) -> Answer {
+    let queues = app.transport.stats(None).await?;
     let throughput = match &app.store {
-        Some(store) => match store.throughput(CHART_WINDOW, CHART_BUCKET).await {
-            Ok(t) => Some(t),
-            Err(err) => return backend_error(&err),
-        },
+        Some(store) => Some(store.throughput(CHART_WINDOW, CHART_BUCKET).await?),
         None => None,
     };
-    Json(serde_json::json!({
+    Ok(Json(serde_json::json!({
         "transport": app.transport.name(),
         "queues": queues,
         "throughput": throughput,
@@ -257,7 +289,7 @@ async fn stats(State(app): Shared) -> Response {
         "status_store": app.store.is_some(),
         "token_required": app.token.is_some(),
     }))
-    .into_response()
+    .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -266,7 +298,7 @@ struct ListQuery {
     queue: Option<String>,
 }
 
-fn store_of(app: &App) -> std::result::Result<&Arc<dyn StatusStore>, Response> {
+fn store_of(app: &App) -> std::result::Result<&Arc<dyn StatusStore>, ApiError> {
     app.store.as_ref().ok_or_else(|| {
         problem(
             StatusCode::NOT_FOUND,
@@ -275,18 +307,14 @@ fn store_of(app: &App) -> std::result::Result<&Arc<dyn StatusStore>, Response> {
     })
 }
 
-async fn recent_jobs(State(app): Shared, Query(q): Query<ListQuery>) -> Response {
-    let store = match store_of(&app) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    match store.recent(q.limit.unwrap_or(20).min(500)).await {
-        Ok(jobs) => Json(jobs).into_response(),
-        Err(err) => backend_error(&err),
-    }
+async fn recent_jobs(State(app): Shared, Query(q): Query<ListQuery>) -> Answer {
+    let jobs = store_of(&app)?
+        .recent(q.limit.unwrap_or(20).min(500))
+        .await?;
+    Ok(Json(jobs).into_response())
 }
 
-fn job_id(id: &str) -> std::result::Result<Uuid, Response> {
+fn job_id(id: &str) -> std::result::Result<Uuid, ApiError> {
     Uuid::parse_str(id).map_err(|_| {
         problem(
             StatusCode::BAD_REQUEST,
@@ -295,29 +323,26 @@ fn job_id(id: &str) -> std::result::Result<Uuid, Response> {
     })
 }
 
-async fn job(State(app): Shared, Path(id): Path<String>) -> Response {
-    let (store, id) = match (store_of(&app), job_id(&id)) {
-        (Ok(s), Ok(id)) => (s, id),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
-    match store.get(id).await {
-        Ok(Some(status)) => Json(status).into_response(),
-        Ok(None) => problem(StatusCode::NOT_FOUND, format!("no job {id} is recorded")),
-        Err(err) => backend_error(&err),
+async fn job(State(app): Shared, Path(id): Path<String>) -> Answer {
+    let (store, id) = (store_of(&app)?, job_id(&id)?);
+    match store.get(id).await? {
+        Some(status) => Ok(Json(status).into_response()),
+        None => Err(problem(
+            StatusCode::NOT_FOUND,
+            format!("no job {id} is recorded"),
+        )),
     }
 }
 
 /// Follows one job: an event `status` (the job's record as JSON, `id:` its version) for
 /// each change, in order, and the stream ends after the final state.
-async fn job_events(State(app): Shared, Path(id): Path<String>) -> Response {
-    let (store, id) = match (store_of(&app), job_id(&id)) {
-        (Ok(s), Ok(id)) => (s.clone(), id),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
-    let first = match store.get(id).await {
-        Ok(Some(status)) => status,
-        Ok(None) => return problem(StatusCode::NOT_FOUND, format!("no job {id} is recorded")),
-        Err(err) => return backend_error(&err),
+async fn job_events(State(app): Shared, Path(id): Path<String>) -> Answer {
+    let (store, id) = (store_of(&app)?.clone(), job_id(&id)?);
+    let Some(first) = store.get(id).await? else {
+        return Err(problem(
+            StatusCode::NOT_FOUND,
+            format!("no job {id} is recorded"),
+        ));
     };
     let deadline = tokio::time::Instant::now() + EVENTS_MAX;
     let state = (store, Some(first), 0_u64, false);
@@ -352,24 +377,18 @@ async fn job_events(State(app): Shared, Path(id): Path<String>) -> Response {
                 }
             }
         });
-    Sse::new(events)
+    Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
-        .into_response()
+        .into_response())
 }
 
-async fn dead_list(State(app): Shared, Query(q): Query<ListQuery>) -> Response {
-    let queue = match q.queue.as_deref().map(QueueName::new).transpose() {
-        Ok(queue) => queue,
-        Err(err) => return backend_error(&err.into()),
-    };
-    match app
+async fn dead_list(State(app): Shared, Query(q): Query<ListQuery>) -> Answer {
+    let queue = q.queue.as_deref().map(QueueName::new).transpose()?;
+    let dead = app
         .transport
         .dead_list(queue.as_ref(), q.limit.unwrap_or(50).min(1000))
-        .await
-    {
-        Ok(dead) => Json(dead).into_response(),
-        Err(err) => backend_error(&err),
-    }
+        .await?;
+    Ok(Json(dead).into_response())
 }
 
 /// What to replay or purge: exactly one of `id`, `all` or (purge only) `older_than`.
@@ -406,7 +425,7 @@ impl DeadRequest {
 
 /// Refuses a mutating request that a browser marks as coming from another site, that
 /// carries no JSON body (a plain form post could), or that lacks the admin token.
-fn check_mutation(app: &App, headers: &HeaderMap) -> std::result::Result<(), Response> {
+fn check_mutation(app: &App, headers: &HeaderMap) -> std::result::Result<(), ApiError> {
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
         if !matches!(site, "same-origin" | "none") {
@@ -445,14 +464,13 @@ fn check_mutation(app: &App, headers: &HeaderMap) -> std::result::Result<(), Res
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or_default();
         if !same_secret(given.trim().as_bytes(), token.trim().as_bytes()) {
-            let mut refused = problem(
-                StatusCode::UNAUTHORIZED,
-                "this server needs Authorization: Bearer <SWITCHYARD_ADMIN_TOKEN> to change anything",
-            );
-            refused
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return Err(refused);
+            return Err(ApiError {
+                bearer: true,
+                ..problem(
+                    StatusCode::UNAUTHORIZED,
+                    "this server needs Authorization: Bearer <SWITCHYARD_ADMIN_TOKEN> to change anything",
+                )
+            });
         }
     }
     Ok(())
@@ -468,7 +486,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-fn dead_request(body: &[u8]) -> std::result::Result<DeadRequest, Response> {
+fn dead_request(body: &[u8]) -> std::result::Result<DeadRequest, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         problem(
             StatusCode::BAD_REQUEST,
@@ -477,45 +495,24 @@ fn dead_request(body: &[u8]) -> std::result::Result<DeadRequest, Response> {
     })
 }
 
-async fn dead_replay(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    if let Err(r) = check_mutation(&app, &headers) {
-        return r;
+async fn dead_replay(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Answer {
+    check_mutation(&app, &headers)?;
+    let (queue, selection) = dead_request(&body)?.selection(false)?;
+    let n = app
+        .transport
+        .dead_replay(queue.as_ref(), &selection)
+        .await?;
+    if let (DeadSelection::Id(id), Some(store)) = (&selection, &app.store) {
+        reset(store, id, n).await;
     }
-    let request = match dead_request(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let (queue, selection) = match request.selection(false) {
-        Ok(s) => s,
-        Err(err) => return backend_error(&err),
-    };
-    match app.transport.dead_replay(queue.as_ref(), &selection).await {
-        Ok(n) => {
-            if let (DeadSelection::Id(id), Some(store)) = (&selection, &app.store) {
-                reset(store, id, n).await;
-            }
-            Json(serde_json::json!({ "replayed": n })).into_response()
-        }
-        Err(err) => backend_error(&err),
-    }
+    Ok(Json(serde_json::json!({ "replayed": n })).into_response())
 }
 
-async fn dead_purge(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    if let Err(r) = check_mutation(&app, &headers) {
-        return r;
-    }
-    let request = match dead_request(&body) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let (queue, selection) = match request.selection(true) {
-        Ok(s) => s,
-        Err(err) => return backend_error(&err),
-    };
-    match app.transport.dead_purge(queue.as_ref(), &selection).await {
-        Ok(n) => Json(serde_json::json!({ "purged": n })).into_response(),
-        Err(err) => backend_error(&err),
-    }
+async fn dead_purge(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Answer {
+    check_mutation(&app, &headers)?;
+    let (queue, selection) = dead_request(&body)?.selection(true)?;
+    let n = app.transport.dead_purge(queue.as_ref(), &selection).await?;
+    Ok(Json(serde_json::json!({ "purged": n })).into_response())
 }
 
 /// A replayed job is `pending` again (its status said `dead`).
