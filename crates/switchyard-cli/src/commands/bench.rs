@@ -30,6 +30,9 @@ struct Sample {
     drain_per_s: f64,
     /// The same drain with `--depth` more messages queued behind the measured ones.
     drain_deep_per_s: Option<f64>,
+    /// The same drain recording each job's status (published `pending` through `Jobs`,
+    /// then `running` and `completed`), where the backend keeps status.
+    drain_status_per_s: Option<f64>,
     pickup_p50_ms: f64,
     pickup_p99_ms: f64,
     duplicates: u64,
@@ -242,6 +245,14 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         reports.first().map_or("-", |r| r.wake.as_str())
     );
     for r in &reports {
+        if let Some(tracked) = r.summary.drain_status_per_s {
+            println!(
+                "{} {}: drain recording job status: {tracked:.0} jobs/s ({:.0}% of the plain drain)",
+                r.backend,
+                r.claim,
+                100.0 * tracked / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
         if let Some(deep) = r.summary.drain_deep_per_s {
             println!(
                 "{} {}: drain with {} more queued behind: {deep:.0} jobs/s ({:.0}% of the shallow drain)",
@@ -605,7 +616,25 @@ async fn measure(
     }
     let enqueue_batch_per_s = args.messages as f64 / started.elapsed().as_secs_f64();
 
-    let (drain_per_s, mut duplicates, mut missing) = drain(t, &q, &ids, args.concurrency).await?;
+    let (drain_per_s, mut duplicates, mut missing) =
+        drain(t, &q, &ids, args.concurrency, None).await?;
+
+    // The same with job status: recorded `pending` as published, then `running` and
+    // `completed` by the worker.
+    let mut drain_status_per_s = None;
+    if let Some(store) = t.status_store() {
+        let q = queue("status")?;
+        let envs = jobs(&q, args.messages)?;
+        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+        let tracked = switchyard::Jobs::new(t.clone(), Some(store.clone()));
+        for chunk in envs.chunks(PUBLISH_BATCH) {
+            tracked.publish_batch(chunk.to_vec()).await?;
+        }
+        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, Some(store)).await?;
+        drain_status_per_s = Some(per_s);
+        duplicates += dups;
+        missing += miss;
+    }
 
     // The same drain with `depth` more messages queued behind the measured ones.
     let mut drain_deep_per_s = None;
@@ -624,7 +653,7 @@ async fn measure(
             left -= n;
         }
         plan = target.claim_plan(&q).await;
-        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency).await?;
+        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, None).await?;
         drain_deep_per_s = Some(per_s);
         duplicates += dups;
         missing += miss;
@@ -638,6 +667,7 @@ async fn measure(
             enqueue_batch_per_s,
             drain_per_s,
             drain_deep_per_s,
+            drain_status_per_s,
             pickup_p50_ms,
             pickup_p99_ms,
             duplicates,
@@ -654,6 +684,7 @@ async fn drain(
     q: &QueueName,
     ids: &[Uuid],
     concurrency: usize,
+    status: Option<Arc<dyn switchyard::StatusStore>>,
 ) -> Result<(f64, u64, u64)> {
     let seen: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
     let finished: Arc<Mutex<Option<Instant>>> = Arc::default();
@@ -667,7 +698,11 @@ async fn drain(
         .with_concurrency(concurrency)
         .with_poll(Duration::from_millis(1), Duration::from_millis(10))
         .with_drain(true);
-    let worker = Worker::new(t.clone(), q.clone(), options).handle(
+    let mut worker = Worker::new(t.clone(), q.clone(), options);
+    if let Some(store) = status {
+        worker = worker.with_status(store);
+    }
+    let worker = worker.handle(
         "noop",
         handler_fn(move |ctx: JobContext| {
             if let Ok(mut seen) = record.lock() {
@@ -790,6 +825,11 @@ fn summarise(
             drain_deep_per_s: samples
                 .iter()
                 .map(|s| s.drain_deep_per_s)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
+            drain_status_per_s: samples
+                .iter()
+                .map(|s| s.drain_status_per_s)
                 .collect::<Option<Vec<f64>>>()
                 .map(median),
             pickup_p50_ms: m(|s| s.pickup_p50_ms),
