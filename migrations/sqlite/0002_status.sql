@@ -10,7 +10,7 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_status" (
     kind             TEXT    NOT NULL,
     state            TEXT    NOT NULL,  -- pending, running, completed, retrying, failed, dead
     attempts         INTEGER NOT NULL DEFAULT 0,
-    progress         INTEGER NOT NULL DEFAULT 0,
+    progress         INTEGER,           -- NULL reads as 0; a write of NULL keeps the old value
     progress_message TEXT,
     result           TEXT,              -- JSON
     last_error       TEXT,

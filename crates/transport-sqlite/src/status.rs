@@ -14,10 +14,13 @@ use uuid::Uuid;
 use crate::error::SqlxResultExt;
 use crate::sql::specialise;
 
+/// Rows come as one JSON array of arrays: `[id, queue, kind, state, attempts, progress,
+/// note, result, error, final]`, so that a batch is one statement.
 const CREATE: &str = "
 INSERT INTO \"switchyard_jobs_status\"
-    (id, queue, kind, state, attempts, progress, progress_message, created_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, 0, NULL, {NOW}, {NOW})
+    (id, queue, kind, state, attempts, progress, created_at, updated_at)
+SELECT value->>0, value->>1, value->>2, value->>3, value->>4, 0, {NOW}, {NOW}
+  FROM json_each(?1) WHERE true
 ON CONFLICT (id) DO NOTHING";
 
 /// An update of an older attempt is ignored, unless the job had ended failed or dead:
@@ -26,13 +29,15 @@ const CHANGE: &str = "
 INSERT INTO \"switchyard_jobs_status\"
     (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
      created_at, updated_at, finished_at)
-VALUES (?1, ?2, ?3, ?4, ?5, coalesce(?6, 0), ?7, ?8, ?9, {NOW}, {NOW},
-        CASE WHEN ?10 THEN {NOW} END)
+SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6,
+       value->>7, value->>8, {NOW}, {NOW}, CASE WHEN value->>9 THEN {NOW} END
+  FROM json_each(?1) WHERE true
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state,
     attempts = excluded.attempts,
-    progress = CASE WHEN ?6 IS NULL THEN progress ELSE excluded.progress END,
-    progress_message = CASE WHEN ?6 IS NULL THEN progress_message ELSE excluded.progress_message END,
+    progress = coalesce(excluded.progress, progress),
+    progress_message = CASE WHEN excluded.progress IS NULL THEN progress_message
+                            ELSE excluded.progress_message END,
     result = excluded.result,
     last_error = coalesce(excluded.last_error, last_error),
     version = version + 1,
@@ -46,8 +51,9 @@ UPDATE \"switchyard_jobs_status\"
        finished_at = NULL, version = version + 1, updated_at = {NOW}
  WHERE id = ?1";
 
-const COLUMNS: &str = "id, queue, kind, state, attempts, progress, progress_message, result, \
-                       last_error, version, created_at, updated_at, finished_at";
+const COLUMNS: &str = "id, queue, kind, state, attempts, coalesce(progress, 0) AS progress, \
+                       progress_message, result, last_error, version, created_at, updated_at, \
+                       finished_at";
 
 const PRUNE: &str = "
 DELETE FROM \"switchyard_jobs_status\" WHERE id IN (
@@ -123,30 +129,37 @@ fn micros(d: Duration) -> i64 {
 impl StatusStore for SqliteStatusStore {
     async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
         let (creates, changes) = fold_updates(updates);
+        let rows = |of: &[StatusUpdate]| -> String {
+            let rows: Vec<serde_json::Value> = of
+                .iter()
+                .map(|u| {
+                    serde_json::json!([
+                        u.id.to_string(),
+                        u.queue,
+                        u.kind,
+                        u.state.as_str(),
+                        u.attempts,
+                        u.progress_percent(),
+                        u.progress_note(),
+                        u.result_text(),
+                        u.error,
+                        u.state.is_final(),
+                    ])
+                })
+                .collect();
+            serde_json::Value::Array(rows).to_string()
+        };
         let mut tx = self.writer.begin().await.backend()?;
-        for u in &creates {
+        if !creates.is_empty() {
             sqlx::query(&self.create)
-                .bind(u.id.to_string())
-                .bind(&u.queue)
-                .bind(&u.kind)
-                .bind(u.state.as_str())
-                .bind(i64::from(u.attempts))
+                .bind(rows(&creates))
                 .execute(&mut *tx)
                 .await
                 .backend()?;
         }
-        for u in &changes {
+        if !changes.is_empty() {
             sqlx::query(&self.change)
-                .bind(u.id.to_string())
-                .bind(&u.queue)
-                .bind(&u.kind)
-                .bind(u.state.as_str())
-                .bind(i64::from(u.attempts))
-                .bind(u.progress_percent())
-                .bind(u.progress_note())
-                .bind(u.result_text())
-                .bind(u.error.as_deref())
-                .bind(u.state.is_final())
+                .bind(rows(&changes))
                 .execute(&mut *tx)
                 .await
                 .backend()?;
