@@ -224,7 +224,8 @@ impl StatusUpdate {
         }
     }
 
-    /// Published: `pending`, unless the id is known already.
+    /// Published: `pending`, unless the id is known already (a worker may have
+    /// recorded `running` first).
     pub fn published(envelope: &Envelope) -> Self {
         StatusUpdate {
             create_only: true,
@@ -606,20 +607,15 @@ impl Jobs {
         self.publish_batch(vec![envelope]).await
     }
 
-    /// Publishes messages, recorded `pending`. The status is recorded first, so that a
-    /// worker's `running` can never be overtaken by it.
+    /// Publishes messages, then records them `pending`. A worker quick enough to
+    /// record `running` first keeps it (`pending` only ever creates a record). A failed
+    /// status write is logged, not returned: the messages are stored, and a caller told
+    /// otherwise would publish them again.
     pub async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        if let Some(store) = &self.store {
-            let caps = self.transport.capabilities();
-            // Oversized envelopes would be refused by the publish below; record nothing
-            // for a batch that will not be stored.
-            for e in &envelopes {
-                e.check_size(caps.max_payload_bytes)?;
-            }
-            let updates: Vec<StatusUpdate> =
-                envelopes.iter().map(StatusUpdate::published).collect();
-            store.record(&updates).await?;
-        }
+        let updates: Vec<StatusUpdate> = match &self.store {
+            Some(_) => envelopes.iter().map(StatusUpdate::published).collect(),
+            None => Vec::new(),
+        };
         let counts: Vec<(String, String)> = envelopes
             .iter()
             .map(|e| (e.queue.to_string(), e.kind.clone()))
@@ -627,6 +623,11 @@ impl Jobs {
         self.transport.publish_batch(envelopes).await?;
         for (queue, kind) in counts {
             crate::metrics::published(&queue, &kind);
+        }
+        if let Some(store) = &self.store {
+            if let Err(err) = store.record(&updates).await {
+                tracing::warn!(error = %err, count = updates.len(), "published, but their pending status was not recorded");
+            }
         }
         Ok(())
     }
