@@ -505,4 +505,34 @@ fn prune_removes_old_results_and_dead_letters_only() {
     assert_eq!(sb.ready("calc"), 1);
     let out = sb.run(&["prune", "--older-than", "soon"]);
     support::assert_one_line_error(&out, &["--older-than", "30d"]);
+
+    // The worker's own pruning: at its start, then hourly.
+    sb.publish_lines("later", "bad", "{}\n");
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "later",
+        "--exec",
+        HANDLER,
+        "--max-attempts",
+        "1",
+        "--drain",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sb.dead("later").len(), 1);
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "other",
+        "--exec",
+        "true",
+        "--drain",
+        "--prune-older-than",
+        "1s",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(sb.dead("later").is_empty(), "the worker did not prune");
+    let (code, _) = curl(&format!("{}/api/jobs/{pending}", served.url), &[]);
+    assert_eq!(code, 200, "an unfinished job was pruned");
 }

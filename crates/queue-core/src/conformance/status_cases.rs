@@ -270,6 +270,54 @@ pub async fn status_of_a_replayed_dead_letter_starts_over(h: Arc<dyn Harness>) -
     Ok(())
 }
 
+/// pending → dead without running (no handler for its kind), and running → pending
+/// when the worker shuts down before the job finished (released for another worker).
+pub async fn status_of_unhandled_and_released_jobs(h: Arc<dyn Harness>) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let jobs = Jobs::new(o.transport.clone(), Some(o.status.clone()));
+    let stranger = job(&q, "unknown");
+    let slow = job(&q, "slow");
+    let (stranger_id, slow_id) = (stranger.id, slow.id);
+    jobs.publish_batch(vec![stranger, slow]).await?;
+    let worker = Worker::new(
+        o.transport.clone(),
+        q.clone(),
+        options(3).with_grace_period(Duration::from_millis(50)),
+    )
+    .with_status(o.status.clone())
+    .handle(
+        "slow",
+        handler_fn(|ctx: JobContext| async move {
+            ctx.cancel.cancelled().await;
+            Err(JobError::retry("stopped"))
+        }),
+    );
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    let s = until(o.status.as_ref(), stranger_id, "dead", |s| {
+        s.state == JobState::Dead
+    })
+    .await?;
+    assert_eq!(s.attempts, 0, "never ran");
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no handler")),
+        "{s:?}"
+    );
+    until(o.status.as_ref(), slow_id, "running", |s| {
+        s.state == JobState::Running
+    })
+    .await?;
+    stop.cancel();
+    let _ = running.await;
+    let s = o.status.get(slow_id).await?.expect("the record");
+    assert_eq!((s.state, s.attempts), (JobState::Pending, 1), "{s:?}");
+    assert!(s.finished_at.is_none());
+    Ok(())
+}
+
 /// An update of an older attempt (a worker that lost its lease) never overwrites a newer
 /// one; publishing a known id again changes nothing; every applied change bumps the
 /// version.
@@ -475,17 +523,6 @@ pub async fn prune_and_throughput(h: Arc<dyn Harness>) -> Result<()> {
     Ok(())
 }
 
-/// The names of every case [`status_tests!`](crate::status_tests) runs.
-pub const STATUS_CASE_NAMES: &[&str] = &[
-    "status_walks_pending_running_completed",
-    "status_records_retrying_dead_and_failed",
-    "status_of_a_replayed_dead_letter_starts_over",
-    "stale_status_updates_are_fenced",
-    "publish_and_wait_returns_result_failure_or_timeout",
-    "followers_see_changes_in_order",
-    "prune_and_throughput",
-];
-
 /// Expands to one `#[test]` per status case, against a harness made by `$harness`.
 #[macro_export]
 macro_rules! status_tests {
@@ -494,6 +531,7 @@ macro_rules! status_tests {
             status_walks_pending_running_completed,
             status_records_retrying_dead_and_failed,
             status_of_a_replayed_dead_letter_starts_over,
+            status_of_unhandled_and_released_jobs,
             stale_status_updates_are_fenced,
             publish_and_wait_returns_result_failure_or_timeout,
             followers_see_changes_in_order,

@@ -48,25 +48,28 @@ pub(crate) async fn prune(
     Ok((results, dead))
 }
 
-/// Prunes now and then every hour, until the worker stops.
-pub(crate) fn spawn_periodic(
+/// Prunes now, then every hour until the worker stops. The first pass is awaited, so a
+/// worker starts on a pruned store (and a failure to prune is only logged).
+pub(crate) async fn start_periodic(
     transport: Arc<dyn Transport>,
     store: Option<Arc<dyn StatusStore>>,
     older_than: Duration,
     stop: switchyard::CancellationToken,
 ) {
+    let pass = move |transport: Arc<dyn Transport>, store: Option<Arc<dyn StatusStore>>| async move {
+        match prune(&transport, store.as_ref(), older_than).await {
+            Ok((results, dead)) => tracing::info!(results, dead_letters = dead, "pruned"),
+            Err(err) => tracing::warn!(error = %err, "pruning failed; trying again in an hour"),
+        }
+    };
+    pass(transport.clone(), store.clone()).await;
     tokio::spawn(async move {
         loop {
-            match prune(&transport, store.as_ref(), older_than).await {
-                Ok((results, dead)) => {
-                    tracing::info!(results, dead_letters = dead, "pruned");
-                }
-                Err(err) => tracing::warn!(error = %err, "pruning failed; trying again in an hour"),
-            }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(EVERY) => {}
             }
+            pass(transport.clone(), store.clone()).await;
         }
     });
 }

@@ -69,7 +69,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         super::serve::spawn_metrics_server(addr, transport.clone(), shutdown.clone()).await?;
     }
     if let Some(older_than) = prune_older_than {
-        super::prune::spawn_periodic(transport, status, older_than, shutdown.clone());
+        super::prune::start_periodic(transport, status, older_than, shutdown.clone()).await;
     }
     let report = worker.run_until(shutdown, abort).await?;
     if json {
