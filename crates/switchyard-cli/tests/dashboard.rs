@@ -45,20 +45,10 @@ fn the_dashboard_shows_counts_replays_dead_letters_and_follows_jobs() {
     sb.set_env("SWITCHYARD_ADMIN_TOKEN", "browser-s3cret");
     assert!(sb.run(&["migrate"]).status.success());
     let out_dir = output_dir();
-    let mut cmd = sb.cmd(&[]);
-    let envs: Vec<(String, String)> = cmd
-        .get_envs()
-        .filter_map(|(k, v)| {
-            Some((
-                k.to_string_lossy().into_owned(),
-                v?.to_string_lossy().into_owned(),
-            ))
-        })
-        .collect();
-    cmd = Command::new("python3");
+    let mut cmd = Command::new("python3");
     cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/dashboard.py"))
         .current_dir(sb.dir.path())
-        .envs(envs)
+        .envs(sb.envs())
         .env("SWITCHYARD_BIN", env!("CARGO_BIN_EXE_switchyard"))
         .env("OUT_DIR", &out_dir)
         .env("CHROMIUM", &chromium)

@@ -241,11 +241,9 @@ impl Sandbox {
         text(&out.stdout).lines().map(str::to_owned).collect()
     }
 
-    /// The queue configuration the sandbox's commands get, for opening the same store
-    /// from the test itself.
-    pub fn config(&self) -> switchyard::Config {
-        let cmd = self.cmd(&[]);
-        let envs: Vec<(String, String)> = cmd
+    /// The environment the sandbox's commands get (variables set, not removed).
+    pub fn envs(&self) -> Vec<(String, String)> {
+        self.cmd(&[])
             .get_envs()
             .filter_map(|(k, v)| {
                 Some((
@@ -253,7 +251,13 @@ impl Sandbox {
                     v?.to_string_lossy().into_owned(),
                 ))
             })
-            .collect();
+            .collect()
+    }
+
+    /// The queue configuration the sandbox's commands get, for opening the same store
+    /// from the test itself.
+    pub fn config(&self) -> switchyard::Config {
+        let envs = self.envs();
         switchyard::Config::from_lookup(|name| {
             envs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
