@@ -14,6 +14,7 @@ CREATE TABLE IF NOT EXISTS `switchyard_jobs_status` (
     progress_message TEXT         NULL,
     result           LONGTEXT     NULL,       -- JSON as the handler returned it
     last_error       TEXT         NULL,
+    runs             INT          NOT NULL DEFAULT 0, -- starts of attempt 1: 1, or more once replayed or published again
     version          BIGINT       NOT NULL DEFAULT 1, -- bumped by every change: followers read changes in order
     created_at       BIGINT       NOT NULL,
     updated_at       BIGINT       NOT NULL,

@@ -15,6 +15,7 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_status" (
     progress_message text,
     result           text,                  -- JSON as the handler returned it
     last_error       text,
+    runs             integer     NOT NULL DEFAULT 0, -- starts of attempt 1: 1, or more once replayed or published again
     version          bigint      NOT NULL DEFAULT 1, -- bumped by every change: followers read changes in order
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),

@@ -14,6 +14,7 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_status" (
     progress_message TEXT,
     result           TEXT,              -- JSON
     last_error       TEXT,
+    runs             INTEGER NOT NULL DEFAULT 0, -- starts of attempt 1: 1, or more once replayed or published again
     version          INTEGER NOT NULL DEFAULT 1, -- bumped by every change: followers read changes in order
     created_at       INTEGER NOT NULL,
     updated_at       INTEGER NOT NULL,

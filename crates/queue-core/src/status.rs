@@ -207,9 +207,45 @@ pub struct StatusUpdate {
     /// Only creates the record: a message published again under a known id, or a
     /// publish that lost the race with its worker, changes nothing.
     pub create_only: bool,
+    /// Begins a run of the job: the start of its attempt 1 (a new message under this
+    /// id, or its dead letter replayed), or a batch's updates folded onto one. Such an
+    /// update may replace a final state; the store counts the runs.
+    pub starts_run: bool,
+}
+
+/// Longest `last_error` kept, in bytes (its end, where the error usually is).
+const ERROR_KEPT: usize = 8 * 1024;
+/// Longest progress note kept, in bytes.
+const NOTE_KEPT: usize = 200;
+
+/// `text` without NULs (PostgreSQL refuses them), cut to `limit` bytes at a character
+/// boundary, keeping its start (`tail` false) or its end.
+fn bounded(text: &str, limit: usize, tail: bool) -> String {
+    let text = text.replace('\0', "");
+    if text.len() <= limit {
+        return text;
+    }
+    if tail {
+        let mut from = text.len() - limit;
+        while !text.is_char_boundary(from) {
+            from += 1;
+        }
+        format!("…{}", &text[from..])
+    } else {
+        let mut to = limit;
+        while !text.is_char_boundary(to) {
+            to -= 1;
+        }
+        format!("{}…", &text[..to])
+    }
 }
 
 impl StatusUpdate {
+    /// Whether this begins a run of the job (see [`StatusUpdate::starts_run`]).
+    pub fn is_first_start(&self) -> bool {
+        self.starts_run
+    }
+
     fn new(envelope: &Envelope, state: JobState, attempts: u32) -> Self {
         StatusUpdate {
             id: envelope.id,
@@ -221,6 +257,7 @@ impl StatusUpdate {
             result: None,
             error: None,
             create_only: false,
+            starts_run: false,
         }
     }
 
@@ -238,12 +275,14 @@ impl StatusUpdate {
     pub fn running(envelope: &Envelope, attempt: u32) -> Self {
         StatusUpdate {
             progress: Some((0, None)),
+            starts_run: attempt == 1,
             ..Self::new(envelope, JobState::Running, attempt)
         }
     }
 
     /// The handler reported progress.
     pub fn progress(envelope: &Envelope, attempt: u32, percent: u8, note: Option<String>) -> Self {
+        let note = Some(note.map_or_else(String::new, |n| bounded(&n, NOTE_KEPT, false)));
         StatusUpdate {
             progress: Some((percent.min(100), note)),
             ..Self::new(envelope, JobState::Running, attempt)
@@ -263,7 +302,7 @@ impl StatusUpdate {
     /// handed back unfinished at shutdown.
     pub fn ended(envelope: &Envelope, attempt: u32, state: JobState, error: Option<&str>) -> Self {
         StatusUpdate {
-            error: error.map(str::to_owned),
+            error: error.map(|e| bounded(e, ERROR_KEPT, true)),
             ..Self::new(envelope, state, attempt)
         }
     }
@@ -340,17 +379,30 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>>;
 
     /// Ids of records as they change, where the store can push them (PostgreSQL's
-    /// `LISTEN/NOTIFY`); `None` means readers poll. A hint: a reader still reads the
-    /// record, and still polls now and then in case a notification was lost.
+    /// `LISTEN/NOTIFY`), and the nil id when changes may have been missed (after a
+    /// reconnect); `None` means readers poll. A hint: a reader still reads the record,
+    /// and still polls now and then in case a notification was lost.
     fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
         None
     }
 }
 
+/// Whether `new` may replace a record in `state` at `attempts`: a later attempt always
+/// may; the same attempt only while the job is unfinished (a stray progress report
+/// after `completed` or `dead` changes nothing); and the first start of a job that had
+/// ended (its dead letter was replayed, or its id published again after it completed:
+/// either counts attempts from zero again). Every store applies the same rule in SQL.
+pub fn supersedes(state: JobState, attempts: u32, new: &StatusUpdate) -> bool {
+    new.attempts > attempts
+        || (new.attempts == attempts && !state.is_final())
+        || (state.is_final() && new.is_first_start())
+}
+
 /// Folds a batch so that each id appears at most once among creations and once among
 /// changes (PostgreSQL refuses an upsert that touches a row twice): the first creation
-/// of an id wins, and later changes of an id override the earlier ones field by field,
-/// except that an update of an older attempt is dropped.
+/// of an id wins, and a later change of an id that [`supersedes`] the earlier one
+/// overrides it field by field. Both lists are sorted by id, so that two writers'
+/// batches lock rows in the same order and cannot deadlock.
 pub fn fold_updates(updates: &[StatusUpdate]) -> (Vec<StatusUpdate>, Vec<StatusUpdate>) {
     let mut creates: Vec<StatusUpdate> = Vec::new();
     let mut created: HashMap<Uuid, ()> = HashMap::new();
@@ -366,14 +418,17 @@ pub fn fold_updates(updates: &[StatusUpdate]) -> (Vec<StatusUpdate>, Vec<StatusU
         match at.get(&u.id) {
             Some(&i) => {
                 let old = &mut changes[i];
-                if u.attempts < old.attempts {
+                if !supersedes(old.state, old.attempts, u) {
                     continue;
                 }
                 let progress = u.progress.clone().or_else(|| old.progress.take());
                 let error = u.error.clone().or_else(|| old.error.take());
+                // A run's start folded with its ending still begins a run.
+                let starts_run = old.starts_run || u.starts_run;
                 *old = StatusUpdate {
                     progress,
                     error,
+                    starts_run,
                     ..u.clone()
                 };
             }
@@ -383,11 +438,14 @@ pub fn fold_updates(updates: &[StatusUpdate]) -> (Vec<StatusUpdate>, Vec<StatusU
             }
         }
     }
+    creates.sort_by_key(|u| u.id);
+    changes.sort_by_key(|u| u.id);
     (creates, changes)
 }
 
-/// How often status writes are retried before they are given up (logged).
-const WRITE_RETRIES: u32 = 3;
+/// How often a status batch is retried (backing off from 50 ms to 2 s, as acks are)
+/// before its updates are written one by one.
+const WRITE_RETRIES: u32 = 5;
 /// The most updates written at once.
 const WRITE_BATCH: usize = 512;
 /// How long the writer gathers updates after the first of a batch arrives: a quick
@@ -484,14 +542,25 @@ async fn write(store: &dyn StatusStore, batch: &[StatusUpdate]) {
             Err(err) => {
                 tracing::warn!(error = %err, attempt, size = batch.len(), "status write failed");
                 tokio::time::sleep(delay).await;
-                delay *= 2;
+                delay = (delay * 2).min(Duration::from_secs(2));
             }
         }
     }
-    tracing::error!(
-        size = batch.len(),
-        "giving up on a batch of status updates; the jobs ran, their status is stale"
-    );
+    // One update the store refuses (a result over MySQL's packet size, say) must not
+    // take the rest of its batch down: write them one by one.
+    let mut lost = 0;
+    for update in batch {
+        if let Err(err) = store.record(std::slice::from_ref(update)).await {
+            lost += 1;
+            tracing::error!(error = %err, id = %update.id, state = %update.state, "status update dropped; the job ran, its status is stale");
+        }
+    }
+    if lost == 0 {
+        tracing::info!(
+            size = batch.len(),
+            "status batch written one update at a time"
+        );
+    }
 }
 
 /// Polling readers start at this pause and double it up to [`POLL_MAX`].
@@ -528,7 +597,8 @@ pub async fn next_change(
                 let until = deadline.min(now + WATCH_FALLBACK);
                 loop {
                     match tokio::time::timeout_at(until, rx.recv()).await {
-                        Ok(Ok(changed)) if changed != id => continue,
+                        // The nil id: notifications may have been missed; read.
+                        Ok(Ok(changed)) if changed != id && !changed.is_nil() => continue,
                         // Ours, or notifications were dropped (lagged) or stopped: read.
                         Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
                         Ok(Err(broadcast::error::RecvError::Closed)) => {
@@ -649,9 +719,11 @@ impl Jobs {
     ) -> std::result::Result<Value, WaitError> {
         let store = self.require_store()?.clone();
         let id = envelope.id;
+        // An id used before (a deterministic request id) may have an old answer on
+        // record: only what changes after this publish is an answer to it.
+        let mut version = store.get(id).await?.map_or(0, |s| s.version);
         self.publish(envelope).await?;
         let deadline = tokio::time::Instant::now() + timeout;
-        let mut version = 0;
         let mut last = None;
         loop {
             match next_change(store.as_ref(), id, version, deadline).await? {

@@ -398,58 +398,66 @@ fn replay_and_purge_need_the_token_and_refuse_cross_site_requests() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let served = sb.serve();
     let replay = format!("{}/api/dead/replay", served.url);
-    let json_body = [
-        "-X",
-        "POST",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        r#"{"all":true}"#,
-    ];
-    let with = |extra: &[&str]| {
-        let mut args = json_body.to_vec();
-        args.extend_from_slice(extra);
-        curl(&replay, &args)
-    };
-    let (code, body) = with(&[]);
-    assert_eq!(code, 401, "{body}");
-    assert!(body.contains("SWITCHYARD_ADMIN_TOKEN"), "{body}");
-    assert_eq!(with(&["-H", "Authorization: Bearer wrong"]).0, 401);
-    let (code, body) = with(&[
-        "-H",
-        "Authorization: Bearer s3cret",
-        "-H",
-        "Sec-Fetch-Site: cross-site",
-    ]);
-    assert_eq!(code, 403, "{body}");
-    let (code, body) = with(&[
-        "-H",
-        "Authorization: Bearer s3cret",
-        "-H",
-        "Origin: http://evil.example",
-    ]);
-    assert_eq!(code, 403, "{body}");
-    // A form post (what another site can send without asking) is not JSON.
-    let (code, _) = curl(
-        &replay,
-        &[
+    let post = |body: &str, extra: &[&str]| {
+        let mut args = vec![
             "-X",
             "POST",
             "-H",
-            "Authorization: Bearer s3cret",
+            "Content-Type: application/json",
             "-d",
-            "all=true",
-        ],
+            body,
+        ];
+        args.extend_from_slice(extra);
+        curl(&replay, &args)
+    };
+    let all = r#"{"all":true}"#;
+    let token = ["-H", "Authorization: Bearer s3cret"];
+    let (code, body) = post(all, &[]);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("SWITCHYARD_ADMIN_TOKEN"), "{body}");
+    assert_eq!(post(all, &["-H", "Authorization: Bearer wrong"]).0, 401);
+    let (code, body) = post(
+        all,
+        &[token[0], token[1], "-H", "Sec-Fetch-Site: cross-site"],
+    );
+    assert_eq!(code, 403, "{body}");
+    let (code, body) = post(
+        all,
+        &[token[0], token[1], "-H", "Origin: http://evil.example"],
+    );
+    assert_eq!(code, 403, "{body}");
+    // A page whose name was rebound to 127.0.0.1 names its own host.
+    let (code, body) = post(all, &[token[0], token[1], "-H", "Host: evil.example:8080"]);
+    assert_eq!(code, 421, "{body}");
+    let (code, _) = curl(
+        &format!("{}/api/dead", served.url),
+        &["-H", "Host: evil.example:8080"],
+    );
+    assert_eq!(code, 421, "reads are refused too");
+    // A form post (what another site can send without asking) is not JSON.
+    let (code, _) = curl(
+        &replay,
+        &["-X", "POST", token[0], token[1], "-d", "all=true"],
     );
     assert_eq!(code, 415);
-    let (code, body) = with(&[
-        "-H",
-        "Authorization: Bearer s3cret",
-        "-d",
-        r#"{"all":true,"x":1}"#,
-    ]);
+    let (code, body) = post(r#"{"all":true,"x":1}"#, &token);
     assert_eq!(code, 400, "{body}");
-    let (code, body) = with(&["-H", "Authorization: Bearer s3cret"]);
+    assert!(body.contains("unknown field"), "{body}");
+    let (code, body) = post(r#"{"id":"a","all":true}"#, &token);
+    assert_eq!(code, 400, "{body}");
+    // What the dashboard itself sends: same origin, with the token.
+    let origin = format!("Origin: {}", served.url);
+    let (code, body) = post(
+        all,
+        &[
+            token[0],
+            token[1],
+            "-H",
+            &origin,
+            "-H",
+            "Sec-Fetch-Site: same-origin",
+        ],
+    );
     assert_eq!((code, body.as_str()), (200, r#"{"replayed":1}"#));
     // Reads need no token.
     let (code, body) = curl(&format!("{}/api/stats", served.url), &[]);

@@ -23,33 +23,38 @@ const CREATE_ROW: &str = "(?, ?, ?, ?, ?, 0, {NOW}, {NOW})";
 const CHANGE_HEAD: &str = "
 INSERT INTO `switchyard_jobs_status`
     (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
-     created_at, updated_at, finished_at) VALUES ";
-const CHANGE_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, IF(?, {NOW}, NULL))";
+     runs, created_at, updated_at, finished_at) VALUES ";
+const CHANGE_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, IF(?, {NOW}, NULL))";
 
-/// An update of an older attempt is ignored, unless the job had ended failed or dead
-/// (then it was replayed). MySQL assigns left to right, each seeing the ones before:
-/// `attempts` and `state`, which the condition reads, come last, and once `attempts` is
-/// taken the condition still holds for `state`.
+/// The rule of `queue_core::status::supersedes` (a later attempt; the same attempt while
+/// unfinished; or the first start of a job that had ended), decided once per row on the
+/// stored values: MySQL assigns left to right, each assignment seeing the ones before,
+/// so the first one keeps the decision in `@ok` before `state` or `attempts` change.
+/// (MySQL 8 warns that setting a variable inside an expression is deprecated; MariaDB
+/// does not.)
 const CHANGE_TAIL: &str = "
 ON DUPLICATE KEY UPDATE
-    progress_message = IF({OK}, IF(VALUES(progress) IS NULL, progress_message, VALUES(progress_message)), progress_message),
-    progress = IF({OK}, coalesce(VALUES(progress), progress), progress),
-    result = IF({OK}, VALUES(result), result),
-    last_error = IF({OK}, coalesce(VALUES(last_error), last_error), last_error),
-    version = IF({OK}, version + 1, version),
-    updated_at = IF({OK}, VALUES(updated_at), updated_at),
-    finished_at = IF({OK}, VALUES(finished_at), finished_at),
-    queue = IF({OK}, VALUES(queue), queue),
-    kind = IF({OK}, VALUES(kind), kind),
-    attempts = IF({OK}, VALUES(attempts), attempts),
-    state = IF({OK}, VALUES(state), state)";
-const OK: &str = "(VALUES(attempts) >= attempts OR state IN ('failed', 'dead'))";
+    progress_message = IF((@ok := {OK}), IF(VALUES(progress) IS NULL, progress_message, VALUES(progress_message)), progress_message),
+    progress = IF(@ok, coalesce(VALUES(progress), progress), progress),
+    result = IF(@ok, VALUES(result), result),
+    last_error = IF(@ok, coalesce(VALUES(last_error), last_error), last_error),
+    runs = IF(@ok, runs + VALUES(runs), runs),
+    version = IF(@ok, version + 1, version),
+    updated_at = IF(@ok, VALUES(updated_at), updated_at),
+    finished_at = IF(@ok, VALUES(finished_at), finished_at),
+    queue = IF(@ok, VALUES(queue), queue),
+    kind = IF(@ok, VALUES(kind), kind),
+    attempts = IF(@ok, VALUES(attempts), attempts),
+    state = IF(@ok, VALUES(state), state)";
+const OK: &str = "(VALUES(attempts) > attempts \
+    OR (VALUES(attempts) = attempts AND state NOT IN ('completed', 'failed', 'dead')) \
+    OR (VALUES(runs) = 1 AND state IN ('completed', 'failed', 'dead')))";
 
 const RESET: &str = "
 UPDATE `switchyard_jobs_status`
    SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL, result = NULL,
        finished_at = NULL, version = version + 1, updated_at = {NOW}
- WHERE id = ?";
+ WHERE id = ? AND state IN ('failed', 'dead')";
 
 const COLUMNS: &str = "id, queue, kind, state, CAST(attempts AS SIGNED) AS attempts, \
     CAST(coalesce(progress, 0) AS SIGNED) AS progress, progress_message, result, last_error, \
@@ -184,6 +189,7 @@ impl StatusStore for MySqlStatusStore {
                     .bind(u.progress_note())
                     .bind(u.result_text())
                     .bind(u.error.as_deref())
+                    .bind(i64::from(u.starts_run))
                     .bind(u.state.is_final());
             }
             q.execute(&self.pool).await.backend()?;

@@ -38,18 +38,19 @@ WITH changed AS (
     RETURNING id)
 {NOTIFY_RETURNED}";
 
-/// An update of an older attempt is ignored, unless the job had ended failed or dead:
-/// then it was replayed, and its new deliveries start counting again.
+/// The rule of `queue_core::status::supersedes`: a later attempt; the same attempt while
+/// unfinished; or the first start of a job that had ended (replayed, or its id
+/// published again).
 const CHANGE: &str = "
 WITH changed AS (
     INSERT INTO \"switchyard_jobs_status\" AS s
         (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
-         finished_at)
+         runs, finished_at)
     SELECT u.id, u.queue, u.kind, u.state, u.attempts, u.progress, u.note, u.result,
-           u.error, CASE WHEN u.final THEN now() END
+           u.error, u.runs, CASE WHEN u.final THEN now() END
       FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::smallint[],
-                  $8::text[], $9::text[], $10::text[], $11::bool[])
-           AS u(id, queue, kind, state, attempts, progress, note, result, error, final)
+                  $8::text[], $9::text[], $10::text[], $11::bool[], $12::int[])
+           AS u(id, queue, kind, state, attempts, progress, note, result, error, final, runs)
     ON CONFLICT (id) DO UPDATE SET
         state = excluded.state,
         attempts = excluded.attempts,
@@ -58,10 +59,13 @@ WITH changed AS (
                                 ELSE excluded.progress_message END,
         result = excluded.result,
         last_error = coalesce(excluded.last_error, s.last_error),
+        runs = s.runs + excluded.runs,
         version = s.version + 1,
         updated_at = now(),
         finished_at = excluded.finished_at
-    WHERE excluded.attempts >= s.attempts OR s.state IN ('failed', 'dead')
+    WHERE excluded.attempts > s.attempts
+       OR (excluded.attempts = s.attempts AND s.state NOT IN ('completed', 'failed', 'dead'))
+       OR (excluded.runs = 1 AND s.state IN ('completed', 'failed', 'dead'))
     RETURNING id)
 {NOTIFY_RETURNED}";
 
@@ -70,7 +74,7 @@ WITH changed AS (
     UPDATE \"switchyard_jobs_status\"
        SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL,
            result = NULL, finished_at = NULL, version = version + 1, updated_at = now()
-     WHERE id = ANY($2::text[])
+     WHERE id = ANY($2::text[]) AND state IN ('failed', 'dead')
     RETURNING id)
 {NOTIFY_RETURNED}";
 
@@ -101,7 +105,8 @@ pub struct PgStatusStore {
     connect: PgConnectOptions,
     channel: String,
     stop: CancellationToken,
-    changes: Mutex<Option<broadcast::Sender<Uuid>>>,
+    /// The listener's channel and task, once a follower asked.
+    changes: Mutex<Option<(broadcast::Sender<Uuid>, tokio::task::JoinHandle<()>)>>,
     create: String,
     change: String,
     reset: String,
@@ -235,6 +240,12 @@ impl StatusStore for PgStatusStore {
                         .map(|u| u.state.is_final())
                         .collect::<Vec<_>>(),
                 )
+                .bind(
+                    changes
+                        .iter()
+                        .map(|u| i32::from(u.starts_run))
+                        .collect::<Vec<_>>(),
+                )
                 .execute(&self.pool)
                 .await
                 .backend()?;
@@ -308,29 +319,39 @@ impl StatusStore for PgStatusStore {
             .collect()
     }
 
-    /// Starts one `LISTEN` task per store on first use (inside a tokio runtime).
+    /// Starts one `LISTEN` task per store on first use (inside a tokio runtime), and
+    /// again if it ended (the runtime that ran it was shut down).
     fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = changes.as_ref() {
-            return Some(tx.subscribe());
+        if let Some((tx, task)) = changes.as_ref() {
+            if !task.is_finished() {
+                return Some(tx.subscribe());
+            }
         }
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (tx, rx) = broadcast::channel(4096);
         let sender = tx.clone();
-        let on_notify = move |payload: Option<&str>| {
-            for id in payload.unwrap_or_default().split(',') {
-                if let Ok(id) = Uuid::parse_str(id) {
-                    let _ = sender.send(id);
+        // `None`: notifications may have been lost (a reconnect); the nil id tells
+        // followers to read again.
+        let on_notify = move |payload: Option<&str>| match payload {
+            Some(ids) => {
+                for id in ids.split(',') {
+                    if let Ok(id) = Uuid::parse_str(id) {
+                        let _ = sender.send(id);
+                    }
                 }
             }
+            None => {
+                let _ = sender.send(Uuid::nil());
+            }
         };
-        handle.spawn(listener::listen_with(
+        let task = handle.spawn(listener::listen_with(
             self.connect.clone(),
             self.channel.clone(),
             on_notify,
             self.stop.clone(),
         ));
-        *changes = Some(tx);
+        *changes = Some((tx, task));
         Some(rx)
     }
 }

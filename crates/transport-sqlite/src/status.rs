@@ -15,7 +15,7 @@ use crate::error::SqlxResultExt;
 use crate::sql::specialise;
 
 /// Rows come as one JSON array of arrays: `[id, queue, kind, state, attempts, progress,
-/// note, result, error, final]`, so that a batch is one statement.
+/// note, result, error, final, starts_run]`, so that a batch is one statement.
 const CREATE: &str = "
 INSERT INTO \"switchyard_jobs_status\"
     (id, queue, kind, state, attempts, progress, created_at, updated_at)
@@ -23,14 +23,15 @@ SELECT value->>0, value->>1, value->>2, value->>3, value->>4, 0, {NOW}, {NOW}
   FROM json_each(?1) WHERE true
 ON CONFLICT (id) DO NOTHING";
 
-/// An update of an older attempt is ignored, unless the job had ended failed or dead:
-/// then it was replayed, and its new deliveries start counting again.
+/// The rule of `queue_core::status::supersedes`: a later attempt; the same attempt while
+/// unfinished; or the first start of a job that had ended (replayed, or its id
+/// published again).
 const CHANGE: &str = "
 INSERT INTO \"switchyard_jobs_status\"
     (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
-     created_at, updated_at, finished_at)
+     runs, created_at, updated_at, finished_at)
 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6,
-       value->>7, value->>8, {NOW}, {NOW}, CASE WHEN value->>9 THEN {NOW} END
+       value->>7, value->>8, value->>10, {NOW}, {NOW}, CASE WHEN value->>9 THEN {NOW} END
   FROM json_each(?1) WHERE true
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state,
@@ -40,16 +41,19 @@ ON CONFLICT (id) DO UPDATE SET
                             ELSE excluded.progress_message END,
     result = excluded.result,
     last_error = coalesce(excluded.last_error, last_error),
+    runs = runs + excluded.runs,
     version = version + 1,
     updated_at = excluded.updated_at,
     finished_at = excluded.finished_at
-WHERE excluded.attempts >= attempts OR state IN ('failed', 'dead')";
+WHERE excluded.attempts > attempts
+   OR (excluded.attempts = attempts AND state NOT IN ('completed', 'failed', 'dead'))
+   OR (excluded.runs = 1 AND state IN ('completed', 'failed', 'dead'))";
 
 const RESET: &str = "
 UPDATE \"switchyard_jobs_status\"
    SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL, result = NULL,
        finished_at = NULL, version = version + 1, updated_at = {NOW}
- WHERE id = ?1";
+ WHERE id = ?1 AND state IN ('failed', 'dead')";
 
 const COLUMNS: &str = "id, queue, kind, state, attempts, coalesce(progress, 0) AS progress, \
                        progress_message, result, last_error, version, created_at, updated_at, \
@@ -144,6 +148,7 @@ impl StatusStore for SqliteStatusStore {
                         u.result_text(),
                         u.error,
                         u.state.is_final(),
+                        i64::from(u.starts_run),
                     ])
                 })
                 .collect();

@@ -319,8 +319,9 @@ pub async fn status_of_unhandled_and_released_jobs(h: Arc<dyn Harness>) -> Resul
 }
 
 /// An update of an older attempt (a worker that lost its lease) never overwrites a newer
-/// one; publishing a known id again changes nothing; every applied change bumps the
-/// version.
+/// one, nor does anything of the same attempt overwrite a final state; publishing a
+/// known id again changes nothing until its first start; only a failed or dead job is
+/// reset; every applied change bumps the version.
 pub async fn stale_status_updates_are_fenced(h: Arc<dyn Harness>) -> Result<()> {
     let o = open(&h).await?;
     let q = fresh_queue();
@@ -345,6 +346,54 @@ pub async fn stale_status_updates_are_fenced(h: Arc<dyn Harness>) -> Result<()> 
     let s = st.get(e.id).await?.expect("the record");
     assert_eq!((s.state, s.progress), (JobState::Running, 100));
     assert_eq!(st.get(Uuid::new_v4()).await?, None);
+
+    // A final state stands against its own attempt: a stray progress report, a stale
+    // retry, a reset of a job that is not dead.
+    st.record(&[StatusUpdate::ended(&e, 3, JobState::Dead, Some("gone"))])
+        .await?;
+    st.record(&[StatusUpdate::progress(&e, 3, 10, Some("late".into()))])
+        .await?;
+    st.record(&[StatusUpdate::progress(&e, 1, 0, None)]).await?;
+    st.record(&[StatusUpdate::ended(&e, 2, JobState::Retrying, Some("old"))])
+        .await?;
+    let s = st.get(e.id).await?.expect("the record");
+    assert_eq!((s.state, s.attempts), (JobState::Dead, 3), "{s:?}");
+    assert_eq!(s.last_error.as_deref(), Some("gone"));
+    // A later attempt does replace it (a duplicate delivery after a lost lease).
+    st.record(&[StatusUpdate::running(&e, 4)]).await?;
+    st.record(&[StatusUpdate::completed(&e, 4, Some(json!(1)))])
+        .await?;
+    let s = st.get(e.id).await?.expect("the record");
+    assert_eq!((s.state, s.attempts), (JobState::Completed, 4));
+    assert_eq!(st.reset(&[e.id]).await?, 0, "a completed job is not reset");
+    // The id published again after it completed: its first start counts from 1.
+    st.record(&[StatusUpdate::running(&e, 1)]).await?;
+    let s = st.get(e.id).await?.expect("the record");
+    assert_eq!(
+        (s.state, s.attempts, s.result),
+        (JobState::Running, 1, None)
+    );
+    // Replayed after dying: reset to pending, then its new start.
+    st.record(&[StatusUpdate::ended(&e, 1, JobState::Failed, Some("no"))])
+        .await?;
+    assert_eq!(st.reset(&[e.id, Uuid::new_v4()]).await?, 1);
+    let s = st.get(e.id).await?.expect("the record");
+    assert_eq!(
+        (s.state, s.attempts, s.finished_at),
+        (JobState::Pending, 0, None)
+    );
+
+    // Long errors keep their end; NULs are dropped.
+    let long = format!("{}\0the cause", "x".repeat(20_000));
+    st.record(&[StatusUpdate::ended(&e, 1, JobState::Dead, Some(&long))])
+        .await?;
+    let s = st.get(e.id).await?.expect("the record");
+    let kept = s.last_error.unwrap_or_default();
+    assert!(
+        kept.len() < 9_000 && kept.ends_with("xthe cause"),
+        "{}",
+        kept.len()
+    );
     Ok(())
 }
 
@@ -372,11 +421,22 @@ pub async fn publish_and_wait_returns_result_failure_or_timeout(h: Arc<dyn Harne
     let add = Envelope::builder(q.as_str(), "add")
         .payload(&[2, 3])
         .build()?;
+    let first_id = add.id;
     let answer = jobs
         .publish_and_wait(add, Duration::from_secs(20))
         .await
         .map_err(|e| Error::InvalidInput(e.to_string()))?;
     assert_eq!(answer, json!({"sum": 5}));
+    // The same id again, once the first is done: the answer is the new run's.
+    let again = Envelope::builder(q.as_str(), "add")
+        .id(first_id)
+        .payload(&[10, 20])
+        .build()?;
+    let answer = jobs
+        .publish_and_wait(again, Duration::from_secs(20))
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    assert_eq!(answer, json!({"sum": 30}));
 
     let refused = job(&q, "refuse");
     let refused_id = refused.id;

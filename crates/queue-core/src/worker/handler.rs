@@ -55,13 +55,11 @@ impl JobContext {
     /// without a status store it does nothing.
     pub fn progress(&self, percent: u8, note: impl Into<String>) {
         if let Some(writer) = &self.report.writer {
-            let note: String = note.into();
-            let note = (!note.is_empty()).then_some(note);
             writer.send(StatusUpdate::progress(
                 &self.envelope,
                 self.attempt,
                 percent,
-                note,
+                Some(note.into()),
             ));
         }
     }

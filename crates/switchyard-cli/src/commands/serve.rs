@@ -44,7 +44,14 @@ struct App {
     store: Option<Arc<dyn StatusStore>>,
     metrics: PrometheusHandle,
     token: Option<String>,
+    /// Listening on a loopback address: requests must name a loopback host too.
+    loopback: bool,
+    /// Room for more job event streams.
+    streams: Arc<tokio::sync::Semaphore>,
 }
+
+/// Job event streams open at once, at most.
+const MAX_STREAMS: usize = 256;
 
 type Shared = State<Arc<App>>;
 
@@ -76,6 +83,8 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
         store,
         metrics,
         token,
+        loopback: addr.ip().is_loopback(),
+        streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
     });
     let listener = bind(addr).await?;
     let local = listener.local_addr().unwrap_or(addr);
@@ -124,12 +133,18 @@ pub(crate) async fn spawn_metrics_server(
         store: None,
         metrics: install_recorder()?,
         token: None,
+        loopback: addr.ip().is_loopback(),
+        streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
     });
     let listener = bind(addr).await?;
     tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics");
     let routes = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard_host,
+        ))
         .with_state(app);
     tokio::spawn(async move {
         let served = axum::serve(listener, routes)
@@ -156,7 +171,49 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/dead", get(dead_list))
         .route("/api/dead/replay", post(dead_replay))
         .route("/api/dead/purge", post(dead_purge))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard_host,
+        ))
         .with_state(app)
+}
+
+/// On a loopback address, refuses requests that name another host: a page whose DNS
+/// name was rebound to 127.0.0.1 would otherwise count as same-origin to the browser
+/// and could read and change everything here.
+async fn guard_host(
+    State(app): Shared,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if app.loopback {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok());
+        if let Some(host) = host {
+            if !is_loopback_host(host) {
+                return problem(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    format!("this server answers to 127.0.0.1, [::1] or localhost, not {host}"),
+                )
+                .into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// `127.0.0.1:8080`, `localhost`, `[::1]:8080`… (with or without a port).
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// An error answer: its status and `{"error": message}`.
@@ -338,6 +395,13 @@ async fn job(State(app): Shared, Path(id): Path<String>) -> Answer {
 /// each change, in order, and the stream ends after the final state.
 async fn job_events(State(app): Shared, Path(id): Path<String>) -> Answer {
     let (store, id) = (store_of(&app)?.clone(), job_id(&id)?);
+    // Held by the stream until it ends.
+    let permit = app.streams.clone().try_acquire_owned().map_err(|_| {
+        problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{MAX_STREAMS} job event streams are open already; try again later"),
+        )
+    })?;
     let Some(first) = store.get(id).await? else {
         return Err(problem(
             StatusCode::NOT_FOUND,
@@ -345,9 +409,10 @@ async fn job_events(State(app): Shared, Path(id): Path<String>) -> Answer {
         ));
     };
     let deadline = tokio::time::Instant::now() + EVENTS_MAX;
-    let state = (store, Some(first), 0_u64, false);
-    let events =
-        futures_util::stream::unfold(state, move |(store, first, version, ended)| async move {
+    let state = (store, Some(first), 0_u64, false, permit);
+    let events = futures_util::stream::unfold(
+        state,
+        move |(store, first, version, ended, permit)| async move {
             if ended {
                 return None;
             }
@@ -365,7 +430,7 @@ async fn job_events(State(app): Shared, Path(id): Path<String>) -> Answer {
                     let done = status.state.is_final();
                     Some((
                         Ok::<_, Infallible>(event),
-                        (store, None, status.version, done),
+                        (store, None, status.version, done, permit),
                     ))
                 }
                 Ok(None) => None,
@@ -373,10 +438,11 @@ async fn job_events(State(app): Shared, Path(id): Path<String>) -> Answer {
                     let event = Event::default()
                         .event("error")
                         .data(crate::output::one_line(&err));
-                    Some((Ok(event), (store, None, version, true)))
+                    Some((Ok(event), (store, None, version, true, permit)))
                 }
             }
-        });
+        },
+    );
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -552,6 +618,27 @@ mod tests {
         assert!(!same_secret(b"s3cret!", b"s3cret"));
         assert!(!same_secret(b"", b"s3cret"));
         assert!(!same_secret(b"S3cret", b"s3cret"));
+    }
+
+    #[test]
+    fn loopback_hosts_are_told_apart() {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:80",
+            "127.0.0.2",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:8080",
+            "10.0.0.1:8080",
+            "[::2]:80",
+            "localhost.evil.example",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
     }
 
     #[test]
