@@ -357,13 +357,13 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     /// Records `updates`, in order.
     ///
     /// # Behavior
-    /// An update whose `attempts` is below the recorded one is ignored; a `create_only`
-    /// update of a known id is ignored. Each applied update bumps the record's
-    /// `version`; a final state sets `finished_at`, any other clears it.
+    /// An update applies only where it [`supersedes`] the record; a `create_only` update
+    /// of a known id is ignored. Each applied update bumps the record's `version`; a
+    /// final state sets `finished_at`, any other clears it.
     async fn record(&self, updates: &[StatusUpdate]) -> Result<()>;
 
-    /// Sets known jobs back to `pending` whatever their attempt (their dead letters
-    /// were replayed). Returns how many were known.
+    /// Sets jobs that `failed` or are `dead` back to `pending`, attempts 0 (their dead
+    /// letters were replayed). Returns how many it reset.
     async fn reset(&self, ids: &[Uuid]) -> Result<u64>;
 
     /// The record of `id`.
