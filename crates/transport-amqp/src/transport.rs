@@ -1102,7 +1102,10 @@ async fn receive(
     }
     // The channel closed, or the broker cancelled the consumer (its queue was deleted,
     // its leader moved): close the channel, so that every delivery it holds goes back
-    // to the queue, and declare the queue again before the next consumer starts.
+    // to the queue, and declare the queue again before the next consumer starts. The
+    // queue is forgotten first: whoever sees this consumer closed (a lost lease) and
+    // publishes at once must declare it again, or the publish finds no queue.
+    lock(&link.declared).remove(&queue);
     {
         let mut buffer = lock(&c.buffer);
         c.closed.store(true, Ordering::SeqCst);
@@ -1115,7 +1118,6 @@ async fn receive(
         );
         let _ = c.channel.close(200, "consumer cancelled".into()).await;
     }
-    lock(&link.declared).remove(&queue);
     wakers.wake(&queue);
 }
 
