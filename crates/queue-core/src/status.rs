@@ -340,15 +340,42 @@ pub struct Throughput {
 }
 
 impl Throughput {
-    /// A bucket.
-    pub fn new(queue: String, at: DateTime<Utc>, completed: u64, failed: u64) -> Self {
+    /// A bucket as SQL reads it: its start in microseconds since the epoch, counts as
+    /// integers (a value out of range reads as the epoch, or 0).
+    pub fn from_row(queue: String, at_micros: i64, completed: i64, failed: i64) -> Self {
         Throughput {
             queue,
-            at,
-            completed,
-            failed,
+            at: DateTime::from_timestamp_micros(at_micros).unwrap_or_default(),
+            completed: u64::try_from(completed).unwrap_or(0),
+            failed: u64::try_from(failed).unwrap_or(0),
         }
     }
+}
+
+/// The most rows one statement of a prune deletes (the stores' `LIMIT`), so that other
+/// writers get the table in between.
+pub const PRUNE_SLICE: u64 = 10_000;
+
+/// Runs `delete_slice`, which deletes at most [`PRUNE_SLICE`] rows, until a slice comes
+/// back short; returns how many rows it deleted in all.
+pub async fn prune_in_slices<F, Fut>(mut delete_slice: F) -> Result<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let n = delete_slice().await?;
+        total += n;
+        if n < PRUNE_SLICE {
+            return Ok(total);
+        }
+    }
+}
+
+/// `d` in whole microseconds, for binding (saturating).
+pub fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Where job status lives. Implemented by the SQL transports.

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::status::{
-    fold_updates, JobStatus, RawStatus, StatusStore, StatusUpdate, Throughput,
+    fold_updates, micros, prune_in_slices, JobStatus, RawStatus, StatusStore, StatusUpdate,
+    Throughput,
 };
 use queue_core::Result;
 use sqlx::mysql::MySqlRow;
@@ -140,10 +141,6 @@ fn raw(row: &MySqlRow) -> std::result::Result<RawStatus, sqlx::Error> {
     })
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
 fn rows(head: &str, row: &str, n: usize) -> String {
     let mut sql = String::with_capacity(head.len() + n * (row.len() + 2));
     sql.push_str(head);
@@ -229,19 +226,15 @@ impl StatusStore for MySqlStatusStore {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let n = sqlx::query(&self.prune)
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune)
                 .bind(micros(older_than))
                 .execute(&self.pool)
                 .await
                 .backend()?
-                .rows_affected();
-            total += n;
-            if n < 10_000 {
-                return Ok(total);
-            }
-        }
+                .rows_affected())
+        })
+        .await
     }
 
     async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
@@ -255,12 +248,11 @@ impl StatusStore for MySqlStatusStore {
             .backend()?;
         rows.iter()
             .map(|r| {
-                let at: i64 = r.try_get("bucket").backend()?;
-                Ok(Throughput::new(
+                Ok(Throughput::from_row(
                     text(r, "queue").backend()?,
-                    chrono::DateTime::from_timestamp_micros(at).unwrap_or_default(),
-                    u64::try_from(r.try_get::<i64, _>("completed").backend()?).unwrap_or(0),
-                    u64::try_from(r.try_get::<i64, _>("failed").backend()?).unwrap_or(0),
+                    r.try_get("bucket").backend()?,
+                    r.try_get("completed").backend()?,
+                    r.try_get("failed").backend()?,
                 ))
             })
             .collect()

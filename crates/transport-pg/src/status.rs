@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::status::{
-    fold_updates, JobStatus, RawStatus, StatusStore, StatusUpdate, Throughput,
+    fold_updates, micros, prune_in_slices, JobStatus, RawStatus, StatusStore, StatusUpdate,
+    Throughput,
 };
 use queue_core::Result;
 use sqlx::postgres::{PgConnectOptions, PgRow};
@@ -175,10 +176,6 @@ fn raw(row: &PgRow) -> std::result::Result<RawStatus, sqlx::Error> {
     })
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
 fn ids(updates: &[StatusUpdate]) -> Vec<String> {
     updates.iter().map(|u| u.id.to_string()).collect()
 }
@@ -284,19 +281,15 @@ impl StatusStore for PgStatusStore {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
-        let mut total = 0;
-        loop {
-            let n = sqlx::query(&self.prune)
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune)
                 .bind(micros(older_than))
                 .execute(&self.pool)
                 .await
                 .backend()?
-                .rows_affected();
-            total += n;
-            if n < 10_000 {
-                return Ok(total);
-            }
-        }
+                .rows_affected())
+        })
+        .await
     }
 
     async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
@@ -308,12 +301,11 @@ impl StatusStore for PgStatusStore {
             .backend()?;
         rows.iter()
             .map(|r| {
-                let at: i64 = r.try_get("bucket").backend()?;
-                Ok(Throughput::new(
+                Ok(Throughput::from_row(
                     r.try_get("queue").backend()?,
-                    chrono::DateTime::from_timestamp_micros(at).unwrap_or_default(),
-                    u64::try_from(r.try_get::<i64, _>("completed").backend()?).unwrap_or(0),
-                    u64::try_from(r.try_get::<i64, _>("failed").backend()?).unwrap_or(0),
+                    r.try_get("bucket").backend()?,
+                    r.try_get("completed").backend()?,
+                    r.try_get("failed").backend()?,
                 ))
             })
             .collect()
