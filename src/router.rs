@@ -197,6 +197,8 @@ impl Transport for Router {
         caps.transactional_publish = a.transactional_publish && b.transactional_publish;
         caps.wake_signal = a.wake_signal || b.wake_signal;
         caps.delayed_stats = a.delayed_stats && b.delayed_stats;
+        caps.charges_only_started = a.charges_only_started && b.charges_only_started;
+        caps.start_marks_in_status = a.start_marks_in_status || b.start_marks_in_status;
         caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);
         caps
     }

@@ -32,6 +32,15 @@ pub struct Capabilities {
     /// a delay chain shared by every queue and counts only those its own process
     /// delayed.
     pub delayed_stats: bool,
+    /// A crash charges an attempt only to messages whose handler was started (or was
+    /// about to be): the store tells a started message from one merely claimed ahead.
+    /// RabbitMQ can tell only with start marks in a SQL control store beside it;
+    /// without one, every delivery a dead consumer held comes back counted.
+    pub charges_only_started: bool,
+    /// Start marks live in the transport's status store: a worker over it records job
+    /// status there (so that each mark is closed by the job's end) even when not asked
+    /// to.
+    pub start_marks_in_status: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -49,6 +58,8 @@ impl Default for Capabilities {
             transactional_publish: false,
             wake_signal: false,
             delayed_stats: false,
+            charges_only_started: false,
+            start_marks_in_status: false,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }

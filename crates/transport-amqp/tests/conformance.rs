@@ -196,7 +196,8 @@ mod quorum {
         handler_panic_is_isolated_and_recorded,
         shutdown_finishes_quick_jobs_and_releases_the_rest,
         shutdown_is_prompt_at_any_moment,
-        idle_worker_wakes_on_publish
+        idle_worker_wakes_on_publish,
+        a_suspect_runs_alone_after_every_finished_ack_has_committed
     );
 }
 

@@ -149,6 +149,7 @@ pub const CASE_NAMES: &[&str] = &[
     "shutdown_finishes_quick_jobs_and_releases_the_rest",
     "shutdown_is_prompt_at_any_moment",
     "idle_worker_wakes_on_publish",
+    "a_suspect_runs_alone_after_every_finished_ack_has_committed",
 ];
 
 /// The case names listed one per line in `source` (a slice of a `conformance_tests!`
@@ -213,7 +214,8 @@ macro_rules! conformance_tests {
             handler_panic_is_isolated_and_recorded,
             shutdown_finishes_quick_jobs_and_releases_the_rest,
             shutdown_is_prompt_at_any_moment,
-            idle_worker_wakes_on_publish
+            idle_worker_wakes_on_publish,
+            a_suspect_runs_alone_after_every_finished_ack_has_committed
         );
     };
     (@worker $harness:expr; $($case:ident),* $(,)?) => {

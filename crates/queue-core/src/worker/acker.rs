@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use serde_json::Value;
@@ -24,6 +24,8 @@ pub(crate) struct Acker {
     tx: mpsc::UnboundedSender<Handled>,
     room: Arc<Semaphore>,
     capacity: usize,
+    /// Fires after each committed (or abandoned) batch.
+    settled: Arc<Notify>,
 }
 
 impl Acker {
@@ -37,11 +39,20 @@ impl Acker {
     ) -> (Acker, JoinHandle<()>) {
         let capacity = capacity.max(1);
         let (tx, rx) = mpsc::unbounded_channel();
-        let handle = tokio::spawn(flush_loop(transport, rx, capacity, counters, status));
+        let settled = Arc::new(Notify::new());
+        let handle = tokio::spawn(flush_loop(
+            transport,
+            rx,
+            capacity,
+            counters,
+            status,
+            settled.clone(),
+        ));
         let acker = Acker {
             tx,
             room: Arc::new(Semaphore::new(capacity)),
             capacity,
+            settled,
         };
         (acker, handle)
     }
@@ -60,6 +71,20 @@ impl Acker {
     pub(crate) fn is_idle(&self) -> bool {
         self.room.available_permits() == self.capacity
     }
+
+    /// Waits until every ack queued so far has been committed (or given up on), so that
+    /// a crash from now on cannot charge those messages again.
+    pub(crate) async fn flush(&self) {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.is_idle() || self.tx.is_closed() {
+                return;
+            }
+            settled.await;
+        }
+    }
 }
 
 /// A handled message waiting for its ack: the reservation, the handler's result, and
@@ -72,6 +97,7 @@ async fn flush_loop(
     capacity: usize,
     counters: Arc<WorkerCounters>,
     status: Option<StatusWriter>,
+    settled: Arc<Notify>,
 ) {
     let mut pending = Vec::with_capacity(capacity);
     // Whatever arrives while a batch is being committed forms the next batch.
@@ -93,6 +119,7 @@ async fn flush_loop(
         )
         .await;
         drop(permits);
+        settled.notify_waiters();
     }
 }
 

@@ -346,7 +346,17 @@ impl Worker {
         let worker = Arc::new(self);
         let opts = &worker.options;
         let concurrency = opts.concurrency.max(1);
-        let status_flusher = worker.status.clone().map(|store| {
+        // Where the transport keeps its start marks in its status store, the jobs'
+        // ends must be recorded there too, or their marks would read as crashes.
+        let status = worker.status.clone().or_else(|| {
+            worker
+                .transport
+                .capabilities()
+                .start_marks_in_status
+                .then(|| worker.transport.status_store())
+                .flatten()
+        });
+        let status_flusher = status.map(|store| {
             let (writer, flusher) = StatusWriter::spawn(store);
             let _ = worker.writer.set(writer);
             flusher
@@ -380,7 +390,12 @@ impl Worker {
         // Messages marked started, with when, waiting for a slot.
         let mut next: std::collections::VecDeque<(Reservation, std::time::Instant)> =
             std::collections::VecDeque::new();
-        let mut held: Option<Claimed> = None;
+        // Claimed messages taken off the channel but not started yet, in order: a
+        // suspect waiting for its turn to run alone, and what came in behind it.
+        let mut stash: std::collections::VecDeque<Claimed> = std::collections::VecDeque::new();
+        // Set while a suspect runs alone: nothing else starts until it has ended and its
+        // settlement committed.
+        let mut alone = false;
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
 
         loop {
@@ -390,7 +405,7 @@ impl Worker {
             // marked started. While they are fast, a group is marked at once, ahead of its
             // slots, so one commit covers many starts: if the process dies, those waiting
             // are charged an attempt, but each at most once, because a message with
-            // attempts > 0 is only ever marked alone, when its slot is free.
+            // attempts > 0 (a suspect) only ever runs alone.
             let permit = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
@@ -399,8 +414,17 @@ impl Worker {
                     Err(_) => break,
                 },
             };
+            if alone {
+                // The suspect's own ack commits before anything else starts: should the
+                // next one kill the process, the suspect is not charged again.
+                if !settle_all(&mut tasks, &acker, &shutdown).await {
+                    break;
+                }
+                alone = false;
+                dispatch.quiet.store(false, Ordering::SeqCst);
+            }
             if next.is_empty() {
-                let first = match held.take() {
+                let first = match stash.pop_front() {
                     Some(r) => r,
                     None => {
                         waiting.store(true, Ordering::SeqCst);
@@ -415,80 +439,68 @@ impl Worker {
                         first
                     }
                 };
-                // A message that failed or was reclaimed before (a possible poison) is
-                // always marked alone.
-                // While handlers are slow, only what free slots can start now is marked.
-                let group = if worker.counters.handlers_are_fast() {
-                    START_GROUP * concurrency
-                } else {
-                    slots.available_permits() + 1
-                };
-                // Messages their claim already marked started go straight to the queue
-                // of runnable ones; the rest are marked here, in one round trip.
-                let mut started = Vec::new();
-                let mut batch = Vec::new();
-                let mut item = Some(first);
-                while let Some((r, at)) = item.take() {
-                    match at {
-                        Some(at) => started.push((r, at)),
-                        None => {
-                            let alone = r.envelope.attempts > 0;
-                            batch.push(r);
-                            if alone {
-                                break;
-                            }
-                        }
+                dispatch.stashed.store(stash.len(), Ordering::SeqCst);
+                if first.1.is_none() && first.0.envelope.attempts > 0 {
+                    // A message that failed or was reclaimed before: a possible poison.
+                    // It runs alone, with nothing at stake: no other handler running,
+                    // every ack committed, nothing else started, so that if it kills
+                    // the process it charges only itself.
+                    let (suspect, _) = first;
+                    if worker.settle_on_arrival(&suspect).await {
+                        continue;
                     }
-                    if started.len() + batch.len() >= group {
+                    dispatch.quiet.store(true, Ordering::SeqCst);
+                    // Claims that start messages as they claim them finish first; what
+                    // they started runs before the suspect.
+                    if !wait_for_starting_claims(&dispatch, &shutdown).await {
+                        stash.push_front((suspect, None));
                         break;
                     }
-                    item = match rx.try_recv() {
-                        // Kept for the next round, where it is marked alone.
-                        Ok((f, None)) if f.envelope.attempts > 0 && !batch.is_empty() => {
-                            held = Some((f, None));
-                            None
-                        }
-                        Ok(f) => Some(f),
-                        Err(_) => None,
-                    };
-                }
-                for (r, at) in started {
-                    if !worker.settle_on_arrival(&r).await {
-                        next.push_back((r, at));
-                    }
-                }
-                marked.store(next.len(), Ordering::SeqCst);
-                let mut runnable = Vec::with_capacity(batch.len());
-                for r in batch {
-                    if !worker.settle_on_arrival(&r).await {
-                        runnable.push(r);
-                    }
-                }
-                // Mark them started (from now on a lapsed lease counts an attempt) and
-                // renew their leases, which may have aged in the buffer.
-                if !runnable.is_empty() {
-                    match worker.transport.start_batch(&runnable).await {
-                        Ok(report) => {
-                            let at = std::time::Instant::now();
-                            for r in runnable {
-                                if report.lost.contains(&r.id()) {
-                                    worker.counters.lost.fetch_add(1, Ordering::Relaxed);
-                                    tracing::warn!(message_id = %r.id(), "lease lost before the job started; skipped");
-                                } else {
+                    while let Ok(claimed) = rx.try_recv() {
+                        match claimed {
+                            (r, Some(at)) => {
+                                if !worker.settle_on_arrival(&r).await {
                                     next.push_back((r, at));
-                                    marked.store(next.len(), Ordering::SeqCst);
                                 }
                             }
-                        }
-                        Err(err) => {
-                            tracing::warn!(error = %err, count = runnable.len(), "could not start a batch; giving it back");
-                            for r in &runnable {
-                                if let Err(err) = worker.transport.abandon(r).await {
-                                    worker.log_settle_error("give back", &err);
-                                }
-                            }
+                            unstarted => stash.push_back(unstarted),
                         }
                     }
+                    if next.is_empty() {
+                        if !settle_all(&mut tasks, &acker, &shutdown).await {
+                            stash.push_front((suspect, None));
+                            break;
+                        }
+                        match worker
+                            .transport
+                            .start_batch(std::slice::from_ref(&suspect))
+                            .await
+                        {
+                            Ok(report) if report.lost.contains(&suspect.id()) => {
+                                worker.counters.lost.fetch_add(1, Ordering::Relaxed);
+                                dispatch.quiet.store(false, Ordering::SeqCst);
+                                tracing::warn!(message_id = %suspect.id(), "lease lost before the job started; skipped");
+                            }
+                            Ok(_) => {
+                                tracing::debug!(message_id = %suspect.id(), attempts = suspect.envelope.attempts, "running a suspect alone");
+                                next.push_back((suspect, std::time::Instant::now()));
+                                alone = true;
+                            }
+                            Err(err) => {
+                                dispatch.quiet.store(false, Ordering::SeqCst);
+                                tracing::warn!(error = %err, "could not start a message; giving it back");
+                                give_back(&worker, &suspect).await;
+                            }
+                        }
+                    } else {
+                        stash.push_front((suspect, None));
+                    }
+                    dispatch.stashed.store(stash.len(), Ordering::SeqCst);
+                    marked.store(next.len(), Ordering::SeqCst);
+                } else {
+                    worker
+                        .start_group(first, &mut rx, &mut stash, &mut next, &slots, &dispatch)
+                        .await;
                 }
             }
             let Some((r, marked_at)) = next.pop_front() else {
@@ -530,7 +542,7 @@ impl Worker {
         let unstarted: Vec<Reservation> = next
             .drain(..)
             .map(|(r, _)| r)
-            .chain(held.take().map(|(r, _)| r))
+            .chain(stash.drain(..).map(|(r, _)| r))
             .collect();
         for r in unstarted {
             if let Err(err) = worker.transport.abandon(&r).await {
@@ -568,6 +580,88 @@ impl Worker {
         let report = worker.counters.snapshot();
         tracing::info!(queue = %worker.queue, ?report, "worker stopped");
         Ok(report)
+    }
+
+    /// Starts `first` and the fresh messages behind it as one group: those their claim
+    /// started already go straight to `next`; the rest are marked started here in one
+    /// round trip. A suspect met on the way is stashed, to run alone in its turn.
+    async fn start_group(
+        &self,
+        first: Claimed,
+        rx: &mut mpsc::Receiver<Claimed>,
+        stash: &mut std::collections::VecDeque<Claimed>,
+        next: &mut std::collections::VecDeque<(Reservation, std::time::Instant)>,
+        slots: &Semaphore,
+        dispatch: &DispatchState,
+    ) {
+        let marked = &dispatch.marked;
+        // While handlers are slow, only what free slots can start now is marked.
+        let group = if self.counters.handlers_are_fast() {
+            START_GROUP * self.options.concurrency.max(1)
+        } else {
+            slots.available_permits() + 1
+        };
+        let mut started = Vec::new();
+        let mut batch = Vec::new();
+        let mut item = Some(first);
+        while let Some((r, at)) = item.take() {
+            match at {
+                Some(at) => started.push((r, at)),
+                None => batch.push(r),
+            }
+            if started.len() + batch.len() >= group {
+                break;
+            }
+            let following = match stash.pop_front() {
+                Some(f) => Some(f),
+                None => rx.try_recv().ok(),
+            };
+            item = match following {
+                Some((f, None)) if f.envelope.attempts > 0 => {
+                    stash.push_front((f, None));
+                    None
+                }
+                other => other,
+            };
+        }
+        dispatch.stashed.store(stash.len(), Ordering::SeqCst);
+        for (r, at) in started {
+            if !self.settle_on_arrival(&r).await {
+                next.push_back((r, at));
+            }
+        }
+        marked.store(next.len(), Ordering::SeqCst);
+        let mut runnable = Vec::with_capacity(batch.len());
+        for r in batch {
+            if !self.settle_on_arrival(&r).await {
+                runnable.push(r);
+            }
+        }
+        if runnable.is_empty() {
+            return;
+        }
+        // Mark them started (from now on a lapsed lease counts an attempt) and renew
+        // their leases, which may have aged in the buffer.
+        match self.transport.start_batch(&runnable).await {
+            Ok(report) => {
+                let at = std::time::Instant::now();
+                for r in runnable {
+                    if report.lost.contains(&r.id()) {
+                        self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(message_id = %r.id(), "lease lost before the job started; skipped");
+                    } else {
+                        next.push_back((r, at));
+                        marked.store(next.len(), Ordering::SeqCst);
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, count = runnable.len(), "could not start a batch; giving it back");
+                for r in &runnable {
+                    give_back(self, r).await;
+                }
+            }
+        }
     }
 
     async fn queue_is_empty(&self) -> bool {
@@ -880,6 +974,53 @@ struct DispatchState {
     waiting: AtomicBool,
     /// Marked messages waiting for a slot: the fetcher counts them as buffered.
     marked: AtomicUsize,
+    /// Claimed messages the dispatcher holds back behind a suspect: buffered too.
+    stashed: AtomicUsize,
+    /// Set while a suspect waits to run or runs alone: claims start nothing then.
+    quiet: AtomicBool,
+    /// Claims in flight that start fresh messages as they claim them, until what they
+    /// brought is in the channel.
+    starting: AtomicUsize,
+}
+
+/// Counts a starting claim as done when dropped: after its messages were sent into the
+/// channel, or when it brought none.
+struct StartingClaim<'a> {
+    dispatch: &'a DispatchState,
+    starts: bool,
+}
+
+impl Drop for StartingClaim<'_> {
+    fn drop(&mut self) {
+        if self.starts {
+            self.dispatch.starting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Waits until no claim that starts messages is in flight (their messages are then in
+/// the channel); `false` on shutdown.
+async fn wait_for_starting_claims(dispatch: &DispatchState, shutdown: &CancellationToken) -> bool {
+    while dispatch.starting.load(Ordering::SeqCst) > 0 {
+        if shutdown.is_cancelled() {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    true
+}
+
+/// Waits for every running handler to end and every queued ack to commit; `false` on
+/// shutdown.
+async fn settle_all(tasks: &mut JoinSet<()>, acker: &Acker, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => false,
+        _ = async {
+            while tasks.join_next().await.is_some() {}
+            acker.flush().await;
+        } => true,
+    }
 }
 
 /// What one claim brought back: messages, each with whether the claim started it.
@@ -911,10 +1052,10 @@ async fn fetch_loop(
     let waker = worker.transport.waker(&worker.queue);
     let mut pause = opts.poll_min;
     // Claims in flight, each with how many messages it asked for.
-    let mut claims: JoinSet<(usize, ClaimOutcome)> = JoinSet::new();
-    // How many each claim in flight asked for, so that a claim task that panicked still
-    // gives its share of the buffer back.
-    let mut asked_by: HashMap<tokio::task::Id, usize> = HashMap::new();
+    let mut claims: JoinSet<(usize, bool, ClaimOutcome)> = JoinSet::new();
+    // How many each claim in flight asked for, and whether it starts what it claims, so
+    // that a claim task that panicked still gives its share of the buffer back.
+    let mut asked_by: HashMap<tokio::task::Id, (usize, bool)> = HashMap::new();
     let mut asked = 0_usize;
     let mut backlog = false;
     let mut notified = None;
@@ -940,7 +1081,10 @@ async fn fetch_loop(
             } else {
                 marked.load(Ordering::SeqCst)
             };
-            let buffered = tx.max_capacity() - tx.capacity() + waiting_marked + asked;
+            let buffered = tx.max_capacity() - tx.capacity()
+                + waiting_marked
+                + dispatch.stashed.load(Ordering::SeqCst)
+                + asked;
             let ahead = if fast { opts.prefetch } else { 0 };
             let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
             let room = (free + ahead)
@@ -960,12 +1104,22 @@ async fn fetch_loop(
                     notified = n;
                 }
                 let (transport, queue) = (worker.transport.clone(), worker.queue.clone());
+                // Counted before `quiet` is read, so that a dispatcher that set `quiet`
+                // and then saw no starting claim can be sure none begins after.
+                let starts = fast && {
+                    dispatch.starting.fetch_add(1, Ordering::SeqCst);
+                    let quiet = dispatch.quiet.load(Ordering::SeqCst);
+                    if quiet {
+                        dispatch.starting.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    !quiet
+                };
                 let handle = claims.spawn(async move {
                     // While handlers keep up, messages start as they are claimed (one
                     // round trip fewer per batch); a crash then charges them an attempt
                     // each, at most once, because a message with attempts is never
                     // started by its claim.
-                    let claimed = if fast {
+                    let claimed = if starts {
                         transport.prefetch_batch_starting_fresh(&queue, room).await
                     } else {
                         transport
@@ -973,9 +1127,9 @@ async fn fetch_loop(
                             .await
                             .map(|batch| batch.into_iter().map(|r| (r, false)).collect())
                     };
-                    (room, claimed)
+                    (room, starts, claimed)
                 });
-                asked_by.insert(handle.id(), room);
+                asked_by.insert(handle.id(), (room, starts));
                 asked += room;
                 continue;
             }
@@ -988,7 +1142,7 @@ async fn fetch_loop(
             _ = finished.notified(), if claims.len() < limit => continue,
             _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))), if claims.len() < limit => continue,
         };
-        let (n, claimed) = match joined {
+        let (n, starts, claimed) = match joined {
             Some(Ok((id, done))) => {
                 asked_by.remove(&id);
                 done
@@ -996,10 +1150,19 @@ async fn fetch_loop(
             // What a panicked claim took stays leased until its lease runs out.
             Some(Err(err)) => {
                 tracing::error!(error = %err, "a claim task failed");
-                asked = asked.saturating_sub(asked_by.remove(&err.id()).unwrap_or(0));
+                let (n, starts) = asked_by.remove(&err.id()).unwrap_or((0, false));
+                asked = asked.saturating_sub(n);
+                if starts {
+                    dispatch.starting.fetch_sub(1, Ordering::SeqCst);
+                }
                 continue;
             }
             None => continue,
+        };
+        // Whatever this claim started is in the channel once this is released.
+        let _started_sent = StartingClaim {
+            dispatch: &dispatch,
+            starts,
         };
         asked = asked.saturating_sub(n);
         match claimed {
@@ -1026,8 +1189,10 @@ async fn fetch_loop(
                     continue;
                 }
                 let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
-                let idle =
-                    free == concurrency && tx.capacity() == tx.max_capacity() && acker.is_idle();
+                let idle = free == concurrency
+                    && tx.capacity() == tx.max_capacity()
+                    && dispatch.stashed.load(Ordering::SeqCst) == 0
+                    && acker.is_idle();
                 if opts.drain && idle && worker.queue_is_empty().await {
                     break;
                 }
@@ -1054,7 +1219,11 @@ async fn fetch_loop(
     }
     // What claims still in flight bring back goes back at once, uncharged.
     while let Some(joined) = claims.join_next().await {
-        if let Ok((_, Ok(batch))) = joined {
+        if let Ok((_, starts, outcome)) = joined {
+            if starts {
+                dispatch.starting.fetch_sub(1, Ordering::SeqCst);
+            }
+            let Ok(batch) = outcome else { continue };
             for (r, _) in batch {
                 give_back(&worker, &r).await;
             }
