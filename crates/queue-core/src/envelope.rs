@@ -263,8 +263,8 @@ impl EnvelopeBuilder {
         if self.kind.is_empty() || self.kind.len() > 255 || self.kind.chars().any(char::is_control)
         {
             return Err(Error::InvalidInput(format!(
-                "invalid kind {:?}: expected 1 to 255 printable characters",
-                self.kind
+                "invalid kind {}: expected 1 to 255 printable characters",
+                crate::error::shown(&self.kind)
             )));
         }
         if self.max_attempts == Some(0) {

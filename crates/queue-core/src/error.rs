@@ -110,10 +110,31 @@ impl ConfigError {
     }
 }
 
+/// How many characters of a rejected value an error message repeats.
+const SHOWN_CHARS: usize = 64;
+
+/// `value` quoted for an error message, cut to its first [`SHOWN_CHARS`] characters
+/// (with `…` and the full length) so that a huge bad value cannot flood a log line or a
+/// terminal.
+pub(crate) fn shown(value: &str) -> String {
+    let total = value.chars().count();
+    if total <= SHOWN_CHARS {
+        return format!("{value:?}");
+    }
+    let head: String = value.chars().take(SHOWN_CHARS).collect();
+    format!("{head:?}… ({total} characters)")
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.value {
-            Some(v) => write!(f, "invalid {}={:?}: {}", self.setting, v, self.expected),
+            Some(v) => write!(
+                f,
+                "invalid {}={}: {}",
+                self.setting,
+                shown(v),
+                self.expected
+            ),
             None => write!(f, "invalid {}: {}", self.setting, self.expected),
         }
     }
@@ -135,5 +156,19 @@ impl DecodeError {
         DecodeError {
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_rejected_values_are_shown_cut_with_their_length() {
+        assert_eq!(shown("abc"), "\"abc\"");
+        let long = "x".repeat(5_000);
+        let text = ConfigError::new("--queue", Some(long), "a queue name").to_string();
+        assert!(text.len() < 200, "{text}");
+        assert!(text.contains("… (5000 characters)"), "{text}");
     }
 }

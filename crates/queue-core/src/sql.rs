@@ -185,6 +185,43 @@ pub fn check_schema_version(table: &str, newest: Option<i64>, known: i64) -> Res
     }
 }
 
+/// The error of an open that must not create anything (read-only tools) and found part
+/// of the store missing: names the setting that points at it (`QUEUE_SCHEMA`), its value,
+/// what is accepted, what is missing, and that nothing was created.
+pub fn missing_store(setting: &str, value: &str, accepted: &str, missing: &str) -> Error {
+    ConfigError::new(
+        setting,
+        Some(value.to_owned()),
+        format!(
+            "{accepted}; {missing} (nothing was created): run `switchyard migrate` to create it, or check QUEUE_SCHEMA / QUEUE_TABLE"
+        ),
+    )
+    .into()
+}
+
+/// For an open that must not migrate (read-only tools): the table must be at exactly
+/// this build's schema version. An older one is refused rather than read, since this
+/// build's statements name columns and tables (the status table) that the older schema
+/// lacks, and upgrading it is `switchyard migrate`'s job, not a reader's.
+pub fn check_existing_version(table: &str, newest: Option<i64>, known: i64) -> Result<()> {
+    check_schema_version(table, newest, known)?;
+    match newest {
+        Some(newest) if newest >= known => Ok(()),
+        found => Err(ConfigError::new(
+            "QUEUE_TABLE",
+            Some(table.to_owned()),
+            format!(
+                "a table at schema version {known}; this one is at {} (nothing was changed): run `switchyard migrate` to upgrade it",
+                found.map_or_else(
+                    || "no recorded version".to_owned(),
+                    |v| format!("version {v}")
+                )
+            ),
+        )
+        .into()),
+    }
+}
+
 /// How long a promotion of due rows counts as fresh.
 const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 
@@ -552,7 +589,8 @@ impl StoreSettings<'_> {
 }
 
 /// What every SQL transport promises: exact FIFO, priorities, exact delays, lease
-/// extension, idempotent publish, expiry, table isolation and transactional publish.
+/// extension, idempotent publish, expiry, table isolation, transactional publish, and
+/// crashes that charge only started messages.
 pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
     Capabilities {
         exact_fifo: true,
@@ -564,6 +602,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         table_isolation: true,
         transactional_publish: true,
         delayed_stats: true,
+        charges_only_started: true,
         max_payload_bytes,
         ..Capabilities::default()
     }
@@ -585,6 +624,22 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("upgrade"), "{err}");
+    }
+
+    #[test]
+    fn read_only_opens_refuse_older_and_unversioned_schemas() {
+        assert!(check_existing_version("jobs", Some(3), 3).is_ok());
+        for (found, says) in [(Some(2), "version 2"), (None, "no recorded version")] {
+            let err = check_existing_version("jobs", found, 3)
+                .expect_err("an older schema is refused")
+                .to_string();
+            assert!(
+                err.contains(says) && err.contains("switchyard migrate"),
+                "{err}"
+            );
+            assert!(err.contains("nothing was changed"), "{err}");
+        }
+        assert!(check_existing_version("jobs", Some(4), 3).is_err());
     }
 
     #[test]

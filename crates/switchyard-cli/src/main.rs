@@ -44,12 +44,23 @@ fn main() -> ExitCode {
     // The demo and the benchmark report on their own; their expected failures would
     // only clutter the screen. RUST_LOG overrides.
     let quiet = matches!(cli.command, cli::Command::Demo(_) | cli::Command::Bench(_));
+    // Reading commands probe RabbitMQ queues with passive declarations, and the broker
+    // answers a missing queue by closing the channel, which lapin logs as an error; the
+    // command reports the outcome itself, in one line.
+    let probing = matches!(
+        cli.command,
+        cli::Command::Stats(_) | cli::Command::Dead { .. }
+    );
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new(if quiet { "error" } else { "warn" })
+                tracing_subscriber::EnvFilter::new(match (quiet, probing) {
+                    (true, _) => "error",
+                    (false, true) => "warn,lapin::channel=off",
+                    (false, false) => "warn",
+                })
             }),
         )
         .init();

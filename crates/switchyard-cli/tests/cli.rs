@@ -352,3 +352,208 @@ fn the_command_line_works_on_rabbitmq() {
     assert!(sb.dead(&q).is_empty());
     support::delete_broker_queue(&q);
 }
+
+/// Runs one query on a test server from the test itself and returns its one boolean.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn server_says(url: &str, sql: &str, bind: &str) -> bool {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(async {
+            use sqlx::Connection;
+            if url.starts_with("postgres") {
+                let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+                sqlx::query_scalar::<_, bool>(sql)
+                    .bind(bind)
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("query")
+            } else {
+                let mut conn = sqlx::MySqlConnection::connect(url).await.expect("connect");
+                sqlx::query_scalar::<_, i64>(sql)
+                    .bind(bind)
+                    .fetch_one(&mut conn)
+                    .await
+                    .expect("query")
+                    > 0
+            }
+        })
+}
+
+/// Runs one statement on the test PostgreSQL server from the test itself.
+#[cfg(feature = "postgres")]
+fn pg_execute(url: &str, sql: &str) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query(sql).execute(&mut conn).await.expect("execute");
+        });
+}
+
+/// The reading commands `stats` and `dead list`, each run against `sb`: all fail in one
+/// line naming `needles`.
+fn reading_commands_fail_naming(sb: &Sandbox, needles: &[&str]) {
+    for args in [&["stats"][..], &["dead", "list"], &["stats", "--json"]] {
+        let out = sb.run(args);
+        assert_one_line_error(&out, needles);
+        assert!(text(&out.stderr).contains("nothing was created"));
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn reading_commands_create_no_schema_or_table_on_postgres() {
+    let Some(mut sb) = Sandbox::postgres() else {
+        return;
+    };
+    let url = support::pg_url();
+    let schema = sb.pg_schema.clone().expect("a schema");
+    let schema_exists = "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)";
+    reading_commands_fail_naming(&sb, &["QUEUE_SCHEMA", &schema, "no schema", "migrate"]);
+    assert!(
+        !server_says(&url, schema_exists, &schema),
+        "created {schema}"
+    );
+
+    let out = sb.run(&["migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    sb.set_env("QUEUE_TABLE", "typo_jobs");
+    reading_commands_fail_naming(&sb, &["QUEUE_TABLE", "typo_jobs", "no table", &schema]);
+    for table in ["typo_jobs", "typo_jobs_dead", "typo_jobs_status"] {
+        let name = format!("\"{schema}\".\"{table}\"");
+        assert!(
+            !server_says(&url, "SELECT to_regclass($1) IS NOT NULL", &name),
+            "created {name}"
+        );
+    }
+
+    // A table at an older schema version is refused, not read (nor upgraded).
+    sb.unset_env("QUEUE_TABLE");
+    pg_execute(
+        &url,
+        &format!("DELETE FROM \"{schema}\".switchyard_migrations WHERE version > 2"),
+    );
+    let out = sb.run(&["stats"]);
+    assert_one_line_error(&out, &["QUEUE_TABLE", "version 2", "switchyard migrate"]);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn reading_commands_create_no_database_or_table_on_mariadb() {
+    let Some(mut sb) = Sandbox::mysql() else {
+        return;
+    };
+    let url = support::mysql_url();
+    let db = sb.mysql_db.clone().expect("a database");
+    let db_exists = "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?";
+    reading_commands_fail_naming(&sb, &["QUEUE_SCHEMA", &db, "no database", "migrate"]);
+    assert!(!server_says(&url, db_exists, &db), "created {db}");
+
+    let out = sb.run(&["migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    sb.set_env("QUEUE_TABLE", "typo_jobs");
+    reading_commands_fail_naming(&sb, &["QUEUE_TABLE", "typo_jobs", "no table", &db]);
+    let tables = format!(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{db}' AND TABLE_NAME LIKE ?"
+    );
+    assert!(
+        !server_says(&url, &tables, "typo_jobs%"),
+        "created typo_jobs"
+    );
+}
+
+#[test]
+fn reading_commands_create_no_table_in_an_existing_sqlite_file() {
+    let mut sb = Sandbox::new();
+    let out = sb.run(&["migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    sb.set_env("QUEUE_TABLE", "typo_jobs");
+    reading_commands_fail_naming(&sb, &["QUEUE_TABLE", "typo_jobs", "no table"]);
+    // The table appears only once something that writes runs.
+    let out = sb.run(&["publish", "--queue", "q", "--kind", "k", "--payload", "{}"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sb.run(&["stats"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// A bad `--kind`, `--delay`, `--expires-in` or `--max-attempts` is an error of that
+/// flag (never of `--payload`), with its value, and a huge value is shown cut short.
+#[test]
+fn publish_names_the_flag_whose_value_is_bad() {
+    let sb = Sandbox::new();
+    let huge_kind = "k".repeat(5_000);
+    for (flag, value, needles) in [
+        (
+            "--delay",
+            "100000000000d",
+            &["--delay 100000000000d", "too long"][..],
+        ),
+        (
+            "--expires-in",
+            "100000000000d",
+            &["--expires-in 100000000000d", "too long"],
+        ),
+        ("--max-attempts", "0", &["--max-attempts 0", "at least 1"]),
+        (
+            "--kind",
+            &huge_kind,
+            &["--kind", "(5000 characters)", "1 to 255 printable"],
+        ),
+        ("--kind", "", &["--kind", "1 to 255 printable"]),
+    ] {
+        let mut args = vec!["publish", "--queue", "q", "--payload", "{}"];
+        if flag != "--kind" {
+            args.extend(["--kind", "k"]);
+        }
+        args.extend([flag, value]);
+        let out = sb.run(&args);
+        assert_one_line_error(&out, needles);
+        let err = text(&out.stderr);
+        assert!(!err.contains("--payload"), "{flag}: {err}");
+        assert!(err.len() < 400, "{flag}: the value is echoed whole: {err}");
+        // The same from stdin lines: the flag is named, not the line.
+        let out = sb.run_stdin(
+            &args[..3]
+                .iter()
+                .chain(&args[5..])
+                .copied()
+                .collect::<Vec<_>>(),
+            "{}\n",
+        );
+        assert_one_line_error(&out, needles);
+        assert!(!text(&out.stderr).contains("stdin line"), "{flag}");
+    }
+    assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
+}
+
+/// `stats --queue Q` for a queue RabbitMQ does not have is a one-line error naming it
+/// (exit 1, no driver noise), not "no messages": on the broker a queue exists or not,
+/// and a typo should not read as an empty queue. Asking declares nothing.
+#[cfg(feature = "amqp")]
+#[test]
+fn stats_of_a_queue_rabbitmq_does_not_have_is_a_one_line_error() {
+    let Some(sb) = Sandbox::rabbitmq() else {
+        return;
+    };
+    let q = format!("cli.never.{}", uuid::Uuid::new_v4().simple());
+    for _ in 0..2 {
+        for args in [
+            &["stats", "--queue", &q][..],
+            &["stats", "--json", "--queue", &q],
+        ] {
+            let out = sb.run(args);
+            assert_one_line_error(&out, &["--queue", &q, "no queue of this name"]);
+            assert_eq!(out.status.code(), Some(1));
+            assert!(
+                !text(&out.stderr).contains("NOT_FOUND"),
+                "{}",
+                text(&out.stderr)
+            );
+        }
+    }
+}

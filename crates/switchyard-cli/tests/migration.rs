@@ -457,3 +457,49 @@ fn move_round_trip(mut sb: Sandbox) {
     );
     delete_broker_queue(&q);
 }
+
+/// `stats` during a canary names the canary side `canary N%` (never `draining`, which is
+/// for a backend being left), whichever way the canary points, in text and JSON.
+#[test]
+fn stats_name_the_canary_side_in_both_directions() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    let q = fresh_queue("canary-label");
+    sb.set_env("QUEUE_CANARY_PERCENT", "10");
+    for (primary, canary) in [("exec", "rabbitmq"), ("rabbitmq", "exec")] {
+        sb.set_env("QUEUE_BACKEND", primary);
+        let out = sb.run(&["migrate"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let out = sb.run(&["stats", "--queue", &q]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let shown = text(&out.stdout);
+        assert!(shown.contains(&format!("{primary} (primary)")), "{shown}");
+        assert!(shown.contains(&format!("{canary} (canary 10%)")), "{shown}");
+        assert!(!shown.contains("draining"), "{shown}");
+
+        let out = sb.run(&["stats", "--json", "--queue", &q]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stats JSON");
+        let side = |name: &str| {
+            v["backends"]
+                .as_array()
+                .and_then(|bs| bs.iter().find(|b| b["backend"] == name).cloned())
+                .unwrap_or_else(|| panic!("no {name} in {v}"))
+        };
+        assert_eq!(side(primary)["role"], "primary", "{v}");
+        assert_eq!(side(canary)["role"], "canary 10%", "{v}");
+        assert_eq!(side(canary)["drained"], false, "{v}");
+    }
+
+    // Without a canary share, the other side is the one being drained.
+    sb.set_env("QUEUE_CANARY_PERCENT", "0");
+    sb.set_env("QUEUE_BACKEND", "rabbitmq");
+    let out = sb.run(&["stats", "--queue", &q]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("exec (draining, drained)"),
+        "{}",
+        text(&out.stdout)
+    );
+}

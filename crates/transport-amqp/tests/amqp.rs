@@ -531,3 +531,115 @@ fn the_brokers_delivery_limit_moves_a_returning_message_to_the_dead_queue() {
         Ok(())
     });
 }
+
+/// A local port nothing listens on (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free local port")
+        .port()
+}
+
+/// The first connect to a broker that is down waits for it, trying again, and opens
+/// once it is up (here: a proxy to the test broker that starts listening late); with
+/// `retry_first_connect` off it fails at once, and past `reconnect_timeout` it fails
+/// with a transient error that says how long it waited.
+#[test]
+fn the_first_connect_waits_for_a_broker_that_comes_up_late() {
+    with_broker(|| async {
+        let port = free_port();
+        let late = url().replacen("127.0.0.1:5672", &format!("127.0.0.1:{port}"), 1);
+        assert_ne!(late, url(), "the test broker is expected at 127.0.0.1:5672");
+
+        let started = Instant::now();
+        let err = AmqpTransport::connect(AmqpOptions::new(&late).with_retry_first_connect(false))
+            .await
+            .expect_err("nothing listens yet");
+        assert!(err.is_transient(), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(2), "it waited");
+
+        let started = Instant::now();
+        let err = AmqpTransport::connect(
+            AmqpOptions::new(&late).with_reconnect_timeout(Duration::from_millis(800)),
+        )
+        .await
+        .expect_err("nothing listens");
+        assert!(started.elapsed() >= Duration::from_millis(500), "{err}");
+        assert!(err.is_transient(), "{err}");
+        assert!(err.to_string().contains("reconnect_timeout"), "{err}");
+
+        // The proxy opens its port 700 ms from now.
+        let proxy = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .expect("bind the proxy");
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect("127.0.0.1:5672").await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        let started = Instant::now();
+        let t = AmqpTransport::connect(
+            AmqpOptions::new(&late).with_reconnect_timeout(Duration::from_secs(20)),
+        )
+        .await?;
+        assert!(started.elapsed() >= Duration::from_millis(500));
+        let q = queue();
+        t.publish(job(&q, "late")).await?;
+        assert_eq!(t.stats(Some(&q)).await?[0].ready, 1);
+        t.delete_queue(&q).await?;
+        t.close().await;
+        proxy.abort();
+        Ok(())
+    });
+}
+
+/// Published envelopes say what their body is: `content_type` `application/json`.
+#[test]
+fn published_envelopes_carry_a_json_content_type() {
+    with_broker(|| async {
+        let t = open(QueueKind::Quorum).await?;
+        let q = queue();
+        t.publish(job(&q, "typed")).await?;
+        let conn = lapin::Connection::connect(&url(), lapin::ConnectionProperties::default())
+            .await
+            .expect("connect");
+        let ch = conn.create_channel().await.expect("a channel");
+        let mut got = None;
+        for _ in 0..50 {
+            got = ch
+                .basic_get(
+                    q.as_str().into(),
+                    lapin::options::BasicGetOptions::default(),
+                )
+                .await
+                .expect("basic.get");
+            if got.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let message = got.expect("the message");
+        assert_eq!(
+            message
+                .delivery
+                .properties
+                .content_type()
+                .as_ref()
+                .map(|c| c.as_str()),
+            Some("application/json")
+        );
+        let _ = conn.close(200, "done".into()).await;
+        t.delete_queue(&q).await?;
+        t.close().await;
+        Ok(())
+    });
+}

@@ -1,4 +1,4 @@
-use queue_core::sql::check_schema_version;
+use queue_core::sql::{check_existing_version, check_schema_version, missing_store};
 use queue_core::Result;
 use sqlx::{Executor, MySqlPool};
 
@@ -114,6 +114,91 @@ pub(crate) async fn migrate(pool: &MySqlPool, schema: Option<&str>, table: &str)
         .execute(&mut *conn)
         .await;
     outcome
+}
+
+/// For an open that must create nothing (read-only tools): checks that the database
+/// (`QUEUE_SCHEMA`, or the URL's), the table and the migration ledger exist and that the
+/// table is at this build's schema version, and names what is missing otherwise. Only
+/// reads `information_schema`.
+pub(crate) async fn check_existing(
+    pool: &MySqlPool,
+    schema: Option<&str>,
+    table: &str,
+) -> Result<()> {
+    let database = match schema {
+        Some(s) => {
+            let found: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = ?",
+            )
+            .bind(s)
+            .fetch_one(pool)
+            .await
+            .backend()?;
+            if found == 0 {
+                return Err(missing_store(
+                    "QUEUE_SCHEMA",
+                    s,
+                    "an existing database",
+                    &format!(
+                        "the MySQL server has no database `{s}` (on MySQL, QUEUE_SCHEMA names a database)"
+                    ),
+                ));
+            }
+            s.to_owned()
+        }
+        None => {
+            let current: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
+                .fetch_one(pool)
+                .await
+                .backend()?;
+            match current {
+                Some(db) => db,
+                None => {
+                    return Err(missing_store(
+                        "QUEUE_TABLE",
+                        table,
+                        "a table in a selected database",
+                        "DATABASE_URL names no database and QUEUE_SCHEMA is unset",
+                    ))
+                }
+            }
+        }
+    };
+    let exists = |name: String| {
+        let database = database.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            )
+            .bind(database)
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .backend()
+            .map(|n| n > 0)
+        }
+    };
+    if !exists(table.to_owned()).await? {
+        return Err(missing_store(
+            "QUEUE_TABLE",
+            table,
+            "an existing table",
+            &format!("MySQL database `{database}` has no table `{table}`"),
+        ));
+    }
+    let newest: Option<i32> = if exists("switchyard_migrations".to_owned()).await? {
+        sqlx::query_scalar(&format!(
+            "SELECT MAX(version) FROM `{database}`.switchyard_migrations WHERE target = ?"
+        ))
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .backend()?
+    } else {
+        None
+    };
+    let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+    check_existing_version(table, newest.map(i64::from), i64::from(known))
 }
 
 /// Drops `schema.table` and its dead-letter table, and forgets their migrations.

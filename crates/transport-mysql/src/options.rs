@@ -13,7 +13,7 @@ pub struct MySqlOptions {
     /// Table name (`QUEUE_TABLE`); the dead letters live in `<table>_dead`.
     pub table: String,
     /// Schema (`QUEUE_SCHEMA`), MySQL's database, for per-tenant isolation; created when
-    /// missing. `None` uses the database of the URL.
+    /// missing (unless [`create`](Self::create) is off). `None` uses the database of the URL.
     pub schema: Option<String>,
     /// Claim strategy (`QUEUE_CLAIM`).
     pub claim: ClaimStrategy,
@@ -29,6 +29,11 @@ pub struct MySqlOptions {
     pub lock_retries: u32,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
+    /// Create the schema and tables when missing and apply pending migrations on
+    /// connect (the default). Off, for tools that only read or manage an existing store,
+    /// connect creates and changes nothing: a missing schema or table, or one at another
+    /// schema version, is a [`Config`](queue_core::Error::Config) error naming it.
+    pub create: bool,
     /// How often, from the first worker on, the transport reads the newest row's seq to
     /// wake its idle workers on publishes of other processes (MySQL has no `NOTIFY`).
     /// `None` leaves those to the workers' own polling (20 ms to 1 s by default).
@@ -48,6 +53,7 @@ impl MySqlOptions {
             acquire_timeout: Duration::from_secs(10),
             lock_retries: 10,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            create: true,
             watch: Some(Duration::from_millis(20)),
         }
     }
@@ -61,6 +67,13 @@ impl MySqlOptions {
             visibility_timeout: config.visibility_timeout,
             ..MySqlOptions::new(config.database_url.expose())
         }
+    }
+
+    /// Sets whether connect creates and migrates the store (`true`, the default) or
+    /// only opens an existing one, creating nothing.
+    pub fn with_create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
     }
 
     /// Sets the table.

@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::cursor::ClaimCursors;
 use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
-use crate::migrate::{migrate, uninstall};
+use crate::migrate::{check_existing, migrate, uninstall};
 use crate::options::MySqlOptions;
 use crate::sql::{padded, with_list, Statements};
 use crate::status::MySqlStatusStore;
@@ -198,7 +198,13 @@ impl MySqlTransport {
             )
             .into());
         }
-        migrate(&pool, schema.as_deref(), &table).await?;
+        // Read-only tools open without creating: a mistyped database or table is an
+        // error, not a new empty store.
+        if options.create {
+            migrate(&pool, schema.as_deref(), &table).await?;
+        } else {
+            check_existing(&pool, schema.as_deref(), &table).await?;
+        }
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, server = version, "mysql transport ready");
         let kept = KeptConnections::for_pool(options.max_connections);
         let stop = CancellationToken::new();

@@ -1,4 +1,4 @@
-use queue_core::sql::check_schema_version;
+use queue_core::sql::{check_existing_version, check_schema_version, missing_store};
 use queue_core::Result;
 use sqlx::{Executor, PgPool};
 
@@ -89,6 +89,76 @@ pub(crate) async fn migrate(pool: &PgPool, schema: Option<&str>, table: &str) ->
     let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
     check_schema_version(table, newest.map(i64::from), i64::from(known))?;
     tx.commit().await.backend()
+}
+
+/// For an open that must create nothing (read-only tools): checks that the schema, the
+/// table and the migration ledger exist and that the table is at this build's schema
+/// version, and names what is missing otherwise. Only reads the catalog.
+pub(crate) async fn check_existing(pool: &PgPool, schema: Option<&str>, table: &str) -> Result<()> {
+    let place = match schema {
+        Some(s) => {
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+                    .bind(s)
+                    .fetch_one(pool)
+                    .await
+                    .backend()?;
+            if !exists {
+                return Err(missing_store(
+                    "QUEUE_SCHEMA",
+                    s,
+                    "an existing schema",
+                    &format!("the PostgreSQL database has no schema \"{s}\""),
+                ));
+            }
+            format!("PostgreSQL schema \"{s}\"")
+        }
+        None => {
+            let current: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+                .fetch_one(pool)
+                .await
+                .backend()?;
+            match current {
+                Some(c) => format!("PostgreSQL schema \"{c}\" (the search_path's first)"),
+                None => "the PostgreSQL search_path (none of its schemas exists)".to_owned(),
+            }
+        }
+    };
+    // Names are validated identifiers, so quoting them is all `to_regclass` needs; it
+    // resolves an unqualified name through the search_path, as the statements do.
+    let regclass = |name: &str| match schema {
+        Some(s) => format!("\"{s}\".\"{name}\""),
+        None => format!("\"{name}\""),
+    };
+    let exists = |name: String| async move {
+        sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .backend()
+    };
+    if !exists(regclass(table)).await? {
+        return Err(missing_store(
+            "QUEUE_TABLE",
+            table,
+            "an existing table",
+            &format!("{place} has no table \"{table}\""),
+        ));
+    }
+    let newest: Option<i32> = if exists(regclass("switchyard_migrations")).await? {
+        sqlx::query_scalar(&format!(
+            "SELECT max(version) FROM {} WHERE target = $1",
+            regclass("switchyard_migrations")
+        ))
+        .bind(table)
+        .fetch_one(pool)
+        .await
+        .backend()?
+    } else {
+        None
+    };
+    let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+    check_existing_version(table, newest.map(i64::from), i64::from(known))
 }
 
 /// Drops `schema.table` and its dead-letter table, and forgets their migrations.

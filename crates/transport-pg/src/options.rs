@@ -12,7 +12,8 @@ pub struct PgOptions {
     pub url: SecretUrl,
     /// Table name (`QUEUE_TABLE`); the dead letters live in `<table>_dead`.
     pub table: String,
-    /// Schema (`QUEUE_SCHEMA`) for per-tenant isolation; created when missing. `None`
+    /// Schema (`QUEUE_SCHEMA`) for per-tenant isolation; created when missing
+    /// (unless [`create`](Self::create) is off). `None`
     /// uses the connection's `search_path` (normally `public`).
     pub schema: Option<String>,
     /// Claim strategy (`QUEUE_CLAIM`).
@@ -29,6 +30,11 @@ pub struct PgOptions {
     pub notify: bool,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
+    /// Create the schema and tables when missing and apply pending migrations on
+    /// connect (the default). Off, for tools that only read or manage an existing store,
+    /// connect creates and changes nothing: a missing schema or table, or one at another
+    /// schema version, is a [`Config`](queue_core::Error::Config) error naming it.
+    pub create: bool,
 }
 
 impl PgOptions {
@@ -44,6 +50,7 @@ impl PgOptions {
             acquire_timeout: Duration::from_secs(10),
             notify: true,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            create: true,
         }
     }
 
@@ -56,6 +63,13 @@ impl PgOptions {
             visibility_timeout: config.visibility_timeout,
             ..PgOptions::new(config.database_url.expose())
         }
+    }
+
+    /// Sets whether connect creates and migrates the store (`true`, the default) or
+    /// only opens an existing one, creating nothing.
+    pub fn with_create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
     }
 
     /// Sets the table.

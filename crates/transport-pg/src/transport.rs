@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::error::{is_conflict, is_unique_violation, SqlxResultExt, TRANSPORT};
 use crate::listener;
-use crate::migrate::{migrate, uninstall};
+use crate::migrate::{check_existing, migrate, uninstall};
 use crate::options::PgOptions;
 use crate::sql::Statements;
 use crate::status::PgStatusStore;
@@ -176,7 +176,13 @@ impl PgTransport {
             .connect_with(connect.clone())
             .await
             .backend()?;
-        migrate(&pool, schema.as_deref(), &table).await?;
+        // Read-only tools open without creating: a mistyped schema or table is an error,
+        // not a new empty store.
+        if options.create {
+            migrate(&pool, schema.as_deref(), &table).await?;
+        } else {
+            check_existing(&pool, schema.as_deref(), &table).await?;
+        }
         let stop = CancellationToken::new();
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, "postgres transport ready");
         let kept = KeptConnections::for_pool(options.max_connections);

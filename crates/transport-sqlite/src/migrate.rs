@@ -1,4 +1,4 @@
-use queue_core::sql::check_schema_version;
+use queue_core::sql::{check_existing_version, check_schema_version, missing_store};
 use queue_core::Result;
 use sqlx::{Executor, SqlitePool};
 
@@ -62,4 +62,42 @@ pub(crate) async fn migrate(pool: &SqlitePool, table: &str) -> Result<()> {
             .backend()?;
     let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
     check_schema_version(table, newest, known)
+}
+
+/// For an open that must create nothing (read-only tools): checks that the table and the
+/// migration ledger exist and that the table is at this build's schema version, and
+/// names what is missing otherwise. Only reads `sqlite_master`.
+pub(crate) async fn check_existing(pool: &SqlitePool, table: &str) -> Result<()> {
+    let exists = |name: &str| {
+        let name = name.to_owned();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            )
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .backend()
+            .map(|n| n > 0)
+        }
+    };
+    if !exists(table).await? {
+        return Err(missing_store(
+            "QUEUE_TABLE",
+            table,
+            "an existing table",
+            &format!("the SQLite database has no table \"{table}\""),
+        ));
+    }
+    let newest: Option<i64> = if exists("switchyard_migrations").await? {
+        sqlx::query_scalar("SELECT max(version) FROM switchyard_migrations WHERE target = ?1")
+            .bind(table)
+            .fetch_one(pool)
+            .await
+            .backend()?
+    } else {
+        None
+    };
+    let known = MIGRATIONS.last().map_or(0, |(v, _)| *v);
+    check_existing_version(table, newest, known)
 }

@@ -37,8 +37,11 @@ pub struct SqliteOptions {
     pub synchronous: SqliteSynchronous,
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
-    /// Create the database file when it is missing (read-only tools turn this off, so a
-    /// mistyped path is an error instead of a new empty database).
+    /// Create the database file and the tables when missing and apply pending
+    /// migrations (the default). Read-only tools turn this off, so that a mistyped path
+    /// or `QUEUE_TABLE` is an error naming it instead of a new empty database or table;
+    /// a table at another schema version is an error too. (An in-memory database is
+    /// always created: it cannot exist before.)
     pub create_if_missing: bool,
 }
 
@@ -94,7 +97,8 @@ impl SqliteOptions {
         self
     }
 
-    /// Sets whether a missing database file is created.
+    /// Sets whether a missing database file or table is created (and migrations
+    /// applied).
     pub fn with_create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
         self

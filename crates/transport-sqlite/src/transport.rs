@@ -23,7 +23,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use tokio::sync::{Mutex, Notify};
 
 use crate::error::{SqlxResultExt, TRANSPORT};
-use crate::migrate::migrate;
+use crate::migrate::{check_existing, migrate};
 use crate::options::{SqliteOptions, SqliteSynchronous};
 use crate::sql::Statements;
 use crate::status::SqliteStatusStore;
@@ -136,7 +136,13 @@ impl SqliteTransport {
             .connect_with(connect.clone())
             .await
             .backend()?;
-        migrate(&writer, table.as_str()).await?;
+        // Read-only tools open without creating: a mistyped table is an error, not a new
+        // empty table.
+        if options.create_if_missing || in_memory {
+            migrate(&writer, table.as_str()).await?;
+        } else {
+            check_existing(&writer, table.as_str()).await?;
+        }
         // An in-memory database exists once per connection: everything shares the writer.
         let reader = if in_memory {
             writer.clone()

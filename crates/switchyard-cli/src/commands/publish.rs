@@ -147,7 +147,7 @@ impl Template {
                 })?;
             headers.push((k.to_owned(), v.to_owned()));
         }
-        Ok(Template {
+        let template = Template {
             queue: args.queue.clone(),
             kind: args.kind.clone(),
             id,
@@ -165,7 +165,42 @@ impl Template {
             max_attempts: args.max_attempts,
             trace_id: args.trace_id.clone(),
             headers,
-        })
+        };
+        template.check_flags(args)?;
+        Ok(template)
+    }
+
+    /// Builds a probe envelope per flag the builder validates, so that a bad value is
+    /// reported as an error of its own flag (with the value as given) rather than of
+    /// `--payload` or a stdin line, where the whole message's build would report it.
+    fn check_flags(&self, args: &PublishArgs) -> Result<()> {
+        let probe = |kind: &str| Envelope::builder(self.queue.clone(), kind.to_owned());
+        probe(&self.kind)
+            .build()
+            .map_err(|e| with_context(e, "--kind"))?;
+        let flag = |name: &str, given: Option<&String>| match given {
+            Some(v) => format!("{name} {v}"),
+            None => name.to_owned(),
+        };
+        if let Some(d) = self.delay {
+            probe("probe")
+                .delay(d)
+                .build()
+                .map_err(|e| with_context(e, &flag("--delay", args.delay.as_ref())))?;
+        }
+        if let Some(d) = self.expires_in {
+            probe("probe")
+                .expires_in(d)
+                .build()
+                .map_err(|e| with_context(e, &flag("--expires-in", args.expires_in.as_ref())))?;
+        }
+        if let Some(m) = self.max_attempts {
+            probe("probe")
+                .max_attempts(m)
+                .build()
+                .map_err(|e| with_context(e, &format!("--max-attempts {m}")))?;
+        }
+        Ok(())
     }
 
     fn builder(&self) -> EnvelopeBuilder {

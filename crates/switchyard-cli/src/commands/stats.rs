@@ -12,6 +12,19 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     }
     let transport = switchyard::connect_existing(config).await?;
     let stats = transport.stats(queue.as_ref()).await?;
+    // On RabbitMQ a queue is an object of the broker, and the transport returns a row
+    // for every one that exists (zeros included): no row for a queue named explicitly
+    // means the broker has none by that name, most likely a typo, which a script should
+    // not read as "empty". In a SQL table a queue is only a column value, so an unknown
+    // name there is indistinguishable from a drained queue and shows nothing.
+    if let (Some(q), BackendKind::RabbitMq, true) = (&queue, config.backend, stats.is_empty()) {
+        return Err(switchyard::ConfigError::new(
+            "--queue",
+            Some(q.as_str().to_owned()),
+            "a queue that exists on RabbitMQ; the broker has no queue of this name (it is declared by the first publish or worker; nothing was created): check the name",
+        )
+        .into());
+    }
     // RabbitMQ keeps delayed messages in a chain shared by every queue: only the
     // process that delayed them counts them, and this one delayed none.
     let delayed_counted = transport.capabilities().delayed_stats;
@@ -59,12 +72,16 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
 async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Result<()> {
     let mut sides = Vec::new();
     for kind in [config.backend, config.backend.other()] {
+        // A canary share goes to the other backend whichever way the canary points, and
+        // workers consume it there as well: it is being fed, not left, so never
+        // "draining" (nor "drained") while the share is above 0, even though its URL
+        // being set would otherwise mark it as the backend to drain.
         let role = if kind == config.backend {
             "primary".to_owned()
-        } else if config.drain_from() == Some(kind) {
-            "draining".to_owned()
-        } else {
+        } else if config.canary_percent > 0 {
             format!("canary {}%", config.canary_percent)
+        } else {
+            "draining".to_owned()
         };
         let stats: std::result::Result<Vec<QueueStats>, String> =
             match switchyard::connect_backend(config, kind, false).await {
