@@ -76,8 +76,11 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
     open(config, true).await
 }
 
-/// Like [`connect`], but a SQLite database file that does not exist is an error instead
-/// of being created: for tools that only read or manage an existing store.
+/// Like [`connect`], but creates and migrates nothing: for tools that only read or manage
+/// an existing store. A SQLite file, a PostgreSQL schema, a MySQL database (`QUEUE_SCHEMA`)
+/// or a table (`QUEUE_TABLE`) that does not exist is an [`Error::Config`] naming it, and
+/// so is a table at an older schema version (run `switchyard migrate`), instead of a new
+/// empty store that reports "no messages".
 pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
     open(config, false).await
 }
@@ -192,7 +195,7 @@ impl StatusStore for KeptOpen {
 
 /// Builds the transport of one backend (`exec`: the SQL database of `DATABASE_URL`;
 /// `rabbitmq`: the broker of `AMQP_URL`), whatever `QUEUE_BACKEND` says; with `create`
-/// false a SQLite file that does not exist is an error.
+/// false nothing is created or migrated (see [`connect_existing`]).
 pub async fn connect_backend(
     config: &Config,
     kind: BackendKind,
@@ -200,7 +203,7 @@ pub async fn connect_backend(
 ) -> Result<Arc<dyn Transport>> {
     match kind {
         BackendKind::Exec => connect_sql(config, create).await,
-        BackendKind::RabbitMq => connect_amqp(config).await,
+        BackendKind::RabbitMq => connect_amqp(config, create).await,
     }
 }
 
@@ -225,7 +228,7 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
         }
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(
-            PgTransport::connect(PgOptions::from_config(config)).await?,
+            PgTransport::connect(PgOptions::from_config(config).with_create(create)).await?,
         )),
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => Err(missing_backend(
@@ -235,7 +238,7 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
         )),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(Arc::new(
-            MySqlTransport::connect(MySqlOptions::from_config(config)).await?,
+            MySqlTransport::connect(MySqlOptions::from_config(config).with_create(create)).await?,
         )),
         #[cfg(not(feature = "mysql"))]
         "mysql" | "mariadb" => Err(missing_backend(
@@ -251,15 +254,33 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
     }
 }
 
+/// RabbitMQ, with the SQL store of `DATABASE_URL` (when set, and status is on) as its
+/// control store: start marks, so that a crash charges only the deliveries whose
+/// handlers had started. A tool that only reads (`create` false) goes without it when
+/// that store cannot be opened.
 #[cfg(feature = "amqp")]
-async fn connect_amqp(config: &Config) -> Result<Arc<dyn Transport>> {
-    Ok(Arc::new(
-        AmqpTransport::connect(AmqpOptions::from_config(config)).await?,
-    ))
+async fn connect_amqp(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
+    // A tool that only reads fails at once when the broker is down; the others wait for
+    // it up to reconnect_timeout, as they would after a dropped connection.
+    let mut options = AmqpOptions::from_config(config).with_retry_first_connect(create);
+    if config.status && config.database_url_set {
+        match connect_sql(config, create).await {
+            Ok(sql) => {
+                if let Some(store) = sql.status_store() {
+                    options = options.with_control_store(Arc::new(KeptOpen { store, _owner: sql }));
+                }
+            }
+            Err(err) if !create => {
+                tracing::debug!(error = %err, "no control store beside RabbitMQ for this read-only use");
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(Arc::new(AmqpTransport::connect(options).await?))
 }
 
 #[cfg(not(feature = "amqp"))]
-async fn connect_amqp(_config: &Config) -> Result<Arc<dyn Transport>> {
+async fn connect_amqp(_config: &Config, _create: bool) -> Result<Arc<dyn Transport>> {
     Err(missing_backend(
         "QUEUE_BACKEND",
         "rabbitmq",

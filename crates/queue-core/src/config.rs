@@ -158,6 +158,9 @@ pub struct Config {
     /// `QUEUE_STATUS` (`on`, the default, or `off`): whether the command line records
     /// each job's status and result (see [`crate::status`]).
     pub status: bool,
+    /// `AMQP_QUEUE_TYPE` (`quorum`, the default, or `classic`): the kind of the queues
+    /// the RabbitMQ transport declares.
+    pub amqp_classic_queues: bool,
 }
 
 impl Default for Config {
@@ -176,6 +179,7 @@ impl Default for Config {
             database_url_set: false,
             amqp_url_set: false,
             status: true,
+            amqp_classic_queues: false,
         }
     }
 }
@@ -281,6 +285,19 @@ impl Config {
         }
         if let Some(v) = get("QUEUE_SCHEMA") {
             cfg.schema = Some(Identifier::new("QUEUE_SCHEMA", v.trim())?);
+        }
+        if let Some(v) = get("AMQP_QUEUE_TYPE") {
+            cfg.amqp_classic_queues = match v.trim() {
+                "quorum" => false,
+                "classic" => true,
+                _ => {
+                    return Err(ConfigError::new(
+                        "AMQP_QUEUE_TYPE",
+                        Some(v),
+                        "expected quorum or classic",
+                    ))
+                }
+            };
         }
         Ok(cfg)
     }

@@ -1,5 +1,7 @@
+use std::sync::Arc;
 use std::time::Duration;
 
+use queue_core::status::StatusStore;
 use queue_core::{Config, SecretUrl, DEFAULT_MAX_PAYLOAD_BYTES};
 
 /// The kind of the queues the transport declares.
@@ -36,8 +38,15 @@ pub struct AmqpOptions {
     /// The largest encoded envelope accepted.
     pub max_payload_bytes: usize,
     /// How long an operation waits for the broker to come back after the connection
-    /// dropped (reconnecting with backoff) before it fails with a transient error.
+    /// dropped (reconnecting with backoff) before it fails with a transient error; the
+    /// first connect waits as long, unless [`retry_first_connect`](Self::retry_first_connect)
+    /// is off.
     pub reconnect_timeout: Duration,
+    /// Whether [`AmqpTransport::connect`](crate::AmqpTransport::connect) tries again
+    /// while the broker is unreachable, for up to `reconnect_timeout` (the default), or
+    /// fails at once: for read-only tools, whose user would rather hear now that the
+    /// broker is down.
+    pub retry_first_connect: bool,
     /// The connection name the broker shows (`rabbitmqctl list_connections
     /// user_provided_name`).
     pub connection_name: Option<String>,
@@ -45,6 +54,12 @@ pub struct AmqpOptions {
     /// this long (`x-expires`): for temporary queues, such as tests'. `None` (the
     /// default) keeps them.
     pub queue_expires: Option<Duration>,
+    /// The SQL control store beside the broker (the job status store of
+    /// `DATABASE_URL`), where each start is marked before its handler runs. With it, a
+    /// delivery that comes back from a dead consumer is charged an attempt only when
+    /// its mark says it was started; without it, the broker's count charges every
+    /// delivery the consumer held, started or merely prefetched.
+    pub control_store: Option<Arc<dyn StatusStore>>,
 }
 
 impl AmqpOptions {
@@ -58,14 +73,21 @@ impl AmqpOptions {
             delivery_limit: 100,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             reconnect_timeout: Duration::from_secs(30),
+            retry_first_connect: true,
             connection_name: None,
             queue_expires: None,
+            control_store: None,
         }
     }
 
-    /// Options from the environment configuration (`AMQP_URL`).
+    /// Options from the environment configuration (`AMQP_URL`, `AMQP_QUEUE_TYPE`).
     pub fn from_config(config: &Config) -> Self {
-        AmqpOptions::new(config.amqp_url.expose())
+        let kind = if config.amqp_classic_queues {
+            QueueKind::Classic
+        } else {
+            QueueKind::Quorum
+        };
+        AmqpOptions::new(config.amqp_url.expose()).with_queue_kind(kind)
     }
 
     /// Sets the queue kind.
@@ -86,9 +108,23 @@ impl AmqpOptions {
         self
     }
 
+    /// Sets whether the first connect waits for an unreachable broker (see
+    /// [`AmqpOptions::retry_first_connect`]).
+    pub fn with_retry_first_connect(mut self, retry: bool) -> Self {
+        self.retry_first_connect = retry;
+        self
+    }
+
     /// Sets the connection name the broker shows.
     pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = Some(name.into());
+        self
+    }
+
+    /// Marks starts in `store` (see [`AmqpOptions::control_store`]); the transport's
+    /// [`status_store`](queue_core::Transport::status_store) is then this store.
+    pub fn with_control_store(mut self, store: Arc<dyn StatusStore>) -> Self {
+        self.control_store = Some(store);
         self
     }
 

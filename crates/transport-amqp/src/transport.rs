@@ -18,6 +18,7 @@ use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 use queue_core::sql::Wakers;
+use queue_core::status::{JobState, StatusStore, StatusUpdate};
 use queue_core::{
     reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
     LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
@@ -214,16 +215,52 @@ impl QueueConsumer {
 
 impl AmqpTransport {
     /// Connects and declares the delay chain.
+    ///
+    /// While the broker cannot be reached (a transient error), the first connect tries
+    /// again with backoff (100 ms doubling to 5 s, a warning each time) for up to
+    /// [`AmqpOptions::reconnect_timeout`], like an operation on a dropped connection,
+    /// so that a process started during an outage waits for the broker instead of
+    /// failing at once. [`AmqpOptions::retry_first_connect`] off (read-only tools) makes
+    /// it fail at the first refusal. Errors that retrying cannot fix (a bad URL, refused
+    /// credentials, a refused declaration) fail at once.
     pub async fn connect(options: AmqpOptions) -> Result<Self> {
-        let link = tokio::time::timeout(OPEN_TIMEOUT, Link::open(&options))
-            .await
-            .map_err(|_| {
-                Error::backend(
-                    TRANSPORT,
-                    true,
-                    format!("connecting to RabbitMQ took over {OPEN_TIMEOUT:?}"),
-                )
-            })??;
+        let deadline = Instant::now() + options.reconnect_timeout;
+        let mut pause = Duration::from_millis(100);
+        let mut tries = 0_u32;
+        let link = loop {
+            tries += 1;
+            let opened = tokio::time::timeout(OPEN_TIMEOUT, Link::open(&options))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::backend(
+                        TRANSPORT,
+                        true,
+                        format!("connecting to RabbitMQ took over {OPEN_TIMEOUT:?}"),
+                    ))
+                });
+            match opened {
+                Ok(link) => break link,
+                Err(err) if !options.retry_first_connect || !err.is_transient() => {
+                    return Err(err)
+                }
+                Err(err) if Instant::now() + pause < deadline => {
+                    tracing::warn!(error = %err, retry_in = ?pause, "RabbitMQ unreachable; connecting again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                }
+                Err(err) if tries == 1 => return Err(err),
+                Err(err) => {
+                    return Err(Error::backend(
+                        TRANSPORT,
+                        true,
+                        format!(
+                            "RabbitMQ stayed unreachable for {:?} (reconnect_timeout, {tries} tries): {err}",
+                            options.reconnect_timeout
+                        ),
+                    ))
+                }
+            }
+        };
         Ok(AmqpTransport {
             options,
             link: Mutex::new(Arc::new(link)),
@@ -544,8 +581,12 @@ impl AmqpTransport {
         let now = Utc::now();
         let mut outgoing = Vec::with_capacity(messages.len());
         for (env, headers, target) in messages {
+            // The body is the v1 envelope as UTF-8 JSON, for consumers other than this
+            // transport (a shovel, a service in another language); uncompressed, so no
+            // content_encoding.
             let mut props = BasicProperties::default()
                 .with_delivery_mode(2)
+                .with_content_type("application/json".into())
                 .with_message_id(env.id.to_string().as_str().into())
                 .with_type(env.kind.as_str().into())
                 .with_priority(u8::try_from(env.priority.clamp(0, 9)).unwrap_or(0));
@@ -733,13 +774,16 @@ impl AmqpTransport {
         if let Some(ids) = lock(&self.delayed).get_mut(queue) {
             ids.remove(&env.id);
         }
-        let counted = delivery_count(&d);
+        let counted = self.deliveries_charged(&d, &env).await;
         let now = Utc::now();
         let early =
             env.available_at > now + chrono::Duration::milliseconds(UNIT.as_millis() as i64 / 2);
         let expired = env.expires_at.is_some_and(|e| e <= now);
-        // A classic queue counts no redelivery: publish it again with the attempt counted.
-        let recount = d.redelivered && self.options.queue_kind == QueueKind::Classic;
+        // A classic queue counts no redelivery: publish it again with the attempt counted
+        // (with start marks, the control store keeps the count instead).
+        let recount = d.redelivered
+            && self.options.queue_kind == QueueKind::Classic
+            && self.options.control_store.is_none();
         if expired || early || recount {
             let mut again = env;
             again.attempts += counted;
@@ -762,6 +806,34 @@ impl AmqpTransport {
             envelope: env,
             receipt: Receipt::new(id, token, tag),
         }))
+    }
+
+    /// Deliveries of the message in `d` that ended without an ack and are not counted in
+    /// `env.attempts` yet. Without a control store, what the broker tells
+    /// ([`delivery_count`]): every return counts, started or not. With one, a message
+    /// that came back counts only the start its mark records (`running` at an attempt
+    /// above the envelope's): deliveries a dead consumer merely held are not charged.
+    async fn deliveries_charged(&self, d: &Delivery, env: &Envelope) -> u32 {
+        let counted = delivery_count(d);
+        let Some(store) = &self.options.control_store else {
+            return counted;
+        };
+        if counted == 0 && !d.redelivered {
+            return 0;
+        }
+        match store.get(env.id).await {
+            Ok(Some(status))
+                if status.state == JobState::Running && status.attempts > env.attempts =>
+            {
+                status.attempts - env.attempts
+            }
+            Ok(_) => 0,
+            Err(err) => {
+                // Unknown: charge as the broker counts, so a poison still ends.
+                tracing::warn!(message_id = %env.id, error = %err, "could not read the start mark of a redelivered message; charging it as the broker counts");
+                counted
+            }
+        }
     }
 
     /// Up to `max` deliveries of `queue`: those the consumer received, then ready
@@ -1235,7 +1307,13 @@ impl Transport for AmqpTransport {
         caps.expiry = true;
         caps.wake_signal = true;
         caps.max_payload_bytes = self.options.max_payload_bytes;
+        caps.charges_only_started = self.options.control_store.is_some();
+        caps.start_marks_in_status = self.options.control_store.is_some();
         caps
+    }
+
+    fn status_store(&self) -> Option<Arc<dyn StatusStore>> {
+        self.options.control_store.clone()
     }
 
     fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
@@ -1395,6 +1473,23 @@ impl Transport for AmqpTransport {
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        if let Some(store) = &self.options.control_store {
+            // The marks are durable before any handler runs: a crash from now on
+            // charges exactly these.
+            let marks: Vec<StatusUpdate> = reservations
+                .iter()
+                .filter(|r| self.holder(r).is_some())
+                .map(|r| {
+                    let mut mark = StatusUpdate::running(&r.envelope, r.envelope.attempts + 1);
+                    // The worker's own `running` update begins the run on the record.
+                    mark.starts_run = false;
+                    mark
+                })
+                .collect();
+            if !marks.is_empty() {
+                store.record(&marks).await?;
+            }
+        }
         let mut report = AckReport::default();
         for r in reservations {
             let started = self.holder(r).is_some_and(|c| {
@@ -1488,10 +1583,14 @@ impl Transport for AmqpTransport {
                     letter.raw.clone().unwrap_or_default()
                 }
             };
-            let props = BasicProperties::default()
+            let mut props = BasicProperties::default()
                 .with_delivery_mode(2)
                 .with_message_id(letter.id.as_str().into())
                 .with_headers(headers);
+            // A malformed letter's raw text is kept as it was, of no known type.
+            if letter.envelope.is_some() {
+                props = props.with_content_type("application/json".into());
+            }
             outgoing.push((
                 String::new(),
                 dead_queue(&letter.queue),

@@ -150,6 +150,7 @@ impl Sandbox {
             "QUEUE_SCHEMA",
             "QUEUE_DRAIN",
             "QUEUE_STATUS",
+            "AMQP_QUEUE_TYPE",
             "SWITCHYARD_ADMIN_TOKEN",
         ] {
             cmd.env_remove(var);
