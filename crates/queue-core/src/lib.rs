@@ -15,6 +15,7 @@ mod names;
 mod redact;
 pub mod sql;
 pub mod status;
+pub mod text;
 mod transport;
 pub mod worker;
 

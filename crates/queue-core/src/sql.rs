@@ -514,10 +514,7 @@ impl Wakers {
     }
 }
 
-/// Text from bytes a database returned, with invalid UTF-8 replaced rather than failing.
-pub fn lossy(bytes: Vec<u8>) -> String {
-    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
+pub use crate::text::lossy;
 
 /// What a server-backed SQL transport checks before it connects.
 #[derive(Debug, Clone, Copy)]

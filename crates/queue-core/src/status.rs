@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
+use crate::text::bounded;
 use crate::transport::Transport;
 
 /// Where a job is.
@@ -214,31 +215,9 @@ pub struct StatusUpdate {
 }
 
 /// Longest `last_error` kept, in bytes (its end, where the error usually is).
-const ERROR_KEPT: usize = 8 * 1024;
+const ERROR_KEPT: usize = crate::text::ERROR_KEPT;
 /// Longest progress note kept, in bytes.
 const NOTE_KEPT: usize = 200;
-
-/// `text` without NULs (PostgreSQL refuses them), cut to `limit` bytes at a character
-/// boundary, keeping its start (`tail` false) or its end.
-fn bounded(text: &str, limit: usize, tail: bool) -> String {
-    let text = text.replace('\0', "");
-    if text.len() <= limit {
-        return text;
-    }
-    if tail {
-        let mut from = text.len() - limit;
-        while !text.is_char_boundary(from) {
-            from += 1;
-        }
-        format!("…{}", &text[from..])
-    } else {
-        let mut to = limit;
-        while !text.is_char_boundary(to) {
-            to -= 1;
-        }
-        format!("{}…", &text[..to])
-    }
-}
 
 impl StatusUpdate {
     /// Whether this begins a run of the job (see [`StatusUpdate::starts_run`]).

@@ -689,3 +689,50 @@ fn messages_waiting_behind_a_slow_job_are_never_run_twice() {
     assert_eq!(seen.len(), ids.len(), "not every message ran");
     assert!(sb.dead("mixed").is_empty());
 }
+
+/// On PostgreSQL, which refuses NUL in text, a command whose stderr holds a NUL and
+/// bytes that are not UTF-8 still has each failure stored: every retry waits its backoff,
+/// not a whole lease, and the dead letter carries the real error, made readable.
+#[cfg(feature = "postgres")]
+#[test]
+fn a_failure_with_a_nul_in_its_stderr_is_stored_and_retried_after_its_backoff_on_postgres() {
+    let Some(sb) = Sandbox::postgres() else {
+        return;
+    };
+    sb.publish_lines("nul", "charge", "{}\n");
+    let cmd = "echo \"attempt $SWITCHYARD_ATTEMPT\" >> attempts.log; \
+               printf 'bad\\000byte \\377: card declined\\n' >&2; exit 1";
+    let started = Instant::now();
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "nul",
+        "--exec",
+        cmd,
+        "--drain",
+        "--max-attempts",
+        "3",
+        "--backoff-base",
+        "50ms",
+        "--backoff-max",
+        "100ms",
+        "--visibility-timeout",
+        "30s",
+    ]);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        took < Duration::from_secs(10),
+        "a retry waited for the 30 s lease: {took:?}"
+    );
+    let attempts = std::fs::read_to_string(sb.path("attempts.log")).expect("the command ran");
+    assert_eq!(attempts, "attempt 1\nattempt 2\nattempt 3\n");
+    let dead = sb.dead("nul");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["reason"], "max_attempts");
+    assert_eq!(dead[0]["attempts"], 3);
+    assert_eq!(
+        dead[0]["last_error"],
+        "command exit status 1: bad\u{fffd}byte \u{fffd}: card declined"
+    );
+}

@@ -20,7 +20,7 @@ use lapin::{
 use queue_core::sql::Wakers;
 use queue_core::status::{JobState, StatusStore, StatusUpdate};
 use queue_core::{
-    reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
+    reason, text, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
     LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
 };
 use tokio::sync::Notify;
@@ -51,6 +51,8 @@ const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// Headers of a dead letter.
 const H_REASON: &str = "x-switchyard-reason";
 const H_DEAD_AT: &str = "x-switchyard-dead-at";
+/// Why a quarantined message was quarantined (its body is kept as it was).
+const H_ERROR: &str = "x-switchyard-error";
 
 /// A message as published: exchange, routing key, body, properties.
 type Outgoing = (String, String, Vec<u8>, BasicProperties);
@@ -588,10 +590,10 @@ impl AmqpTransport {
                 .with_delivery_mode(2)
                 .with_content_type("application/json".into())
                 .with_message_id(env.id.to_string().as_str().into())
-                .with_type(env.kind.as_str().into())
+                .with_type(short_string(&env.kind))
                 .with_priority(u8::try_from(env.priority.clamp(0, 9)).unwrap_or(0));
             if let Some(trace) = &env.trace_id {
-                props = props.with_correlation_id(trace.as_str().into());
+                props = props.with_correlation_id(short_string(trace));
             }
             if let Some(h) = headers {
                 props = props.with_headers(h);
@@ -756,21 +758,22 @@ impl AmqpTransport {
         let mut env = match Envelope::from_json(&text) {
             Ok(env) => env,
             Err(err) => {
-                let mut headers = dead_headers(reason::MALFORMED);
-                headers.insert("x-switchyard-error".into(), long_string(&err.to_string()));
-                let mut props = BasicProperties::default()
-                    .with_delivery_mode(2)
-                    .with_headers(headers);
-                if let Some(id) = d.properties.message_id() {
-                    props = props.with_message_id(id.clone());
-                }
-                // Kept byte for byte: it is not an envelope.
-                self.publish_all(vec![(String::new(), dead_queue(queue), d.data, props)])
-                    .await?;
-                ack_one(c, tag).await;
+                self.quarantine(c, d, queue, &err.to_string()).await?;
                 return Ok(None);
             }
         };
+        if env.queue.as_str() != queue {
+            // A shovel, an operator's move or a misbinding put it here. Its lease would
+            // be looked up under the queue it names, so no worker of this queue could
+            // ever settle it: quarantined here, a replay sends it to its own queue.
+            let why = format!(
+                "the envelope names queue `{}` but was delivered from queue `{queue}` (moved by a shovel, an operator or a misbinding); replay it to send it to its own queue",
+                env.queue
+            );
+            tracing::warn!(queue, message_id = %env.id, named = %env.queue, "message of another queue quarantined");
+            self.quarantine(c, d, queue, &why).await?;
+            return Ok(None);
+        }
         if let Some(ids) = lock(&self.delayed).get_mut(queue) {
             ids.remove(&env.id);
         }
@@ -806,6 +809,30 @@ impl AmqpTransport {
             envelope: env,
             receipt: Receipt::new(id, token, tag),
         }))
+    }
+
+    /// Moves the delivery `d` of `queue` to that queue's dead-letter queue with reason
+    /// `malformed` and `why` in its headers, its body byte for byte, then acks it.
+    async fn quarantine(
+        &self,
+        c: &QueueConsumer,
+        d: Delivery,
+        queue: &str,
+        why: &str,
+    ) -> Result<()> {
+        let mut headers = dead_headers(reason::MALFORMED);
+        headers.insert(H_ERROR.into(), long_string(&text::error_text(why)));
+        let mut props = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_headers(headers);
+        if let Some(id) = d.properties.message_id() {
+            props = props.with_message_id(id.clone());
+        }
+        let tag = d.delivery_tag;
+        self.publish_all(vec![(String::new(), dead_queue(queue), d.data, props)])
+            .await?;
+        ack_one(c, tag).await;
+        Ok(())
     }
 
     /// Deliveries of the message in `d` that ended without an ack and are not counted in
@@ -1003,6 +1030,9 @@ impl AmqpTransport {
                     env.attempts = 0;
                     env.available_at = Utc::now();
                     env.expires_at = None;
+                    // It goes to the queue it names, which may not be this one (a
+                    // quarantined message of another queue) nor declared yet.
+                    self.ensure_queue(env.queue.as_str()).await?;
                     self.send(vec![(env, None, Target::Queue)]).await?;
                 }
                 ch.basic_ack(tag, BasicAckOptions::default())
@@ -1044,6 +1074,16 @@ fn durable() -> QueueDeclareOptions {
 
 fn long_string(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
+}
+
+/// `s` as a property of at most 255 bytes (lapin panics on a longer one). Only a label
+/// for other consumers: the envelope in the body keeps the whole text.
+fn short_string(s: &str) -> ShortString {
+    let mut end = s.len().min(255);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    ShortString::from(&s[..end])
 }
 
 fn dead_headers(why: &str) -> FieldTable {
@@ -1115,7 +1155,8 @@ fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
             let mut d = DeadLetter::new(env.id.to_string(), queue, why, dead_at);
             d.kind.clone_from(&env.kind);
             d.attempts = env.attempts;
-            d.last_error.clone_from(&env.last_error);
+            // A valid envelope quarantined (one of another queue) says why in a header.
+            d.last_error = header_str(headers, H_ERROR).or_else(|| env.last_error.clone());
             d.envelope = Some(env);
             d
         }
@@ -1128,7 +1169,7 @@ fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
                 .map(|s| s.as_str().to_owned())
                 .unwrap_or_default();
             let mut d = DeadLetter::new(id, queue, why, dead_at);
-            d.last_error = header_str(headers, "x-switchyard-error");
+            d.last_error = header_str(headers, H_ERROR);
             d.raw = Some(text);
             d
         }
@@ -1434,7 +1475,8 @@ impl Transport for AmqpTransport {
         env.attempts += 1;
         env.available_at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
         if let Some(e) = error {
-            env.last_error = Some(e.to_owned());
+            // As bounded and NUL-free as on the SQL backends, where the message may move.
+            env.last_error = Some(text::error_text(e));
         }
         self.replace(reservation, (env, None, Target::Queue)).await
     }
@@ -1466,9 +1508,11 @@ impl Transport for AmqpTransport {
         let mut env = reservation.envelope.clone();
         env.attempts += u32::from(started);
         if let Some(e) = error {
-            env.last_error = Some(e.to_owned());
+            // As bounded and NUL-free as on the SQL backends, where the message may move.
+            env.last_error = Some(text::error_text(e));
         }
-        self.replace(reservation, (env, Some(dead_headers(reason)), Target::Dead))
+        let headers = dead_headers(&text::reason_text(reason));
+        self.replace(reservation, (env, Some(headers), Target::Dead))
             .await
     }
 
@@ -1564,7 +1608,10 @@ impl Transport for AmqpTransport {
         for letter in letters {
             self.ensure_queue(&letter.queue).await?;
             let mut headers = FieldTable::default();
-            headers.insert(H_REASON.into(), long_string(&letter.reason));
+            headers.insert(
+                H_REASON.into(),
+                long_string(&text::reason_text(&letter.reason)),
+            );
             headers.insert(
                 H_DEAD_AT.into(),
                 AMQPValue::LongLongInt(letter.dead_at.timestamp_millis()),
@@ -1573,12 +1620,12 @@ impl Transport for AmqpTransport {
                 Some(env) => {
                     let mut env = env.clone();
                     env.attempts = letter.attempts;
-                    env.last_error.clone_from(&letter.last_error);
+                    env.last_error = letter.last_error.as_deref().map(text::error_text);
                     env.to_json()
                 }
                 None => {
                     if let Some(e) = &letter.last_error {
-                        headers.insert("x-switchyard-error".into(), long_string(e));
+                        headers.insert(H_ERROR.into(), long_string(&text::error_text(e)));
                     }
                     letter.raw.clone().unwrap_or_default()
                 }

@@ -643,3 +643,86 @@ fn published_envelopes_carry_a_json_content_type() {
         Ok(())
     });
 }
+
+/// A valid envelope that names another queue (a shovel, an operator's move, a
+/// misbinding) is quarantined in the queue it came from, its body byte for byte and the
+/// reason saying what was wrong; a draining worker of that queue ends instead of
+/// skipping it for ever, and a replay sends it to the queue it names.
+#[test]
+fn a_message_of_another_queue_is_quarantined_and_a_drain_ends() {
+    for kind in [QueueKind::Quorum, QueueKind::Classic] {
+        with_broker(|| async {
+            let (q, other) = (queue(), queue());
+            let t = Arc::new(open(kind).await?);
+            let stray = job(&other, "stray");
+            // Spaced unlike the transport's own encoding, to see it kept byte for byte.
+            let body = format!(" {} ", stray.to_json());
+            // The publish declares the queue.
+            t.publish(job(&q, "good")).await?;
+            t.publish_raw(&q, &stray.id.to_string(), &body).await?;
+
+            let handled = Arc::new(AtomicUsize::new(0));
+            let n = handled.clone();
+            let options = WorkerOptions::default()
+                .with_poll(Duration::from_millis(5), Duration::from_millis(50))
+                .with_drain(true);
+            let worker = Worker::new(t.clone() as Arc<dyn Transport>, q.clone(), options)
+                .handle_any(handler_fn(move |_ctx: JobContext| {
+                    n.fetch_add(1, Ordering::SeqCst);
+                    async { Ok(()) }
+                }));
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                worker.run(CancellationToken::new()),
+            )
+            .await
+            .map_err(|_| Error::InvalidInput(format!("{kind:?}: the worker did not drain")))??;
+            assert_eq!(handled.load(Ordering::SeqCst), 1, "{kind:?}");
+
+            let dead = t.dead_list(Some(&q), 10).await?;
+            assert_eq!(dead.len(), 1, "{kind:?}: {dead:?}");
+            let d = &dead[0];
+            assert_eq!(d.reason, reason::MALFORMED, "{kind:?}");
+            assert_eq!(d.id, stray.id.to_string());
+            assert!(
+                d.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains(other.as_str()) && e.contains(q.as_str())),
+                "{kind:?}: {d:?}"
+            );
+            let s = &t.stats(Some(&q)).await?[0];
+            assert_eq!((s.ready, s.reserved, s.dead), (0, 0, 1), "{kind:?}: {s:?}");
+
+            // The dead-letter queue holds the body as it came.
+            let conn = lapin::Connection::connect(&url(), lapin::ConnectionProperties::default())
+                .await
+                .expect("connect");
+            let ch = conn.create_channel().await.expect("a channel");
+            let got = ch
+                .basic_get(
+                    format!("{q}.dead").as_str().into(),
+                    lapin::options::BasicGetOptions::default(),
+                )
+                .await
+                .expect("basic.get")
+                .expect("the dead letter");
+            assert_eq!(got.delivery.data, body.as_bytes(), "{kind:?}");
+            let _ = conn.close(200, "done".into()).await;
+
+            // A replay sends it where it belongs.
+            assert_eq!(
+                t.dead_replay(Some(&q), &DeadSelection::Id(stray.id.to_string()))
+                    .await?,
+                1
+            );
+            let back = reserve_n(&t, &other, 1, Duration::from_secs(5)).await?;
+            assert_eq!(back.len(), 1, "{kind:?}: not replayed to its own queue");
+            assert_eq!(back[0].id(), stray.id);
+            t.ack(&back[0]).await?;
+            t.delete_queue(&q).await?;
+            t.delete_queue(&other).await?;
+            t.close().await;
+            Ok(())
+        });
+    }
+}

@@ -182,6 +182,8 @@ mod quorum {
         one_mib_payload_round_trips,
         over_limit_payload_is_rejected_and_nothing_is_stored,
         malformed_row_is_quarantined_and_the_next_message_served,
+        outside_text_with_nuls_and_any_length_is_stored,
+        an_envelope_naming_another_queue_never_wedges_its_queue,
         stats_count_ready_delayed_reserved_and_dead
     );
     queue_core::conformance_tests!(@worker super::harness(transport_amqp::QueueKind::Quorum);
@@ -209,7 +211,8 @@ mod classic {
         release_increments_attempts_and_delays,
         dead_letter_then_list_replay_and_purge,
         batch_publish_and_batch_reserve,
-        malformed_row_is_quarantined_and_the_next_message_served
+        malformed_row_is_quarantined_and_the_next_message_served,
+        an_envelope_naming_another_queue_never_wedges_its_queue
     );
     queue_core::conformance_tests!(@worker super::harness(transport_amqp::QueueKind::Classic);
         worker_handles_every_message_once_and_coalesces_acks,

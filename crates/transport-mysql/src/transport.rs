@@ -14,7 +14,7 @@ use queue_core::sql::{
     PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
-    reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
+    reason, text, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
     Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
@@ -352,14 +352,16 @@ impl MySqlTransport {
             query = query
                 .bind(env.id.to_string())
                 .bind(env.queue.as_str())
-                .bind(env.kind.as_str())
+                // The columns are indexes and operator views; the envelope JSON keeps
+                // every field as published.
+                .bind(text::kind_column(&env.kind))
                 .bind(priority)
                 .bind(-priority)
                 .bind(i64::from(env.attempts))
                 .bind(i8::from(due == 0))
                 .bind(due)
                 .bind(expires)
-                .bind(env.last_error.as_deref())
+                .bind(env.last_error.as_deref().map(text::error_text))
                 .bind(json.as_str());
         }
         query.execute(conn).await.map(|_| ())
@@ -656,6 +658,7 @@ impl MySqlTransport {
         error: Option<&str>,
     ) -> Result<bool> {
         let token = token.to_string();
+        let (reason, error) = (text::reason_text(reason), error.map(text::error_text));
         self.retrying("dead-letter", || async {
             let mut tx = self.pool.begin().await?;
             // Lock the row under this lease first: a reclaim in between then waits for
@@ -670,8 +673,8 @@ impl MySqlTransport {
                 return Ok(false);
             }
             let copied = sqlx::query(&self.sql.copy_leased_to_dead)
-                .bind(reason)
-                .bind(error)
+                .bind(&reason)
+                .bind(error.as_deref())
                 .bind(seq)
                 .bind(&token)
                 .execute(&mut *tx)
@@ -977,12 +980,13 @@ impl Transport for MySqlTransport {
         error: Option<&str>,
     ) -> Result<()> {
         let d = micros(delay);
+        let error = error.map(text::error_text);
         self.on_lease(
             "release",
             &self.sql.release,
             reservation,
             &[Some(d), Some(d), Some(d)],
-            error,
+            error.as_deref(),
         )
         .await?;
         if delay.is_zero() {
@@ -1183,12 +1187,17 @@ impl Transport for MySqlTransport {
                 sqlx::query(&self.sql.insert_dead)
                     .bind(&letter.id)
                     .bind(&letter.queue)
-                    .bind(&letter.kind)
+                    .bind(queue_core::text::kind_column(&letter.kind))
                     .bind(i32::from(priority))
                     .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
                     .bind(expires_at.map(|t| t.timestamp_micros()))
-                    .bind(&letter.reason)
-                    .bind(letter.last_error.as_deref())
+                    .bind(queue_core::text::reason_text(&letter.reason))
+                    .bind(
+                        letter
+                            .last_error
+                            .as_deref()
+                            .map(queue_core::text::error_text),
+                    )
                     .bind(letter.dead_at.timestamp_micros())
                     .bind(&text)
                     .execute(&mut *tx)
@@ -1196,7 +1205,7 @@ impl Transport for MySqlTransport {
                 sqlx::query(&self.sql.insert_tombstone)
                     .bind(&letter.id)
                     .bind(&letter.queue)
-                    .bind(&letter.kind)
+                    .bind(queue_core::text::kind_column(&letter.kind))
                     .execute(&mut *tx)
                     .await?;
             }

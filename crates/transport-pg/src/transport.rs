@@ -13,7 +13,7 @@ use queue_core::sql::{
     PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
-    reason, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
+    reason, text, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
     Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::pool::PoolConnection;
@@ -317,11 +317,14 @@ impl PgTransport {
                 .push(env.expires_at.map(|t| micros_between(local_now, t)));
             cur.ids.push(env.id.to_string());
             cur.queues.push(env.queue.as_str().to_owned());
-            cur.kinds.push(env.kind.clone());
+            // The columns are indexes and operator views; the envelope JSON, whose
+            // escapes make any text storable, keeps every field as published.
+            cur.kinds.push(text::kind_column(&env.kind));
             cur.priorities.push(i32::from(env.priority));
             cur.attempts
                 .push(i32::try_from(env.attempts).unwrap_or(i32::MAX));
-            cur.last_errors.push(env.last_error.clone());
+            cur.last_errors
+                .push(env.last_error.as_deref().map(text::error_text));
             cur.envelopes.push(json);
             if cur.ids.len() == PUBLISH_CHUNK {
                 chunks.push(std::mem::take(&mut cur));
@@ -596,8 +599,8 @@ impl PgTransport {
         let moved = sqlx::query(&self.sql.move_leased_to_dead)
             .bind(seq)
             .bind(token.0)
-            .bind(reason)
-            .bind(error)
+            .bind(text::reason_text(reason))
+            .bind(error.map(text::error_text))
             .execute(&self.pool)
             .await
             .backend()?
@@ -784,7 +787,7 @@ impl Transport for PgTransport {
     ) -> Result<()> {
         let query = sqlx::query(&self.sql.release)
             .bind(micros(delay))
-            .bind(error)
+            .bind(error.map(text::error_text))
             .bind(reservation.id().to_string())
             .bind(reservation.token().0);
         self.on_lease(query, reservation).await?;
@@ -955,12 +958,17 @@ impl Transport for PgTransport {
             sqlx::query(&self.sql.insert_dead)
                 .bind(&letter.id)
                 .bind(&letter.queue)
-                .bind(&letter.kind)
+                .bind(queue_core::text::kind_column(&letter.kind))
                 .bind(i32::from(priority))
                 .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
                 .bind(expires_at.map(|t| t.timestamp_micros()))
-                .bind(&letter.reason)
-                .bind(letter.last_error.as_deref())
+                .bind(queue_core::text::reason_text(&letter.reason))
+                .bind(
+                    letter
+                        .last_error
+                        .as_deref()
+                        .map(queue_core::text::error_text),
+                )
                 .bind(letter.dead_at.timestamp_micros())
                 .bind(text)
                 .execute(&mut *tx)

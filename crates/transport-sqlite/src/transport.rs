@@ -12,7 +12,7 @@ use queue_core::sql::{
     Wakers,
 };
 use queue_core::{
-    reason, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
+    reason, text, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
     Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
 };
 use sqlx::sqlite::{
@@ -430,8 +430,8 @@ impl SqliteTransport {
         let copied = sqlx::query(&self.sql.copy_leased_to_dead)
             .bind(seq)
             .bind(&token)
-            .bind(reason)
-            .bind(error)
+            .bind(text::reason_text(reason))
+            .bind(error.map(text::error_text))
             .execute(&mut *tx)
             .await
             .backend()?
@@ -466,7 +466,9 @@ impl SqliteTransport {
                 let expires = env.expires_at.map(|t| micros_between(local_now, t));
                 b.push_bind(env.id.to_string())
                     .push_bind(env.queue.as_str())
-                    .push_bind(env.kind.as_str())
+                    // The same columns as on the server backends, which cannot store
+                    // every text; the envelope JSON keeps every field as published.
+                    .push_bind(text::kind_column(&env.kind))
                     .push_bind(i64::from(env.priority))
                     .push_bind(i64::from(env.attempts))
                     .push_bind(i64::from(due == 0));
@@ -475,7 +477,7 @@ impl SqliteTransport {
                         .push_unseparated(" + ")
                         .push_bind_unseparated(offset);
                 }
-                b.push_bind(env.last_error.as_deref())
+                b.push_bind(env.last_error.as_deref().map(text::error_text))
                     .push(&self.sql.now)
                     .push_bind(json.as_str());
             });
@@ -594,7 +596,7 @@ impl Transport for SqliteTransport {
     ) -> Result<()> {
         let query = sqlx::query(&self.sql.release)
             .bind(micros(delay))
-            .bind(error)
+            .bind(error.map(text::error_text))
             .bind(reservation.id().to_string())
             .bind(reservation.token().to_string());
         self.on_lease(query, reservation).await
@@ -776,12 +778,17 @@ impl Transport for SqliteTransport {
             sqlx::query(&self.sql.insert_dead)
                 .bind(&letter.id)
                 .bind(&letter.queue)
-                .bind(&letter.kind)
+                .bind(queue_core::text::kind_column(&letter.kind))
                 .bind(i64::from(priority))
                 .bind(i64::from(letter.attempts))
                 .bind(expires_at.map(|t| t.timestamp_micros()))
-                .bind(&letter.reason)
-                .bind(letter.last_error.as_deref())
+                .bind(queue_core::text::reason_text(&letter.reason))
+                .bind(
+                    letter
+                        .last_error
+                        .as_deref()
+                        .map(queue_core::text::error_text),
+                )
                 .bind(letter.dead_at.timestamp_micros())
                 .bind(text)
                 .execute(&mut *tx)

@@ -134,6 +134,8 @@ pub const CASE_NAMES: &[&str] = &[
     "one_mib_payload_round_trips",
     "over_limit_payload_is_rejected_and_nothing_is_stored",
     "malformed_row_is_quarantined_and_the_next_message_served",
+    "outside_text_with_nuls_and_any_length_is_stored",
+    "an_envelope_naming_another_queue_never_wedges_its_queue",
     "invalid_identifiers_are_rejected_before_any_sql_runs",
     "stats_count_ready_delayed_reserved_and_dead",
     "worker_handles_every_message_once_and_coalesces_acks",
@@ -198,6 +200,8 @@ macro_rules! conformance_tests {
             one_mib_payload_round_trips,
             over_limit_payload_is_rejected_and_nothing_is_stored,
             malformed_row_is_quarantined_and_the_next_message_served,
+            outside_text_with_nuls_and_any_length_is_stored,
+            an_envelope_naming_another_queue_never_wedges_its_queue,
             invalid_identifiers_are_rejected_before_any_sql_runs,
             stats_count_ready_delayed_reserved_and_dead
         );

@@ -383,14 +383,14 @@ pub async fn stale_status_updates_are_fenced(h: Arc<dyn Harness>) -> Result<()> 
         (JobState::Pending, 0, None)
     );
 
-    // Long errors keep their end; NULs are dropped.
+    // Long errors keep their end; NULs are replaced (PostgreSQL refuses them).
     let long = format!("{}\0the cause", "x".repeat(20_000));
     st.record(&[StatusUpdate::ended(&e, 1, JobState::Dead, Some(&long))])
         .await?;
     let s = st.get(e.id).await?.expect("the record");
     let kept = s.last_error.unwrap_or_default();
     assert!(
-        kept.len() < 9_000 && kept.ends_with("xthe cause"),
+        kept.len() < 9_000 && kept.ends_with("x\u{fffd}the cause"),
         "{}",
         kept.len()
     );
