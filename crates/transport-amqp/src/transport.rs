@@ -856,9 +856,10 @@ impl AmqpTransport {
             }
             Ok(_) => 0,
             Err(err) => {
-                // Unknown: charge as the broker counts, so a poison still ends.
-                tracing::warn!(message_id = %env.id, error = %err, "could not read the start mark of a redelivered message; charging it as the broker counts");
-                counted
+                // Unknown: charge one return, so a poison still ends, but never the
+                // broker's whole count, which includes returns that never started.
+                tracing::warn!(message_id = %env.id, error = %err, "could not read the start mark of a redelivered message; charging one attempt");
+                counted.min(1)
             }
         }
     }
@@ -1379,7 +1380,24 @@ impl Transport for AmqpTransport {
     }
 
     async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.claim(queue, max, true).await
+        if self.options.control_store.is_none() {
+            return self.claim(queue, max, true).await;
+        }
+        // A reserve starts what it returns: with a control store, that start is marked
+        // like a worker's, so a consumer that dies holding it is charged.
+        let claimed = self.claim(queue, max, false).await?;
+        match self.start_batch(&claimed).await {
+            Ok(report) => Ok(claimed
+                .into_iter()
+                .filter(|r| !report.lost.contains(&r.id()))
+                .collect()),
+            Err(err) => {
+                for r in &claimed {
+                    let _ = self.abandon(r).await;
+                }
+                Err(err)
+            }
+        }
     }
 
     async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
@@ -1482,8 +1500,21 @@ impl Transport for AmqpTransport {
     }
 
     async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        if self.holder(reservation).is_none() {
+        let Some(c) = self.holder(reservation) else {
             return Err(lost(reservation));
+        };
+        let started = lock(&c.held)
+            .get(&reservation.receipt.tag())
+            .copied()
+            .unwrap_or(false);
+        if let (true, Some(store)) = (started, &self.options.control_store) {
+            // Given back unrun: its start mark is closed (pending again, same attempt),
+            // so a later return of the copy is not charged for this start.
+            let env = &reservation.envelope;
+            let closed = StatusUpdate::ended(env, env.attempts + 1, JobState::Pending, None);
+            if let Err(err) = store.record(&[closed]).await {
+                tracing::warn!(message_id = %env.id, error = %err, "could not close the start mark of a message given back; a later return may be charged");
+            }
         }
         self.replace(
             reservation,
@@ -1523,12 +1554,7 @@ impl Transport for AmqpTransport {
             let marks: Vec<StatusUpdate> = reservations
                 .iter()
                 .filter(|r| self.holder(r).is_some())
-                .map(|r| {
-                    let mut mark = StatusUpdate::running(&r.envelope, r.envelope.attempts + 1);
-                    // The worker's own `running` update begins the run on the record.
-                    mark.starts_run = false;
-                    mark
-                })
+                .map(|r| StatusUpdate::running(&r.envelope, r.envelope.attempts + 1))
                 .collect();
             if !marks.is_empty() {
                 store.record(&marks).await?;

@@ -170,6 +170,85 @@ fn a_dead_consumers_messages_come_back_with_an_attempt_counted() {
     }
 }
 
+/// With a control store beside the broker, a dead consumer's deliveries come back
+/// charged only when they were started (by a worker's start or a plain reserve): the
+/// one merely prefetched is not, and a started one given back unrun is not either.
+#[test]
+fn with_a_control_store_a_dead_consumer_charges_only_what_it_started() {
+    for kind in [QueueKind::Quorum, QueueKind::Classic] {
+        with_broker(|| async {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let sql =
+                transport_sqlite::SqliteTransport::connect(transport_sqlite::SqliteOptions::new(
+                    format!("sqlite://{}", dir.path().join("control.db").display()),
+                ))
+                .await?;
+            let store = sql.status_store().expect("SQLite keeps status");
+            let marked = || options(kind).with_control_store(store.clone());
+            let q = queue();
+            let first = AmqpTransport::connect(marked()).await?;
+            assert!(first.capabilities().charges_only_started);
+            let (started, prefetched, reserved, given_back) = (
+                job(&q, "started"),
+                job(&q, "prefetched"),
+                job(&q, "reserved"),
+                job(&q, "given back"),
+            );
+            let ids = [started.id, prefetched.id, reserved.id, given_back.id];
+            first
+                .publish_batch(vec![started, prefetched, reserved, given_back])
+                .await?;
+            let mut ahead = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while ahead.len() < 2 && Instant::now() < deadline {
+                ahead.extend(first.prefetch_batch(&q, 2 - ahead.len()).await?);
+            }
+            assert_eq!(ahead.len(), 2);
+            let report = first.start_batch(&ahead[..1]).await?;
+            assert_eq!(report.acked, [ids[0]]);
+            let held = reserve_n(&first, &q, 2, Duration::from_secs(5)).await?;
+            assert_eq!(held.len(), 2);
+            // The fourth: started, then given back unrun (a worker's shutdown).
+            let back = held.iter().find(|r| r.id() == ids[3]).expect("the fourth");
+            first.abandon(back).await?;
+            // Its copy is prefetched again, so that it too comes back from the closed
+            // channel and its mark is read.
+            let mut copy = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while copy.is_empty() && Instant::now() < deadline {
+                copy.extend(first.prefetch_batch(&q, 1).await?);
+            }
+            assert_eq!(copy.first().map(|r| r.id()), Some(ids[3]));
+            first.close().await;
+
+            let second = AmqpTransport::connect(marked()).await?;
+            let again = reserve_n(&second, &q, 4, Duration::from_secs(10)).await?;
+            let attempts = |id| {
+                again
+                    .iter()
+                    .find(|r| r.id() == id)
+                    .map(|r| r.envelope.attempts)
+            };
+            assert_eq!(attempts(ids[0]), Some(1), "{kind:?}: started, charged");
+            assert_eq!(
+                attempts(ids[1]),
+                Some(0),
+                "{kind:?}: prefetched, not charged"
+            );
+            assert_eq!(attempts(ids[2]), Some(1), "{kind:?}: reserved, charged");
+            assert_eq!(
+                attempts(ids[3]),
+                Some(0),
+                "{kind:?}: given back, not charged"
+            );
+            second.ack_batch(&again).await?;
+            second.delete_queue(&q).await?;
+            second.close().await;
+            Ok(())
+        });
+    }
+}
+
 #[test]
 fn a_release_with_a_delay_comes_back_after_it_with_the_attempt_and_error() {
     with_broker(|| async {

@@ -170,6 +170,10 @@ pub struct WorkerCounters {
 /// Start marks are written for up to this many times `concurrency` messages at once.
 const START_GROUP: usize = 4;
 
+/// The pause after a failed start (the store that marks starts refused), before the
+/// next claim.
+const START_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
 /// How long a cancelled handler may take to notice its token before it is aborted.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 
@@ -447,12 +451,13 @@ impl Worker {
                     // the process it charges only itself.
                     let (suspect, _) = first;
                     if worker.settle_on_arrival(&suspect).await {
+                        dispatch.quiet.store(false, Ordering::SeqCst);
                         continue;
                     }
                     dispatch.quiet.store(true, Ordering::SeqCst);
                     // Claims that start messages as they claim them finish first; what
                     // they started runs before the suspect.
-                    if !wait_for_starting_claims(&dispatch, &shutdown).await {
+                    if !wait_for_starting_claims(&dispatch, &shutdown, &fetcher).await {
                         stash.push_front((suspect, None));
                         break;
                     }
@@ -490,6 +495,7 @@ impl Worker {
                                 dispatch.quiet.store(false, Ordering::SeqCst);
                                 tracing::warn!(error = %err, "could not start a message; giving it back");
                                 give_back(&worker, &suspect).await;
+                                tokio::time::sleep(START_RETRY_PAUSE).await;
                             }
                         }
                     } else {
@@ -660,6 +666,9 @@ impl Worker {
                 for r in &runnable {
                     give_back(self, r).await;
                 }
+                // The store that marks starts is failing: not straight back into a claim
+                // that would give the same messages back again.
+                tokio::time::sleep(START_RETRY_PAUSE).await;
             }
         }
     }
@@ -769,7 +778,10 @@ impl Worker {
 
         let cancel = hard_stop.child_token();
         let attempt = env.attempts + 1;
-        self.record(|| StatusUpdate::running(env, attempt));
+        // A transport that marks starts in the status store has recorded this one.
+        if !self.transport.capabilities().start_marks_in_status {
+            self.record(|| StatusUpdate::running(env, attempt));
+        }
         let report = Report {
             writer: self.writer.get().cloned(),
             result: Arc::default(),
@@ -1000,10 +1012,18 @@ impl Drop for StartingClaim<'_> {
 
 /// Waits until no claim that starts messages is in flight (their messages are then in
 /// the channel); `false` on shutdown.
-async fn wait_for_starting_claims(dispatch: &DispatchState, shutdown: &CancellationToken) -> bool {
+async fn wait_for_starting_claims(
+    dispatch: &DispatchState,
+    shutdown: &CancellationToken,
+    fetcher: &tokio::task::JoinHandle<()>,
+) -> bool {
     while dispatch.starting.load(Ordering::SeqCst) > 0 {
         if shutdown.is_cancelled() {
             return false;
+        }
+        // A fetcher that ended (or panicked) brings nothing more.
+        if fetcher.is_finished() {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
