@@ -541,10 +541,13 @@ fn stats_of_a_queue_rabbitmq_does_not_have_is_a_one_line_error() {
         return;
     };
     let q = format!("cli.never.{}", uuid::Uuid::new_v4().simple());
+    // Twice: the first round must have declared nothing on the broker.
     for _ in 0..2 {
         for args in [
             &["stats", "--queue", &q][..],
             &["stats", "--json", "--queue", &q],
+            &["dead", "list", "--queue", &q],
+            &["dead", "list", "--json", "--queue", &q],
         ] {
             let out = sb.run(args);
             assert_one_line_error(&out, &["--queue", &q, "no queue of this name"]);

@@ -952,6 +952,34 @@ impl AmqpTransport {
         }
     }
 
+    /// Whether the broker has a queue of this name (a passive declaration, on a channel
+    /// of its own since a refused one closes its channel).
+    async fn queue_exists(&self, name: &str) -> Result<bool> {
+        let ch = self
+            .link()
+            .await?
+            .conn
+            .create_channel()
+            .await
+            .map_err(broker)?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        match ch
+            .queue_declare(name.into(), passive, FieldTable::default())
+            .await
+        {
+            Ok(_) => {
+                let _ = ch.close(200, "checked".into()).await;
+                Ok(true)
+            }
+            // NOT_FOUND closes the channel.
+            Err(err) if matches!(err.kind(), lapin::ErrorKind::ProtocolError(_)) => Ok(false),
+            Err(err) => Err(broker(err)),
+        }
+    }
+
     /// Reads every message of `queue`'s dead-letter queue on a channel of its own and
     /// returns the channel with the letters `pick` chose (unacknowledged). Closing the
     /// channel gives back what was not acked, in its order.
@@ -1021,6 +1049,9 @@ impl AmqpTransport {
         };
         let mut n = 0;
         for q in self.selected_queues(queue)? {
+            if !self.queue_exists(&dead_queue(&q)).await? {
+                continue;
+            }
             let (ch, picked) = self.read_dead(&q, selected).await?;
             for (tag, letter) in picked {
                 if replay {
@@ -1678,6 +1709,10 @@ impl Transport for AmqpTransport {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         for q in self.selected_queues(queue)? {
+            // Reading declares nothing: a queue the broker lacks has no dead letters.
+            if !self.queue_exists(&dead_queue(&q)).await? {
+                continue;
+            }
             let (ch, picked) = self.read_dead(&q, |_| true).await?;
             let _ = ch.close(200, "done".into()).await;
             out.extend(picked.into_iter().map(|(_, d)| d));

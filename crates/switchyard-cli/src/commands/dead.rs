@@ -10,6 +10,13 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             let queue = super::queue_arg(queue.as_deref())?;
             let t = switchyard::connect_existing(config).await?;
             let dead = t.dead_list(queue.as_ref(), limit).await?;
+            if let (Some(q), switchyard::BackendKind::RabbitMq, true) =
+                (&queue, config.backend, dead.is_empty())
+            {
+                if t.stats(Some(q)).await?.is_empty() {
+                    return Err(super::missing_broker_queue(q));
+                }
+            }
             if json {
                 return crate::output::json_line(&dead);
             }

@@ -124,3 +124,16 @@ fn config(global: &Global) -> Result<Config> {
 fn queue_arg(queue: Option<&str>) -> Result<Option<QueueName>> {
     Ok(queue.map(QueueName::new).transpose()?)
 }
+
+/// The error for a queue named on the command line that the broker does not have. On
+/// RabbitMQ a queue is an object of the broker, so an unknown name is most likely a
+/// typo, which a script should not read as "empty". In a SQL table a queue is only a
+/// column value, so an unknown name there is indistinguishable from a drained queue.
+fn missing_broker_queue(queue: &QueueName) -> switchyard::Error {
+    switchyard::ConfigError::new(
+        "--queue",
+        Some(queue.as_str().to_owned()),
+        "a queue that exists on RabbitMQ; the broker has no queue of this name (it is declared by the first publish or worker; nothing was created): check the name",
+    )
+    .into()
+}

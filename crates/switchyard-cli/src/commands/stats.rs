@@ -12,18 +12,10 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     }
     let transport = switchyard::connect_existing(config).await?;
     let stats = transport.stats(queue.as_ref()).await?;
-    // On RabbitMQ a queue is an object of the broker, and the transport returns a row
-    // for every one that exists (zeros included): no row for a queue named explicitly
-    // means the broker has none by that name, most likely a typo, which a script should
-    // not read as "empty". In a SQL table a queue is only a column value, so an unknown
-    // name there is indistinguishable from a drained queue and shows nothing.
+    // On RabbitMQ the transport returns a row for every queue that exists (zeros
+    // included): no row for a queue named explicitly means the broker has none.
     if let (Some(q), BackendKind::RabbitMq, true) = (&queue, config.backend, stats.is_empty()) {
-        return Err(switchyard::ConfigError::new(
-            "--queue",
-            Some(q.as_str().to_owned()),
-            "a queue that exists on RabbitMQ; the broker has no queue of this name (it is declared by the first publish or worker; nothing was created): check the name",
-        )
-        .into());
+        return Err(super::missing_broker_queue(q));
     }
     // RabbitMQ keeps delayed messages in a chain shared by every queue: only the
     // process that delayed them counts them, and this one delayed none.
