@@ -7,6 +7,8 @@
 //! with list, replay and purge, and reconnecting with backoff. The README's "RabbitMQ"
 //! section says where AMQP cannot keep the contract.
 
+mod codec;
+mod marks;
 mod options;
 mod topology;
 mod transport;

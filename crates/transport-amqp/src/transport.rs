@@ -5,20 +5,20 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures_lite::StreamExt;
-use lapin::message::{BasicGetMessage, Delivery};
+use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     ConfirmSelectOptions, ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{
     BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind,
 };
 use queue_core::sql::Wakers;
-use queue_core::status::{JobState, StatusStore, StatusUpdate};
+use queue_core::status::StatusStore;
 use queue_core::{
     reason, text, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
     LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
@@ -26,6 +26,11 @@ use queue_core::{
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::codec::{
+    dead_headers, dead_letter_of, delivery_count, long_string, short_string, H_DEAD_AT, H_ERROR,
+    H_REASON,
+};
+use crate::marks;
 use crate::options::{AmqpOptions, QueueKind};
 use crate::topology::{
     dead_queue, delay_key, delivery_binding, level_binding, level_name, units, DELIVERY_EXCHANGE,
@@ -47,12 +52,6 @@ const WARM_UP: Duration = Duration::from_millis(200);
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest pause between reconnect attempts.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
-
-/// Headers of a dead letter.
-const H_REASON: &str = "x-switchyard-reason";
-const H_DEAD_AT: &str = "x-switchyard-dead-at";
-/// Why a quarantined message was quarantined (its body is kept as it was).
-const H_ERROR: &str = "x-switchyard-error";
 
 /// A message as published: exchange, routing key, body, properties.
 type Outgoing = (String, String, Vec<u8>, BasicProperties);
@@ -491,12 +490,8 @@ impl AmqpTransport {
             .map_err(broker)?;
         // What the broker will push at once, so that a reserve right after a publish sees
         // it all (up to the prefetch), as it would on a database.
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
         let ready = channel
-            .queue_declare(queue.into(), passive, FieldTable::default())
+            .queue_declare(queue.into(), passive(), FieldTable::default())
             .await
             .map_err(broker)?
             .message_count();
@@ -848,20 +843,7 @@ impl AmqpTransport {
         if counted == 0 && !d.redelivered {
             return 0;
         }
-        match store.get(env.id).await {
-            Ok(Some(status))
-                if status.state == JobState::Running && status.attempts > env.attempts =>
-            {
-                status.attempts - env.attempts
-            }
-            Ok(_) => 0,
-            Err(err) => {
-                // Unknown: charge one return, so a poison still ends, but never the
-                // broker's whole count, which includes returns that never started.
-                tracing::warn!(message_id = %env.id, error = %err, "could not read the start mark of a redelivered message; charging one attempt");
-                counted.min(1)
-            }
-        }
+        marks::charged_returns(store.as_ref(), env, counted).await
     }
 
     /// Up to `max` deliveries of `queue`: those the consumer received, then ready
@@ -962,12 +944,8 @@ impl AmqpTransport {
             .create_channel()
             .await
             .map_err(broker)?;
-        let passive = QueueDeclareOptions {
-            passive: true,
-            ..QueueDeclareOptions::default()
-        };
         match ch
-            .queue_declare(name.into(), passive, FieldTable::default())
+            .queue_declare(name.into(), passive(), FieldTable::default())
             .await
         {
             Ok(_) => {
@@ -982,15 +960,19 @@ impl AmqpTransport {
 
     /// Reads every message of `queue`'s dead-letter queue on a channel of its own and
     /// returns the channel with the letters `pick` chose (unacknowledged). Closing the
-    /// channel gives back what was not acked, in its order.
+    /// channel gives back what was not acked, in its order. `None` when the broker has
+    /// no such queue: reading declares nothing.
     async fn read_dead<F>(
         &self,
         queue: &str,
         mut pick: F,
-    ) -> Result<(Channel, Vec<(u64, DeadLetter)>)>
+    ) -> Result<Option<(Channel, Vec<(u64, DeadLetter)>)>>
     where
         F: FnMut(&DeadLetter) -> bool,
     {
+        if !self.queue_exists(&dead_queue(queue)).await? {
+            return Ok(None);
+        }
         self.ensure_queue(queue).await?;
         let ch = self
             .link()
@@ -1011,7 +993,7 @@ impl AmqpTransport {
                 picked.push((m.delivery.delivery_tag, letter));
             }
         }
-        Ok((ch, picked))
+        Ok(Some((ch, picked)))
     }
 
     /// The queues a command over `queue` (or all queues) acts on. AMQP cannot list a
@@ -1049,10 +1031,9 @@ impl AmqpTransport {
         };
         let mut n = 0;
         for q in self.selected_queues(queue)? {
-            if !self.queue_exists(&dead_queue(&q)).await? {
+            let Some((ch, picked)) = self.read_dead(&q, selected).await? else {
                 continue;
-            }
-            let (ch, picked) = self.read_dead(&q, selected).await?;
+            };
             for (tag, letter) in picked {
                 if replay {
                     let Some(mut env) = letter.envelope else {
@@ -1097,114 +1078,18 @@ enum Target {
     Dead,
 }
 
-fn durable() -> QueueDeclareOptions {
+/// A declaration that only asks whether the queue exists (NOT_FOUND closes its channel).
+fn passive() -> QueueDeclareOptions {
     QueueDeclareOptions {
-        durable: true,
+        passive: true,
         ..QueueDeclareOptions::default()
     }
 }
 
-fn long_string(s: &str) -> AMQPValue {
-    AMQPValue::LongString(s.into())
-}
-
-/// `s` as a property of at most 255 bytes (lapin panics on a longer one). Only a label
-/// for other consumers: the envelope in the body keeps the whole text.
-fn short_string(s: &str) -> ShortString {
-    let mut end = s.len().min(255);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    ShortString::from(&s[..end])
-}
-
-fn dead_headers(why: &str) -> FieldTable {
-    let mut headers = FieldTable::default();
-    headers.insert(H_REASON.into(), long_string(why));
-    headers.insert(
-        H_DEAD_AT.into(),
-        AMQPValue::LongLongInt(Utc::now().timestamp_millis()),
-    );
-    headers
-}
-
-/// Deliveries of this message that ended without an ack, as the broker tells: a quorum
-/// queue's `x-delivery-count`, or 1 for a classic queue's redelivery.
-fn delivery_count(d: &Delivery) -> u32 {
-    let counted = d.properties.headers().as_ref().and_then(|h| {
-        h.inner()
-            .get(&ShortString::from("x-delivery-count"))
-            .cloned()
-    });
-    match counted {
-        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
-        Some(AMQPValue::LongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
-        _ => u32::from(d.redelivered),
-    }
-}
-
-fn header_str(h: &Option<FieldTable>, key: &str) -> Option<String> {
-    match h.as_ref()?.inner().get(&ShortString::from(key))? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-        _ => None,
-    }
-}
-
-/// The reason of the broker's own dead-lettering (`x-death`): `expired` for a TTL,
-/// `delivery_limit` or `rejected` otherwise.
-fn broker_death_reason(h: &Option<FieldTable>) -> Option<String> {
-    let AMQPValue::FieldArray(deaths) = h.as_ref()?.inner().get(&ShortString::from("x-death"))?
-    else {
-        return None;
-    };
-    let AMQPValue::FieldTable(first) = deaths.as_slice().first()? else {
-        return None;
-    };
-    match first.inner().get(&ShortString::from("reason"))? {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        _ => None,
-    }
-}
-
-fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
-    let headers = m.delivery.properties.headers();
-    let dead_at = match headers
-        .as_ref()
-        .and_then(|h| h.inner().get(&ShortString::from(H_DEAD_AT)).cloned())
-    {
-        Some(AMQPValue::LongLongInt(ms)) => DateTime::from_timestamp_millis(ms),
-        _ => None,
-    }
-    .unwrap_or_else(Utc::now);
-    // Dead-lettered by the broker itself (delivery limit, expiry): its x-death header.
-    let why = header_str(headers, H_REASON)
-        .or_else(|| broker_death_reason(headers))
-        .unwrap_or_else(|| "delivery_limit".into());
-    let text = String::from_utf8_lossy(&m.delivery.data).into_owned();
-    match Envelope::from_json(&text) {
-        Ok(env) => {
-            let mut d = DeadLetter::new(env.id.to_string(), queue, why, dead_at);
-            d.kind.clone_from(&env.kind);
-            d.attempts = env.attempts;
-            // A valid envelope quarantined (one of another queue) says why in a header.
-            d.last_error = header_str(headers, H_ERROR).or_else(|| env.last_error.clone());
-            d.envelope = Some(env);
-            d
-        }
-        Err(_) => {
-            let id = m
-                .delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.as_str().to_owned())
-                .unwrap_or_default();
-            let mut d = DeadLetter::new(id, queue, why, dead_at);
-            d.last_error = header_str(headers, H_ERROR);
-            d.raw = Some(text);
-            d
-        }
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
     }
 }
 
@@ -1539,13 +1424,7 @@ impl Transport for AmqpTransport {
             .copied()
             .unwrap_or(false);
         if let (true, Some(store)) = (started, &self.options.control_store) {
-            // Given back unrun: its start mark is closed (pending again, same attempt),
-            // so a later return of the copy is not charged for this start.
-            let env = &reservation.envelope;
-            let closed = StatusUpdate::ended(env, env.attempts + 1, JobState::Pending, None);
-            if let Err(err) = store.record(&[closed]).await {
-                tracing::warn!(message_id = %env.id, error = %err, "could not close the start mark of a message given back; a later return may be charged");
-            }
+            marks::close_unrun(store.as_ref(), &reservation.envelope).await;
         }
         self.replace(
             reservation,
@@ -1580,16 +1459,8 @@ impl Transport for AmqpTransport {
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         if let Some(store) = &self.options.control_store {
-            // The marks are durable before any handler runs: a crash from now on
-            // charges exactly these.
-            let marks: Vec<StatusUpdate> = reservations
-                .iter()
-                .filter(|r| self.holder(r).is_some())
-                .map(|r| StatusUpdate::running(&r.envelope, r.envelope.attempts + 1))
-                .collect();
-            if !marks.is_empty() {
-                store.record(&marks).await?;
-            }
+            let held = reservations.iter().filter(|r| self.holder(r).is_some());
+            marks::mark_started(store.as_ref(), held.map(|r| &r.envelope)).await?;
         }
         let mut report = AckReport::default();
         for r in reservations {
@@ -1622,13 +1493,9 @@ impl Transport for AmqpTransport {
         let link = self.link().await?;
         let mut out = Vec::new();
         for q in queues {
-            let passive = QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            };
             let ch = link.conn.create_channel().await.map_err(broker)?;
             let main = match ch
-                .queue_declare(q.as_str().into(), passive, FieldTable::default())
+                .queue_declare(q.as_str().into(), passive(), FieldTable::default())
                 .await
             {
                 Ok(main) => main,
@@ -1639,7 +1506,7 @@ impl Transport for AmqpTransport {
             let dead = ch
                 .queue_declare(
                     dead_queue(&q).as_str().into(),
-                    passive,
+                    passive(),
                     FieldTable::default(),
                 )
                 .await
@@ -1709,11 +1576,9 @@ impl Transport for AmqpTransport {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         for q in self.selected_queues(queue)? {
-            // Reading declares nothing: a queue the broker lacks has no dead letters.
-            if !self.queue_exists(&dead_queue(&q)).await? {
+            let Some((ch, picked)) = self.read_dead(&q, |_| true).await? else {
                 continue;
-            }
-            let (ch, picked) = self.read_dead(&q, |_| true).await?;
+            };
             let _ = ch.close(200, "done".into()).await;
             out.extend(picked.into_iter().map(|(_, d)| d));
         }
