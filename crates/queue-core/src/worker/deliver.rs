@@ -1,0 +1,339 @@
+//! One message's run: settled on arrival when it must not run, else its handler run
+//! with heartbeats, a timeout and cancellation, and the outcome acked, released or
+//! dead-lettered.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::acker::Acker;
+use super::handler::Report;
+use super::{JobContext, JobError, JobResult, UnknownKind, Worker};
+use crate::error::Error;
+use crate::reason;
+use crate::status::{JobState, StatusUpdate};
+use crate::transport::Reservation;
+
+/// How long a cancelled handler may take to notice its token before it is aborted.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+
+/// What ended one handler run.
+enum Ending {
+    Finished(JobResult),
+    Panicked(String),
+    TimedOut(Duration),
+    LeaseLost,
+    ShutDown,
+}
+
+impl Worker {
+    pub(super) async fn run_one(
+        self: Arc<Self>,
+        reservation: Reservation,
+        permit: OwnedSemaphorePermit,
+        hard_stop: CancellationToken,
+        shutdown: CancellationToken,
+        acker: Acker,
+    ) {
+        let env = &reservation.envelope;
+        // At WARN so that the message's fields reach even a warnings-only log.
+        let span = tracing::warn_span!(
+            "job",
+            message_id = %env.id,
+            kind = %env.kind,
+            attempt = env.attempts + 1,
+            trace_id = env.trace_id.as_deref().unwrap_or(""),
+            queue = %env.queue,
+        );
+        self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.clone()
+            .deliver(reservation, hard_stop, shutdown, acker)
+            .instrument(span)
+            .await;
+        self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        drop(permit);
+    }
+
+    /// Settles a message that must not run: expired (where the transport does not
+    /// filter expiry itself), out of attempts, or of an unknown kind. `true` when settled.
+    pub(super) async fn settle_on_arrival(&self, r: &Reservation) -> bool {
+        let env = &r.envelope;
+        let max_attempts = self.options.retry.max_attempts_for(env);
+        if !self.transport.capabilities().expiry && env.is_expired_at(chrono::Utc::now()) {
+            self.dead_letter(
+                r,
+                env.attempts,
+                reason::EXPIRED,
+                "expired before it could be handled",
+            )
+            .await;
+            return true;
+        }
+        if env.attempts >= max_attempts {
+            // Reclaims after lost leases count as attempts: a message that kills or hangs
+            // its worker every time ends here instead of looping forever.
+            let why = env.last_error.clone().unwrap_or_else(|| {
+                format!(
+                    "{} deliveries ended without an ack (the worker died or hung)",
+                    env.attempts
+                )
+            });
+            self.dead_letter(r, env.attempts, reason::MAX_ATTEMPTS, &why)
+                .await;
+            return true;
+        }
+        if !self.handlers.contains_key(&env.kind) && self.fallback.is_none() {
+            let why = format!("no handler for kind {:?} on this worker", env.kind);
+            match self.options.unknown_kind {
+                UnknownKind::DeadLetter => {
+                    self.dead_letter(r, env.attempts, reason::NO_HANDLER, &why)
+                        .await
+                }
+                UnknownKind::Release(delay) => {
+                    self.release(r, env.attempts, JobState::Pending, delay, &why)
+                        .await
+                }
+            }
+            return true;
+        }
+        false
+    }
+
+    async fn deliver(
+        self: Arc<Self>,
+        r: Reservation,
+        hard_stop: CancellationToken,
+        shutdown: CancellationToken,
+        acker: Acker,
+    ) {
+        let env = &r.envelope;
+        let max_attempts = self.options.retry.max_attempts_for(env);
+        let Some(handler) = self
+            .handlers
+            .get(&env.kind)
+            .or(self.fallback.as_ref())
+            .cloned()
+        else {
+            return;
+        };
+
+        let cancel = hard_stop.child_token();
+        let attempt = env.attempts + 1;
+        // A transport that marks starts in the status store has recorded this one.
+        if !self.transport.capabilities().start_marks_in_status {
+            self.record(|| StatusUpdate::running(env, attempt));
+        }
+        let report = Report {
+            writer: self.writer.get().cloned(),
+            result: Arc::default(),
+        };
+        let result = report.result.clone();
+        let ctx = JobContext {
+            envelope: env.clone(),
+            attempt,
+            max_attempts,
+            lease_token: r.token(),
+            cancel: cancel.clone(),
+            shutdown,
+            report,
+        };
+        let started = std::time::Instant::now();
+        // Its own task, so that a panic is caught as a JoinError.
+        let mut job = tokio::spawn(
+            async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
+        );
+        let lease = self.transport.visibility_timeout();
+        let every = (lease / 3).max(Duration::from_millis(10));
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let deadline = self
+            .options
+            .timeout
+            .map(|t| tokio::time::Instant::now() + t);
+        let mut ending = loop {
+            tokio::select! {
+                // A job that finished wins over a timeout or shutdown at the same instant.
+                biased;
+                joined = &mut job => break match joined {
+                    Ok(result) => Ending::Finished(result),
+                    Err(e) if e.is_panic() => Ending::Panicked(panic_message(e.into_panic())),
+                    Err(_) => Ending::ShutDown,
+                },
+                _ = sleep_until(deadline) => break Ending::TimedOut(self.options.timeout.unwrap_or_default()),
+                _ = cancel.cancelled() => break Ending::ShutDown,
+                // The heartbeat: only jobs that outlive a third of the lease pay for it.
+                _ = beat.tick() => match self.transport.extend(&r, lease).await {
+                    Ok(()) => tracing::trace!("lease extended"),
+                    Err(err) if err.is_lease_lost() => {
+                        tracing::warn!("heartbeat found the lease lost; cancelling the handler");
+                        break Ending::LeaseLost;
+                    }
+                    Err(err) => tracing::warn!(error = %err, "heartbeat failed; retrying at the next beat"),
+                },
+            }
+        };
+        // The token fires first; a handler that watches it gets a moment to stop cleanly
+        // before it is aborted.
+        cancel.cancel();
+        if !job.is_finished() {
+            let late = tokio::time::timeout(CANCEL_GRACE, &mut job).await;
+            job.abort();
+            // A job that completes cleanly once told to stop at shutdown is done.
+            if let (Ending::ShutDown, Ok(Ok(Ok(())))) = (&ending, &late) {
+                ending = Ending::Finished(Ok(()));
+            }
+        }
+        // A job that failed because the grace period ran out was stopped by us: it goes
+        // back for immediate redelivery, not through the retry backoff.
+        if hard_stop.is_cancelled()
+            && matches!(ending, Ending::Finished(Err(_)) | Ending::Panicked(_))
+        {
+            ending = Ending::ShutDown;
+        }
+        let elapsed = started.elapsed();
+        self.counters.record_duration(elapsed);
+        crate::metrics::handler_duration(&env.queue, &env.kind, elapsed);
+        match ending {
+            Ending::Finished(Ok(())) => {
+                tracing::debug!(?elapsed, "handled");
+                let result = result.lock().ok().and_then(|mut slot| slot.take());
+                acker.ack(r, result).await;
+            }
+            Ending::Finished(Err(JobError::Fail { message })) => {
+                tracing::warn!(error = %message, "handler failed for good");
+                self.dead_letter(&r, attempt, reason::FAILED, &message)
+                    .await;
+            }
+            Ending::Finished(Err(JobError::Retry { message, after })) => {
+                self.failed(&r, max_attempts, &message, after).await;
+            }
+            Ending::Panicked(message) => {
+                let message = format!("handler panicked: {message}");
+                self.failed(&r, max_attempts, &message, None).await;
+            }
+            Ending::TimedOut(limit) => {
+                let message = format!("handler timed out after {limit:?}");
+                self.failed(&r, max_attempts, &message, None).await;
+            }
+            Ending::LeaseLost => {
+                self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    "lease lost while handling: another worker has the message; stopped"
+                );
+            }
+            Ending::ShutDown => {
+                match self
+                    .transport
+                    .release(
+                        &r,
+                        Duration::ZERO,
+                        Some("the worker shut down before the job finished"),
+                    )
+                    .await
+                {
+                    Ok(()) => {
+                        self.counters
+                            .released_on_shutdown
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.record(|| StatusUpdate::ended(env, attempt, JobState::Pending, None));
+                    }
+                    Err(err) => self.log_settle_error("release at shutdown", &err),
+                }
+            }
+        }
+    }
+
+    /// A failed delivery: released with backoff, or dead-lettered once the attempts ran
+    /// out.
+    async fn failed(
+        &self,
+        r: &Reservation,
+        max_attempts: u32,
+        message: &str,
+        after: Option<Duration>,
+    ) {
+        let failures = r.envelope.attempts + 1;
+        if failures >= max_attempts {
+            tracing::info!(error = %message, failures, "attempts exhausted");
+            self.dead_letter(r, failures, reason::MAX_ATTEMPTS, message)
+                .await;
+        } else {
+            let delay = after.unwrap_or_else(|| self.options.retry.backoff(failures));
+            tracing::info!(error = %message, retry_in = ?delay, "handler failed; will retry");
+            self.release(r, failures, JobState::Retrying, delay, message)
+                .await;
+        }
+    }
+
+    /// Releases `r` after `delay`; its status becomes `state` (`retrying` after a
+    /// failure, `pending` when it was never run).
+    pub(super) async fn release(
+        &self,
+        r: &Reservation,
+        attempt: u32,
+        state: JobState,
+        delay: Duration,
+        message: &str,
+    ) {
+        match self.transport.release(r, delay, Some(message)).await {
+            Ok(()) => {
+                self.counters.retried.fetch_add(1, Ordering::Relaxed);
+                let env = &r.envelope;
+                crate::metrics::count(crate::metrics::RELEASED, &env.queue, &env.kind, 1);
+                self.record(|| StatusUpdate::ended(env, attempt, state, Some(message)));
+            }
+            Err(err) => self.log_settle_error("release", &err),
+        }
+    }
+
+    pub(super) async fn dead_letter(
+        &self,
+        r: &Reservation,
+        attempt: u32,
+        why: &str,
+        message: &str,
+    ) {
+        match self.transport.dead_letter(r, why, Some(message)).await {
+            Ok(()) => {
+                self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(reason = why, error = %message, "dead-lettered");
+                let env = &r.envelope;
+                crate::metrics::dead_lettered(&env.queue, &env.kind, why);
+                let state = if why == reason::FAILED {
+                    JobState::Failed
+                } else {
+                    JobState::Dead
+                };
+                self.record(|| StatusUpdate::ended(env, attempt, state, Some(message)));
+            }
+            Err(err) => self.log_settle_error("dead-letter", &err),
+        }
+    }
+
+    pub(super) fn log_settle_error(&self, what: &str, err: &Error) {
+        if err.is_lease_lost() {
+            self.counters.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!("{what} refused: the lease was lost, another worker has the message");
+        } else {
+            tracing::error!(error = %err, "{what} failed; the message will be delivered again when its lease runs out");
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-text panic payload".into())
+}
