@@ -15,9 +15,15 @@ use async_trait::async_trait;
 
 use crate::{Result, Transport};
 
+mod bad_data_cases;
+mod case_support;
 pub mod cases;
+mod lease_cases;
+mod shutdown_cases;
 pub mod status_cases;
+mod suspect_cases;
 pub mod worker_cases;
+mod worker_support;
 
 /// How a case wants a transport opened.
 #[derive(Debug, Clone)]
