@@ -4,8 +4,10 @@
 //! durable quorum or classic queues, publishes confirmed by the broker, delays through a
 //! fixed chain of TTL queues, reserves from a consumer with a bounded prefetch, acks
 //! fenced by the consumer channel's generation, release, dead letters in `<queue>.dead`
-//! with list, replay and purge, and reconnecting with backoff. The README's "RabbitMQ"
-//! section says where AMQP cannot keep the contract.
+//! with list, replay and purge, and reconnecting with backoff. The rest of this page
+//! (the crate's README) says how, and where AMQP cannot keep the contract.
+//!
+#![doc = include_str!("../README.md")]
 
 mod codec;
 mod marks;

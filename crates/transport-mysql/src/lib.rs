@@ -5,6 +5,8 @@
 //!
 //! Not meant for direct use: enable the `mysql` feature of the `switchyard` crate, which
 //! re-exports [`MySqlTransport`] and [`MySqlOptions`].
+//!
+#![doc = include_str!("../README.md")]
 
 mod cursor;
 mod error;

@@ -6,6 +6,8 @@
 //! which re-exports [`PgTransport`] and [`PgOptions`]. The outbox API takes
 //! [`sqlx::Transaction`]; this crate re-exports the `sqlx` it was built with, so callers
 //! can name the exact version.
+//!
+#![doc = include_str!("../README.md")]
 
 mod error;
 mod listener;

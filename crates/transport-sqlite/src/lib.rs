@@ -3,6 +3,8 @@
 //!
 //! Not meant for direct use: enable the `sqlite` feature of the `switchyard` crate, which
 //! re-exports [`SqliteTransport`] and [`SqliteOptions`].
+//!
+#![doc = include_str!("../README.md")]
 
 mod error;
 mod migrate;
