@@ -934,16 +934,21 @@ impl AmqpTransport {
         }
     }
 
-    /// Whether the broker has a queue of this name (a passive declaration, on a channel
-    /// of its own since a refused one closes its channel).
-    async fn queue_exists(&self, name: &str) -> Result<bool> {
-        let ch = self
-            .link()
+    /// A channel of its own on the current connection (a refused declaration or get
+    /// closes only it).
+    async fn channel(&self) -> Result<Channel> {
+        self.link()
             .await?
             .conn
             .create_channel()
             .await
-            .map_err(broker)?;
+            .map_err(broker)
+    }
+
+    /// Whether the broker has a queue of this name (a passive declaration, on a channel
+    /// of its own since a refused one closes its channel).
+    async fn queue_exists(&self, name: &str) -> Result<bool> {
+        let ch = self.channel().await?;
         match ch
             .queue_declare(name.into(), passive(), FieldTable::default())
             .await
@@ -974,13 +979,7 @@ impl AmqpTransport {
             return Ok(None);
         }
         self.ensure_queue(queue).await?;
-        let ch = self
-            .link()
-            .await?
-            .conn
-            .create_channel()
-            .await
-            .map_err(broker)?;
+        let ch = self.channel().await?;
         let dead = dead_queue(queue);
         let mut picked = Vec::new();
         while let Some(m) = ch
