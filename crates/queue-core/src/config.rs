@@ -161,6 +161,9 @@ pub struct Config {
     /// `AMQP_QUEUE_TYPE` (`quorum`, the default, or `classic`): the kind of the queues
     /// the RabbitMQ transport declares.
     pub amqp_classic_queues: bool,
+    /// `QUEUE_CONNECT_TIMEOUT`: how long one attempt to open a connection (TCP, TLS
+    /// and login) may take before it fails naming the host, port and cause.
+    pub connect_timeout: Duration,
 }
 
 impl Default for Config {
@@ -180,6 +183,7 @@ impl Default for Config {
             amqp_url_set: false,
             status: true,
             amqp_classic_queues: false,
+            connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
         }
     }
 }
@@ -189,6 +193,9 @@ impl Config {
     pub const DEFAULT_DATABASE_URL: &'static str = "sqlite://switchyard.db";
     /// `AMQP_URL` when unset.
     pub const DEFAULT_AMQP_URL: &'static str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+    /// `QUEUE_CONNECT_TIMEOUT` when unset: long enough for a TLS handshake across a
+    /// continent, short enough that a wrong host is reported before anyone wonders.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
     /// `QUEUE_TABLE` when unset.
     pub const DEFAULT_TABLE: &'static str = "switchyard_jobs";
 
@@ -267,6 +274,17 @@ impl Config {
             }
             cfg.visibility_timeout = d;
         }
+        if let Some(v) = get("QUEUE_CONNECT_TIMEOUT") {
+            let d = parse_duration("QUEUE_CONNECT_TIMEOUT", &v)?;
+            if d < Duration::from_millis(100) || d > Duration::from_secs(600) {
+                return Err(ConfigError::new(
+                    "QUEUE_CONNECT_TIMEOUT",
+                    Some(v),
+                    "expected a duration from 100ms to 10m, such as 2s or 30s",
+                ));
+            }
+            cfg.connect_timeout = d;
+        }
         if let Some(v) = get("QUEUE_TABLE") {
             cfg.table = Identifier::table("QUEUE_TABLE", v.trim())?;
         }
@@ -328,9 +346,11 @@ fn validate_database_url(url: &str) -> Result<SecretUrl, ConfigError> {
 }
 
 fn validate_amqp_url(url: &str) -> Result<SecretUrl, ConfigError> {
-    let parsed = url::Url::parse(url).ok();
-    let ok = parsed.is_some_and(|u| {
-        matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some_and(|h| !h.is_empty())
+    // One broker, or the nodes of a cluster, comma-separated.
+    let ok = crate::redact::split_url_list(url).iter().all(|one| {
+        url::Url::parse(one).is_ok_and(|u| {
+            matches!(u.scheme(), "amqp" | "amqps") && u.host_str().is_some_and(|h| !h.is_empty())
+        })
     });
     if ok {
         Ok(SecretUrl::new(url))
@@ -338,7 +358,7 @@ fn validate_amqp_url(url: &str) -> Result<SecretUrl, ConfigError> {
         Err(ConfigError::new(
             "AMQP_URL",
             Some(redact_url(url)),
-            "expected amqp://USER:PASSWORD@HOST:PORT/VHOST or amqps://…",
+            "expected amqp://USER:PASSWORD@HOST:PORT/VHOST or amqps://…, or several (the nodes of a cluster) separated by commas",
         ))
     }
 }
@@ -404,6 +424,9 @@ mod tests {
             ("DATABASE_URL", "oracle://db/x", "expected sqlite://"),
             ("DATABASE_URL", "sqlite://", "expected sqlite://"),
             ("AMQP_URL", "http://x", "amqp://"),
+            ("AMQP_URL", "amqp://g@a/v,http://b", "separated by commas"),
+            ("QUEUE_CONNECT_TIMEOUT", "50ms", "from 100ms to 10m"),
+            ("QUEUE_CONNECT_TIMEOUT", "now", "250ms, 10s"),
         ];
         for (var, value, expected) in cases {
             let err = from(&[(var, value)]).unwrap_err();
@@ -412,6 +435,20 @@ mod tests {
             assert!(text.contains(value), "{text}");
             assert!(text.contains(expected), "{text}");
         }
+    }
+
+    #[test]
+    fn a_cluster_and_a_connect_timeout_are_read() {
+        let cfg = from(&[
+            ("AMQP_URL", "amqps://u:p@a:5671/v,amqps://u:p@b:5671/v"),
+            ("QUEUE_CONNECT_TIMEOUT", "2s"),
+        ])
+        .expect("a list of nodes and a timeout");
+        assert_eq!(cfg.connect_timeout, Duration::from_secs(2));
+        assert_eq!(
+            from(&[]).expect("defaults").connect_timeout,
+            Config::DEFAULT_CONNECT_TIMEOUT
+        );
     }
 
     #[test]

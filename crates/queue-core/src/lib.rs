@@ -8,6 +8,7 @@
 
 mod capabilities;
 mod config;
+pub mod connect;
 mod envelope;
 mod error;
 pub mod metrics;
@@ -30,7 +31,7 @@ pub use config::{
 pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use names::{Identifier, QueueName};
-pub use redact::{redact_url, unsupported_secret_param, SecretUrl};
+pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};
 pub use transport::{
     AckReport, DeadLetter, DeadSelection, LeaseToken, QueueStats, Receipt, Reservation, Transport,
 };

@@ -16,6 +16,42 @@ const SECRET_PARAMS: [&str; 8] = [
 /// with `***`, so that it can be logged. Works on text that is not a valid URL too,
 /// including passwords with unescaped `/`, `?` or `#`.
 pub fn redact_url(url: &str) -> String {
+    // A list of URLs (the nodes of a RabbitMQ cluster): each redacted on its own.
+    let parts = split_url_list(url);
+    if parts.len() > 1 {
+        return parts
+            .iter()
+            .map(|p| redact_one(p))
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    redact_one(url)
+}
+
+/// `text` cut at each comma that starts another URL (`,scheme://`); a comma inside a
+/// password or a query stays where it is.
+pub fn split_url_list(text: &str) -> Vec<&str> {
+    let starts_url = |rest: &str| {
+        let scheme_len = rest.find("://").filter(|&n| n > 0).filter(|&n| {
+            rest[..n]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        });
+        scheme_len.is_some()
+    };
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (i, c) in text.char_indices() {
+        if c == ',' && i > start && starts_url(text[i + 1..].trim_start()) {
+            parts.push(text[start..i].trim());
+            start = i + 1;
+        }
+    }
+    parts.push(text[start..].trim());
+    parts
+}
+
+fn redact_one(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return redact_query(url);
     };
@@ -110,6 +146,17 @@ impl fmt::Display for SecretUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_url_of_a_list_is_redacted() {
+        let list = "amqps://u:p1@h1:5671/v,amqps://u:p,2@h2:5671/v, amqp://u:p3@h3/v";
+        assert_eq!(split_url_list(list).len(), 3);
+        let shown = redact_url(list);
+        assert_eq!(
+            shown,
+            "amqps://u:***@h1:5671/v,amqps://u:***@h2:5671/v,amqp://u:***@h3/v"
+        );
+    }
 
     #[test]
     fn passwords_with_equals_signs_and_queries_with_at_signs_never_show() {

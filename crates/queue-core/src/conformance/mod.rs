@@ -22,6 +22,7 @@ mod lease_cases;
 mod shutdown_cases;
 pub mod status_cases;
 mod suspect_cases;
+pub mod unreachable;
 pub mod worker_cases;
 mod worker_support;
 
