@@ -1,8 +1,10 @@
 use queue_core::Error;
 
+use crate::standby;
+
 pub(crate) const TRANSPORT: &str = "postgres";
 
-/// SQLSTATEs worth retrying: the connection broke or the server is restarting
+/// SQLSTATEs worth retrying (besides 25006, see `standby`): the connection broke or the server is restarting
 /// (class 08, 57P01-57P03), too many connections (53300), and the losers of a lock
 /// conflict (40001 serialization failure, 40P01 deadlock).
 fn transient_state(code: &str) -> bool {
@@ -19,7 +21,16 @@ pub(crate) fn backend(err: sqlx::Error) -> Error {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::WorkerCrashed
         | sqlx::Error::Tls(_) => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| transient_state(&c)),
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            // A server demoted to a standby: drop the old connections and retry.
+            if code.as_deref() == Some(standby::READ_ONLY) {
+                standby::saw_read_only();
+                true
+            } else {
+                code.is_some_and(|c| transient_state(&c))
+            }
+        }
         // The server closed the connection mid-message.
         sqlx::Error::Protocol(_) => true,
         _ => false,

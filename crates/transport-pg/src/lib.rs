@@ -9,11 +9,13 @@
 //!
 #![doc = include_str!("../README.md")]
 
+mod connect;
 mod error;
 mod listener;
 mod migrate;
 mod options;
 mod sql;
+mod standby;
 mod status;
 mod transport;
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
+use queue_core::connect::Endpoint;
 use queue_core::sql::{
     attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
     row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
@@ -18,16 +19,18 @@ use queue_core::{
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{PgConnection, PgPool, Postgres, Row};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
 use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
+use crate::connect;
 use crate::error::{is_conflict, is_unique_violation, SqlxResultExt, TRANSPORT};
 use crate::listener;
 use crate::migrate::{check_existing, migrate, uninstall};
 use crate::options::PgOptions;
 use crate::sql::Statements;
+use crate::standby;
 use crate::status::PgStatusStore;
 
 /// Rows per publish statement: bounds the size of one statement's arrays.
@@ -157,6 +160,7 @@ impl PgTransport {
             max_connections: options.max_connections,
         }
         .validate()?;
+        connect::check_tls_settings(&options.url)?;
         let connect = PgConnectOptions::from_str(options.url.expose())
             .map_err(|e| {
                 ConfigError::new(
@@ -166,12 +170,20 @@ impl PgTransport {
                 )
             })?
             .application_name("switchyard");
+        let endpoint = Endpoint::from_url("PostgreSQL", options.url.expose(), 5432);
+        let mut first =
+            connect::first_connection(&connect, &endpoint, options.connect_timeout).await?;
+        let standby = standby::refuse_standby(&mut first, &endpoint).await;
+        first.close().await.ok();
+        standby?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             // No ping before every use: it doubles the round trips of the hot path. A
             // connection that broke (a server restart) fails its next statement with a
             // transient error, is dropped by the pool, and the caller retries.
             .test_before_acquire(false)
+            .before_acquire(|conn, meta| Box::pin(standby::still_usable(conn, meta)))
+            .after_connect(|conn, _meta| Box::pin(standby::refuse_standby_conn(conn)))
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.clone())
             .await

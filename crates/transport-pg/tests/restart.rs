@@ -7,8 +7,6 @@
 //! the rest of the suite.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,154 +15,15 @@ use queue_core::{CancellationToken, Envelope, QueueName, Transport};
 use transport_pg::{PgOptions, PgTransport};
 use uuid::Uuid;
 
+mod support;
+
+use support::server::{command, run, skip_without_tools, Server};
+
 const MESSAGES: usize = 10_000;
-
-/// The directory of `initdb` and `pg_ctl`: `SWITCHYARD_PG_BIN`, or the newest
-/// `/usr/lib/postgresql/*/bin` (Debian's layout).
-fn pg_bin() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var("SWITCHYARD_PG_BIN") {
-        return Some(PathBuf::from(dir));
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = e.path().join("bin");
-            bin.join("initdb").exists().then_some((v, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, bin)| bin)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-/// A server of our own; stopped (immediately) when dropped.
-struct Server {
-    bin: PathBuf,
-    data: PathBuf,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    /// PostgreSQL refuses to run as root, so as root it runs as the `postgres` user.
-    fn command(&self, program: &str) -> Command {
-        command(&self.bin, program)
-    }
-
-    fn start() -> Self {
-        let bin = pg_bin().expect("initdb: install postgresql or set SWITCHYARD_PG_BIN");
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        if is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:"])
-                .arg(dir.path())
-                .status()
-                .expect("chown");
-            assert!(status.success(), "chown the server directory to postgres");
-        }
-        let data = dir.path().join("data");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let server = Server {
-            bin,
-            data,
-            port,
-            _dir: dir,
-        };
-        run(server
-            .command("initdb")
-            .args([
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "-D",
-            ])
-            .arg(&server.data));
-        let socket_dir = server.data.parent().unwrap_or(Path::new("/tmp")).to_owned();
-        run(server
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(&server.data)
-            .arg("-l")
-            .arg(server.data.join("server.log"))
-            .arg("-o")
-            .arg(format!(
-                "-p {port} -k {} -c listen_addresses=127.0.0.1",
-                socket_dir.display()
-            ))
-            .args(["-w", "start"]));
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-m", "immediate", "-w", "stop"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-fn command(bin: &Path, program: &str) -> Command {
-    let path = bin.join(program);
-    if is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(path);
-        c
-    } else {
-        Command::new(path)
-    }
-}
-
-/// Runs a PostgreSQL tool to completion. Its output goes to a file, not a pipe: the
-/// server that `pg_ctl` starts inherits the tool's descriptors and would hold a pipe open
-/// for ever.
-fn run(cmd: &mut Command) {
-    let log = tempfile::NamedTempFile::new().expect("a log file");
-    let status = cmd
-        .stdin(Stdio::null())
-        .stdout(log.reopen().expect("log"))
-        .stderr(log.reopen().expect("log"))
-        .status()
-        .expect("run a PostgreSQL tool");
-    assert!(
-        status.success(),
-        "{cmd:?} failed: {}",
-        std::fs::read_to_string(log.path()).unwrap_or_default()
-    );
-}
 
 #[test]
 fn two_workers_drain_through_a_server_restart_and_lose_nothing() {
-    if pg_bin().is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "no initdb found (install postgresql); under CI=true this is a failure"
-        );
-        eprintln!("SKIPPED: PostgreSQL restart test: no initdb found (install postgresql)");
+    if skip_without_tools("PostgreSQL restart test") {
         return;
     }
     let server = Server::start();

@@ -2,6 +2,8 @@
 //! test so that tests run in parallel without seeing each other.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod server;
+
 use std::sync::Arc;
 
 use queue_core::{ClaimStrategy, Error, Result};
