@@ -8,6 +8,7 @@
 //!
 #![doc = include_str!("../README.md")]
 
+mod connect;
 mod cursor;
 mod error;
 mod migrate;

@@ -21,6 +21,10 @@ pub struct MySqlOptions {
     pub visibility_timeout: Duration,
     /// Connections in the pool.
     pub max_connections: u32,
+    /// How long one attempt to open a connection (TCP, TLS, login) may take
+    /// (`QUEUE_CONNECT_TIMEOUT`). The first connection that fails is reported at once
+    /// with the host, port and cause, instead of after `acquire_timeout`.
+    pub connect_timeout: Duration,
     /// How long an operation waits for a pooled connection (and a connection attempt
     /// lasts) before it fails with a transient error.
     pub acquire_timeout: Duration,
@@ -50,6 +54,7 @@ impl MySqlOptions {
             claim: ClaimStrategy::default(),
             visibility_timeout: DEFAULT_VISIBILITY_TIMEOUT,
             max_connections: 10,
+            connect_timeout: Config::DEFAULT_CONNECT_TIMEOUT,
             acquire_timeout: Duration::from_secs(10),
             lock_retries: 10,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -65,6 +70,7 @@ impl MySqlOptions {
             schema: config.schema.as_ref().map(|s| s.as_str().into()),
             claim: config.claim,
             visibility_timeout: config.visibility_timeout,
+            connect_timeout: config.connect_timeout,
             ..MySqlOptions::new(config.database_url.expose())
         }
     }
@@ -73,6 +79,12 @@ impl MySqlOptions {
     /// only opens an existing one, creating nothing.
     pub fn with_create(mut self, create: bool) -> Self {
         self.create = create;
+        self
+    }
+
+    /// Sets how long one connection attempt may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
+use queue_core::connect::Endpoint;
 use queue_core::sql::{
     attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
     row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
@@ -24,6 +25,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
+use crate::connect;
 use crate::cursor::ClaimCursors;
 use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{check_existing, migrate, uninstall};
@@ -158,6 +160,7 @@ impl MySqlTransport {
             max_connections: options.max_connections,
         }
         .validate()?;
+        connect::check_tls_settings(&options.url)?;
         let url = options.url.expose().replacen("mariadb://", "mysql://", 1);
         let connect = MySqlConnectOptions::from_str(&url)
             .map_err(|e| {
@@ -168,6 +171,9 @@ impl MySqlTransport {
                 )
             })?
             .charset("utf8mb4");
+        let endpoint = Endpoint::from_url("MySQL", &url, 3306);
+        let first = connect::first_connection(&connect, &endpoint, options.connect_timeout).await?;
+        first.close().await.ok();
         let pool = MySqlPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
