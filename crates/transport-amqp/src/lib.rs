@@ -10,6 +10,7 @@
 #![doc = include_str!("../README.md")]
 
 mod codec;
+mod connect;
 mod marks;
 mod options;
 mod topology;

@@ -47,6 +47,9 @@ pub struct AmqpOptions {
     /// fails at once: for read-only tools, whose user would rather hear now that the
     /// broker is down.
     pub retry_first_connect: bool,
+    /// How long one attempt to open a connection (TCP, TLS, AMQP handshake) may take
+    /// (`QUEUE_CONNECT_TIMEOUT`).
+    pub connect_timeout: Duration,
     /// The connection name the broker shows (`rabbitmqctl list_connections
     /// user_provided_name`).
     pub connection_name: Option<String>,
@@ -74,6 +77,7 @@ impl AmqpOptions {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             reconnect_timeout: Duration::from_secs(30),
             retry_first_connect: true,
+            connect_timeout: Config::DEFAULT_CONNECT_TIMEOUT,
             connection_name: None,
             queue_expires: None,
             control_store: None,
@@ -87,7 +91,16 @@ impl AmqpOptions {
         } else {
             QueueKind::Quorum
         };
-        AmqpOptions::new(config.amqp_url.expose()).with_queue_kind(kind)
+        AmqpOptions {
+            connect_timeout: config.connect_timeout,
+            ..AmqpOptions::new(config.amqp_url.expose()).with_queue_kind(kind)
+        }
+    }
+
+    /// Sets how long one connection attempt may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 
     /// Sets the queue kind.

@@ -20,8 +20,8 @@ use lapin::{
 use queue_core::sql::Wakers;
 use queue_core::status::StatusStore;
 use queue_core::{
-    reason, text, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
-    LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Transport,
+    reason, text, AckReport, Capabilities, DeadLetter, DeadSelection, Envelope, Error, LeaseToken,
+    QueueName, QueueStats, Receipt, Reservation, Result, Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -30,6 +30,7 @@ use crate::codec::{
     dead_headers, dead_letter_of, delivery_count, long_string, short_string, H_DEAD_AT, H_ERROR,
     H_REASON,
 };
+use crate::connect::{self, Node};
 use crate::marks;
 use crate::options::{AmqpOptions, QueueKind};
 use crate::topology::{
@@ -37,9 +38,9 @@ use crate::topology::{
     LEVELS, MAX_QUEUE_NAME, UNIT,
 };
 
-const TRANSPORT: &str = "amqp";
+pub(crate) const TRANSPORT: &str = "amqp";
 
-/// How long a connection attempt waits for the broker's answer.
+/// How long a channel or connection close waits for the broker's answer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long past its due time a delayed message still counts as delayed when this
 /// process has not seen it come out (another process took it).
@@ -48,8 +49,9 @@ const DELAY_GRACE: Duration = Duration::from_secs(30);
 const IN_FLIGHT: Duration = Duration::from_millis(5);
 /// How long a new consumer waits for the broker's first pushes.
 const WARM_UP: Duration = Duration::from_millis(200);
-/// How long opening a connection may take in all (connect, channel, declarations).
-const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long setting up a new connection may take once it is open (channel, confirm
+/// mode, the delay chain's declarations).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(25);
 /// The longest pause between reconnect attempts.
 const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 
@@ -71,6 +73,14 @@ fn declare_error(queue: &str, err: lapin::Error) -> Error {
         false,
         format!("declaring queue {queue:?} failed (does it exist with other arguments, say as a classic queue where a quorum queue is configured?): {err}"),
     )
+}
+
+/// An error's own message, without the transport's name in front.
+fn source_text(err: &Error) -> String {
+    match err {
+        Error::Backend { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
 }
 
 fn broker(err: lapin::Error) -> Error {
@@ -98,6 +108,8 @@ fn broker(err: lapin::Error) -> Error {
 /// again (at least once), and leases of the old connection are lost.
 pub struct AmqpTransport {
     options: AmqpOptions,
+    /// The broker's addresses: one, or the nodes of a cluster.
+    nodes: Vec<Node>,
     link: Mutex<Arc<Link>>,
     /// One reconnect at a time.
     reconnecting: tokio::sync::Mutex<()>,
@@ -130,46 +142,77 @@ impl fmt::Debug for AmqpTransport {
 /// One connection with its publishing channel (in confirm mode), and the queues declared
 /// on it.
 struct Link {
+    /// Which of the transport's nodes this connection is to.
+    node: usize,
     conn: Connection,
     publisher: Channel,
     declared: Mutex<HashSet<String>>,
 }
 
 impl Link {
-    /// Connects and declares the delay chain.
-    async fn open(options: &AmqpOptions) -> Result<Link> {
-        if options.url.scheme() != "amqp" {
-            return Err(ConfigError::new(
-                "AMQP_URL",
-                Some(options.url.to_string()),
-                "amqp://USER:PASSWORD@HOST:PORT/VHOST (this build has no TLS: for amqps://, reach the broker through a TLS tunnel such as stunnel on localhost)",
-            )
-            .into());
+    /// Connects to the first node that answers, trying them in turn from `first`, and
+    /// declares the delay chain. With several nodes a failure lists each node's cause.
+    async fn open(options: &AmqpOptions, nodes: &[Node], first: usize) -> Result<Link> {
+        let mut causes = Vec::new();
+        let mut transient = false;
+        for k in 0..nodes.len() {
+            let node = (first + k) % nodes.len();
+            match Link::open_on(options, &nodes[node], node).await {
+                Ok(link) => return Ok(link),
+                Err(err) if nodes.len() == 1 => return Err(err),
+                Err(err) => {
+                    transient |= err.is_transient();
+                    causes.push(source_text(&err));
+                }
+            }
         }
+        Err(Error::backend(
+            TRANSPORT,
+            transient,
+            format!(
+                "no node of the cluster answered ({} tried): {}",
+                nodes.len(),
+                causes.join("; ")
+            ),
+        ))
+    }
+
+    async fn open_on(options: &AmqpOptions, node: &Node, index: usize) -> Result<Link> {
         let mut props = ConnectionProperties::default();
         if let Some(name) = &options.connection_name {
             props = props.with_connection_name(name.as_str().into());
         }
-        let conn = tokio::time::timeout(
-            CONNECT_TIMEOUT,
-            Connection::connect(options.url.expose(), props),
-        )
-        .await
-        .map_err(|_| {
-            Error::backend(
-                TRANSPORT,
-                true,
-                format!("no answer from RabbitMQ within {CONNECT_TIMEOUT:?}"),
-            )
-        })?
-        .map_err(broker)?;
-        let publisher = conn.create_channel().await.map_err(broker)?;
-        publisher
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(broker)?;
-        declare_delay_chain(&publisher).await?;
+        let conn = node.connect(props, options.connect_timeout).await?;
+        let setup = async {
+            let publisher = conn.create_channel().await.map_err(broker)?;
+            publisher
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(broker)?;
+            declare_delay_chain(&publisher).await?;
+            Ok::<_, Error>(publisher)
+        };
+        let publisher = match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
+            Ok(Ok(publisher)) => publisher,
+            Ok(Err(err)) => {
+                let _ = conn.close(200, "set-up failed".into()).await;
+                return Err(err);
+            }
+            Err(_) => {
+                let _ = conn.close(200, "set-up timed out".into()).await;
+                return Err(Error::backend(
+                    TRANSPORT,
+                    true,
+                    format!(
+                        "{}: connected, but setting up the channel and the delay chain took over {SETUP_TIMEOUT:?}",
+                        node.endpoint
+                    ),
+                ));
+            }
+        };
+        tracing::info!(node = %node.endpoint, "connected to RabbitMQ");
         Ok(Link {
+            node: index,
             conn,
             publisher,
             declared: Mutex::default(),
@@ -225,20 +268,14 @@ impl AmqpTransport {
     /// it fail at the first refusal. Errors that retrying cannot fix (a bad URL, refused
     /// credentials, a refused declaration) fail at once.
     pub async fn connect(options: AmqpOptions) -> Result<Self> {
+        let nodes = connect::nodes(&options.url)?;
         let deadline = Instant::now() + options.reconnect_timeout;
         let mut pause = Duration::from_millis(100);
         let mut tries = 0_u32;
         let link = loop {
             tries += 1;
-            let opened = tokio::time::timeout(OPEN_TIMEOUT, Link::open(&options))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::backend(
-                        TRANSPORT,
-                        true,
-                        format!("connecting to RabbitMQ took over {OPEN_TIMEOUT:?}"),
-                    ))
-                });
+            // Each node's attempt is bounded: connect_timeout, then SETUP_TIMEOUT.
+            let opened = Link::open(&options, &nodes, 0).await;
             match opened {
                 Ok(link) => break link,
                 Err(err) if !options.retry_first_connect || !err.is_transient() => {
@@ -264,6 +301,7 @@ impl AmqpTransport {
         };
         Ok(AmqpTransport {
             options,
+            nodes,
             link: Mutex::new(Arc::new(link)),
             reconnecting: tokio::sync::Mutex::default(),
             last_failure: Mutex::default(),
@@ -323,6 +361,13 @@ impl AmqpTransport {
         lock(&self.known).iter().cloned().collect()
     }
 
+    /// The node of the current connection, as `host:port`: for operators and tests
+    /// that follow a cluster's failover.
+    pub fn connected_node(&self) -> String {
+        let endpoint = &self.nodes[self.current().node].endpoint;
+        format!("{}:{}", endpoint.host, endpoint.port)
+    }
+
     fn current(&self) -> Arc<Link> {
         lock(&self.link).clone()
     }
@@ -358,16 +403,10 @@ impl AmqpTransport {
         let mut pause = Duration::from_millis(100);
         loop {
             self.check_open()?;
-            // The whole opening is bounded: connect, channel, confirm mode, declarations.
-            let opened = tokio::time::timeout(OPEN_TIMEOUT, Link::open(&self.options))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::backend(
-                        TRANSPORT,
-                        true,
-                        format!("opening a connection took over {OPEN_TIMEOUT:?}"),
-                    ))
-                });
+            // The next node first: the lost one is likely down. Each node's attempt is
+            // bounded (connect_timeout, then SETUP_TIMEOUT).
+            let next = (current.node + 1) % self.nodes.len();
+            let opened = Link::open(&self.options, &self.nodes, next).await;
             match opened {
                 Ok(link) => {
                     if self.shut.load(Ordering::SeqCst) {
@@ -377,7 +416,7 @@ impl AmqpTransport {
                     let link = Arc::new(link);
                     *lock(&self.link) = link.clone();
                     *lock(&self.last_failure) = None;
-                    tracing::info!("reconnected to RabbitMQ");
+                    tracing::info!(node = %self.nodes[link.node].endpoint, "reconnected to RabbitMQ");
                     // Idle workers reserve again, which starts new consumers.
                     self.wakers.wake_all();
                     return Ok(link);
@@ -428,11 +467,24 @@ impl AmqpTransport {
             dead_args.insert("x-expires".into(), ms.clone());
             args.insert("x-expires".into(), ms);
         }
-        // The dead-letter store is a classic queue: listing it takes and gives back
-        // messages, which a quorum queue would count as deliveries.
-        ch.queue_declare(dead.as_str().into(), durable(), dead_args)
-            .await
-            .map_err(|e| declare_error(queue, e))?;
+        // With quorum queues the dead-letter store is one too: replicated like them, so
+        // that losing the node a classic queue lives on neither loses dead letters nor
+        // blocks every later declaration (and so every publish) of the queue. Listing
+        // it takes and gives back messages, which a quorum queue counts as deliveries;
+        // with no delivery limit on it that costs nothing. A dead-letter queue declared
+        // classic by an earlier version is kept as it is.
+        let declare_dead = match self.options.queue_kind {
+            QueueKind::Quorum => {
+                dead_args.insert("x-queue-type".into(), long_string("quorum"));
+                !self.queue_exists(&dead).await?
+            }
+            QueueKind::Classic => true,
+        };
+        if declare_dead {
+            ch.queue_declare(dead.as_str().into(), durable(), dead_args)
+                .await
+                .map_err(|e| declare_error(queue, e))?;
+        }
         args.insert("x-dead-letter-exchange".into(), long_string(""));
         args.insert("x-dead-letter-routing-key".into(), long_string(&dead));
         match self.options.queue_kind {
@@ -967,11 +1019,7 @@ impl AmqpTransport {
     /// returns the channel with the letters `pick` chose (unacknowledged). Closing the
     /// channel gives back what was not acked, in its order. `None` when the broker has
     /// no such queue: reading declares nothing.
-    async fn read_dead<F>(
-        &self,
-        queue: &str,
-        mut pick: F,
-    ) -> Result<Option<(Channel, Vec<(u64, DeadLetter)>)>>
+    async fn read_dead<F>(&self, queue: &str, mut pick: F) -> Result<Option<DeadRead>>
     where
         F: FnMut(&DeadLetter) -> bool,
     {
@@ -982,17 +1030,48 @@ impl AmqpTransport {
         let ch = self.channel().await?;
         let dead = dead_queue(queue);
         let mut picked = Vec::new();
+        let mut read = 0_u32;
         while let Some(m) = ch
             .basic_get(dead.as_str().into(), BasicGetOptions::default())
             .await
             .map_err(broker)?
         {
+            read = read.saturating_add(1);
             let letter = dead_letter_of(&m, queue);
             if pick(&letter) {
                 picked.push((m.delivery.delivery_tag, letter));
             }
         }
-        Ok(Some((ch, picked)))
+        Ok(Some(DeadRead {
+            channel: ch,
+            picked,
+            read,
+        }))
+    }
+
+    /// Closes a dead-letter reading channel, which gives back what it did not ack, and
+    /// waits (up to 2 s) until the queue counts those again: a quorum queue takes
+    /// returns back after the close, and a `stats` or a listing right after would miss
+    /// them.
+    async fn give_back(&self, channel: Channel, queue: &str, returned: u32) {
+        let _ = channel.close(200, "done".into()).await;
+        if returned == 0 || self.options.queue_kind == QueueKind::Classic {
+            return;
+        }
+        let dead = dead_queue(queue);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let Ok(ch) = self.channel().await else { return };
+            let counted = ch
+                .queue_declare(dead.as_str().into(), passive(), FieldTable::default())
+                .await
+                .map(|q| q.message_count());
+            let _ = ch.close(200, "counted".into()).await;
+            match counted {
+                Ok(n) if n < returned => tokio::time::sleep(Duration::from_millis(20)).await,
+                _ => return,
+            }
+        }
     }
 
     /// The queues a command over `queue` (or all queues) acts on. AMQP cannot list a
@@ -1030,9 +1109,15 @@ impl AmqpTransport {
         };
         let mut n = 0;
         for q in self.selected_queues(queue)? {
-            let Some((ch, picked)) = self.read_dead(&q, selected).await? else {
+            let Some(DeadRead {
+                channel: ch,
+                picked,
+                read,
+            }) = self.read_dead(&q, selected).await?
+            else {
                 continue;
             };
+            let mut settled = 0_u32;
             for (tag, letter) in picked {
                 if replay {
                     let Some(mut env) = letter.envelope else {
@@ -1051,8 +1136,9 @@ impl AmqpTransport {
                     .await
                     .map_err(broker)?;
                 n += 1;
+                settled += 1;
             }
-            let _ = ch.close(200, "done".into()).await;
+            self.give_back(ch, &q, read.saturating_sub(settled)).await;
         }
         if n == 0 {
             if let DeadSelection::Id(id) = selection {
@@ -1067,6 +1153,14 @@ impl AmqpTransport {
         }
         Ok(n)
     }
+}
+
+/// What a read of a dead-letter queue holds: its channel (with every message read
+/// unacknowledged), the letters picked, and how many were read in all.
+struct DeadRead {
+    channel: Channel,
+    picked: Vec<(u64, DeadLetter)>,
+    read: u32,
 }
 
 /// Where a message is published.
@@ -1575,10 +1669,14 @@ impl Transport for AmqpTransport {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut out = Vec::new();
         for q in self.selected_queues(queue)? {
-            let Some((ch, picked)) = self.read_dead(&q, |_| true).await? else {
+            let Some(DeadRead {
+                channel, picked, ..
+            }) = self.read_dead(&q, |_| true).await?
+            else {
                 continue;
             };
-            let _ = ch.close(200, "done".into()).await;
+            let returned = u32::try_from(picked.len()).unwrap_or(u32::MAX);
+            self.give_back(channel, &q, returned).await;
             out.extend(picked.into_iter().map(|(_, d)| d));
         }
         out.sort_by_key(|d| d.dead_at);

@@ -41,7 +41,13 @@ async fn open(kind: QueueKind) -> Result<AmqpTransport> {
 /// Closes, on the broker, the connections named `name`; how many.
 fn close_connections(name: &str) -> usize {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new("rabbitmqctl")
+        // `SWITCHYARD_TEST_RABBITMQCTL` reaches a broker in a container
+        // (`docker exec ID rabbitmqctl`, set by test-servers).
+        let ctl =
+            std::env::var("SWITCHYARD_TEST_RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".into());
+        let mut words = ctl.split_whitespace();
+        let out = std::process::Command::new(words.next().unwrap_or("rabbitmqctl"))
+            .args(words)
             .args(args)
             .stdin(std::process::Stdio::null())
             .output()
@@ -627,8 +633,15 @@ fn free_port() -> u16 {
 fn the_first_connect_waits_for_a_broker_that_comes_up_late() {
     with_broker(|| async {
         let port = free_port();
-        let late = url().replacen("127.0.0.1:5672", &format!("127.0.0.1:{port}"), 1);
-        assert_ne!(late, url(), "the test broker is expected at 127.0.0.1:5672");
+        // The test broker's host:port (the local one, or a container's).
+        let base = url();
+        let broker = base
+            .split_once('@')
+            .and_then(|(_, rest)| rest.split('/').next())
+            .expect("a broker URL with user@host:port")
+            .to_owned();
+        let late = base.replacen(&broker, &format!("127.0.0.1:{port}"), 1);
+        assert_ne!(late, base, "the test broker's address is in its URL");
 
         let started = Instant::now();
         let err = AmqpTransport::connect(AmqpOptions::new(&late).with_retry_first_connect(false))
@@ -657,8 +670,9 @@ fn the_first_connect_waits_for_a_broker_that_comes_up_late() {
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     return;
                 };
+                let broker = broker.clone();
                 tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect("127.0.0.1:5672").await
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(broker.as_str()).await
                     {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                     }
