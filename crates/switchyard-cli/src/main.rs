@@ -56,10 +56,13 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                // lapin's connection loop logs each failed attempt as an error; the
+                // transport reports the failure itself, in one line naming the node
+                // and the cause (and warns at each reconnect).
                 tracing_subscriber::EnvFilter::new(match (quiet, probing) {
-                    (true, _) => "error",
-                    (false, true) => "warn,lapin::channel=off",
-                    (false, false) => "warn",
+                    (true, _) => "error,lapin::io_loop=off",
+                    (false, true) => "warn,lapin::channel=off,lapin::io_loop=off",
+                    (false, false) => "warn,lapin::io_loop=off",
                 })
             }),
         )
