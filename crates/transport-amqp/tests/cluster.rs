@@ -371,17 +371,30 @@ async fn drain_across(cluster: &Cluster, loss: Loss) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut left = 0;
+        let mut each = Vec::new();
         for t in &transports {
             let stats = t.stats(Some(&q)).await.expect("stats");
             left += stats.iter().map(|s| s.ready + s.reserved).sum::<u64>();
+            each.push(
+                stats
+                    .iter()
+                    .map(|s| (s.ready, s.reserved))
+                    .collect::<Vec<_>>(),
+            );
         }
         if left == 0 {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{left} messages still ready or held 30 s after the drain"
-        );
+        if Instant::now() >= deadline {
+            // Where they are: the broker's own counts beside each worker's (ready
+            // includes what a consumer received but did not hand out).
+            let survivor = (victim + 1) % NODES;
+            let broker = tokio::task::block_in_place(|| cluster.queue_counts(survivor));
+            let handled = seen.lock().map(|s| s.jobs.len()).unwrap_or(0);
+            panic!(
+                "{left} messages still ready or held 30 s after the drain; per worker (ready, held): {each:?}; {handled} distinct handled; the broker: {broker}"
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.cancel();

@@ -322,6 +322,25 @@ impl Cluster {
         ((0..NODES).find(|&i| leader == node_name(i)), members)
     }
 
+    /// What the broker says of its queues, asked of node `ask`: names, leaders, ready
+    /// and unacknowledged counts and consumers, for a failure's message.
+    pub(crate) fn queue_counts(&self, ask: usize) -> String {
+        let out = ctl(
+            &node_name(ask),
+            &[
+                "list_queues",
+                "name",
+                "leader",
+                "messages_ready",
+                "messages_unacknowledged",
+                "consumers",
+                "--formatter",
+                "json",
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
     /// The leader of `queue`, waiting (up to a minute) for one on a node other than
     /// `not`, asking node `ask`: after a leader's loss the others elect a new one.
     pub(crate) fn leader_other_than(&self, ask: usize, queue: &str, not: usize) -> usize {
