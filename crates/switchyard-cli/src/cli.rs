@@ -12,8 +12,10 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
-/// Flags that override the environment variables of the same meaning.
+/// Flags that override the environment variables of the same meaning. In a
+/// subcommand's help they come after its own options, under their own heading.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
 pub(crate) struct Global {
     /// exec (the SQL database of DATABASE_URL) or rabbitmq [env: QUEUE_BACKEND]
     #[arg(long, global = true)]
@@ -44,32 +46,92 @@ pub(crate) struct Global {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Create or upgrade the queue tables
+    #[command(after_help = MIGRATE_EXAMPLES)]
     Migrate,
     /// Publish one message, or one per stdin line (a JSON payload each) without --payload
+    #[command(after_help = PUBLISH_EXAMPLES)]
     Publish(PublishArgs),
     /// Run a command once per message (any language): envelope on stdin
+    #[command(after_help = WORK_EXAMPLES)]
     Work(WorkArgs),
     /// Counts per queue: ready, delayed, reserved, dead
+    #[command(after_help = STATS_EXAMPLES)]
     Stats(StatsArgs),
     /// Inspect, replay and purge dead letters
+    #[command(after_help = DEAD_EXAMPLES)]
     Dead {
         #[command(subcommand)]
         command: DeadCommand,
     },
     /// A first run on the embedded default: publish and work 1,000 invoice jobs
+    #[command(after_help = DEMO_EXAMPLES)]
     Demo(DemoArgs),
     /// Measure enqueue, drain and pickup latency
+    #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
     /// Forward a queue from the SQL store (the outbox) to RabbitMQ, with confirms
+    #[command(after_help = RELAY_EXAMPLES)]
     Relay(RelayArgs),
     /// Move what is left of a queue (delayed messages and dead letters included) to the
     /// other backend
+    #[command(after_help = MOVE_EXAMPLES)]
     Move(MoveArgs),
     /// Delete job results and dead letters older than a given age
+    #[command(after_help = PRUNE_EXAMPLES)]
     Prune(PruneArgs),
     /// The admin server: dashboard, JSON API, live job events and Prometheus metrics
+    #[command(after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
 }
+
+const MIGRATE_EXAMPLES: &str = "Examples:
+  DATABASE_URL=sqlite://jobs.db switchyard migrate
+  switchyard migrate --database-url postgres://app@db.internal/app --schema jobs
+  QUEUE_BACKEND=rabbitmq AMQP_URL=amqps://user:pw@mq.example.com/prod switchyard migrate";
+
+const PUBLISH_EXAMPLES: &str = "Examples:
+  switchyard publish --queue emails --kind welcome --payload '{\"user\": 42}'
+  jq -c '.[]' users.json | switchyard publish --queue emails --kind welcome
+  switchyard publish --queue reports --kind monthly --payload '{}' --wait 60s";
+
+const WORK_EXAMPLES: &str = "Examples:
+  switchyard work --queue emails --exec ./send-email.sh
+  switchyard work --queue imports --exec 'python3 import.py' --concurrency 4 --timeout 10m
+  switchyard work --queue emails --exec ./send-email.sh --drain";
+
+const STATS_EXAMPLES: &str = "Examples:
+  switchyard stats
+  switchyard stats --queue emails --json";
+
+const DEAD_EXAMPLES: &str = "Examples:
+  switchyard dead list --queue emails --payload
+  switchyard dead replay --id 0195e2c4-7d1a-7b8e-9c55-3f1d2a6b8e90
+  switchyard dead purge --older-than 30d";
+
+const DEMO_EXAMPLES: &str = "Examples:
+  switchyard demo
+  switchyard demo --jobs 10000";
+
+const BENCH_EXAMPLES: &str = "Examples:
+  switchyard bench
+  DATABASE_URL=postgres://localhost/test switchyard bench --runs 5
+  QUEUE_BACKEND=rabbitmq switchyard bench --messages 50000";
+
+const RELAY_EXAMPLES: &str = "Examples:
+  DATABASE_URL=postgres://app@db/app AMQP_URL=amqp://mq switchyard relay --queue events
+  switchyard relay --queue events --drain";
+
+const MOVE_EXAMPLES: &str = "Examples:
+  switchyard move --from exec --to rabbitmq --queue emails
+  switchyard move --from rabbitmq --to exec --queue emails --batch 1000";
+
+const PRUNE_EXAMPLES: &str = "Examples:
+  switchyard prune --older-than 30d
+  switchyard prune --older-than 12h --database-url postgres://app@db/app";
+
+const SERVE_EXAMPLES: &str = "Examples:
+  switchyard serve
+  SWITCHYARD_ADMIN_TOKEN=$(openssl rand -hex 16) switchyard serve --listen 0.0.0.0:8080";
 
 #[derive(Debug, Args)]
 pub(crate) struct MoveArgs {
@@ -209,6 +271,9 @@ pub(crate) enum DeadCommand {
         /// At most this many
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Show each dead letter's payload (pretty JSON; a field `payload` with --json)
+        #[arg(long)]
+        payload: bool,
     },
     /// Put dead letters back on their queue with attempts reset
     Replay {

@@ -1,8 +1,9 @@
 //! `switchyard`: the command-line tool of switchyard.
 
+#[macro_use]
+mod output;
 mod cli;
 mod commands;
-mod output;
 
 use std::process::ExitCode;
 
@@ -11,29 +12,15 @@ use std::io::IsTerminal;
 use clap::error::ErrorKind;
 use clap::Parser;
 
-/// `--help` and `--version` print as usual; a usage mistake is one line and exit code 2.
+/// clap's whole message: the flag that is missing or wrong, its "did you mean" tip and
+/// the usage line. Help and version exit 0, mistakes 2.
 fn usage_error(e: &clap::Error) -> ExitCode {
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        let _ = e.print();
-        return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-            ExitCode::from(2)
-        } else {
-            ExitCode::SUCCESS
-        };
+    // A closed stderr or stdout loses the text, nothing else.
+    let _ = e.print();
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+        _ => ExitCode::from(2),
     }
-    let text = e.render().to_string();
-    let first = text
-        .lines()
-        .next()
-        .unwrap_or("invalid arguments")
-        .trim_start_matches("error: ");
-    eprintln!("switchyard: error: {first} (see `switchyard --help`)");
-    ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
@@ -53,6 +40,9 @@ fn main() -> ExitCode {
     );
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Its own report of a failed write is an `eprintln!`, which panics when stderr
+        // is a closed pipe (`work 2>&1 | head`): a lost log line must cost nothing more.
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -73,14 +63,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("switchyard: error: cannot start the async runtime: {e}");
+            errln!("switchyard: error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(commands::run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("switchyard: error: {}", output::one_line(&e));
+            errln!("switchyard: error: {}", output::one_line(&e));
             ExitCode::from(output::exit_code())
         }
     }

@@ -5,6 +5,24 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// `println!` that never panics: when stdout is a pipe whose reader left (`| head`) or a
+/// closed terminal, the text is lost and the command goes on to its end (a worker keeps
+/// its jobs, a publish publishes every line it read).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that never panics, for the same reason as [`outln!`].
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// An error and its sources on one line, for the exit message.
 pub(crate) fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
@@ -36,7 +54,7 @@ pub(crate) fn exit_code() -> u8 {
 pub(crate) fn json_line(value: &impl serde::Serialize) -> switchyard::Result<()> {
     let text = serde_json::to_string(value)
         .map_err(|e| switchyard::Error::InvalidInput(format!("cannot encode output: {e}")))?;
-    println!("{text}");
+    outln!("{text}");
     Ok(())
 }
 

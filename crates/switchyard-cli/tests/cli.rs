@@ -173,30 +173,54 @@ fn migrate_is_idempotent_and_honours_the_table_flag() {
 }
 
 #[test]
-fn usage_mistakes_are_one_line_errors() {
+fn usage_mistakes_name_the_flag_and_keep_clap_tips() {
     let sb = Sandbox::new();
-    for args in [
-        &[
-            "publish",
-            "--queue",
-            "q",
-            "--kind",
-            "k",
+    for (args, named) in [
+        (
+            &[
+                "publish",
+                "--queue",
+                "q",
+                "--kind",
+                "k",
+                "--priority",
+                "99999",
+            ][..],
             "--priority",
-            "99999",
-        ][..],
-        &[
-            "publish", "--queue", "q", "--kind", "k", "--id", "a", "--id", "b",
-        ],
-        &["dead", "replay", "--id", "x", "--all"],
-        &["no-such-command"],
+        ),
+        (
+            &[
+                "publish", "--queue", "q", "--kind", "k", "--id", "a", "--id", "b",
+            ],
+            "--id",
+        ),
+        (&["dead", "replay", "--id", "x", "--all"], "--all"),
+        (&["no-such-command"], "no-such-command"),
+        // The missing flag is named, with the usage line.
+        (&["publish", "--kind", "k"], "--queue <QUEUE>"),
     ] {
         let out = sb.run(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let err = text(&out.stderr);
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err:?}");
-        assert!(err.starts_with("switchyard: error: "), "{err:?}");
+        assert!(err.starts_with("error: "), "{args:?}: {err:?}");
+        assert!(err.contains(named), "{args:?} should name {named}: {err:?}");
+        assert!(err.contains("--help"), "{args:?}: {err:?}");
     }
+    let out = sb.run(&["publish", "--kind", "k"]);
+    assert!(
+        text(&out.stderr).contains("Usage: switchyard publish"),
+        "{}",
+        text(&out.stderr)
+    );
+    // "Did you mean": for a flag and for a command.
+    let out = sb.run(&["publish", "--queu", "q", "--kind", "k"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("tip:") && err.contains("'--queue'"), "{err:?}");
+    let out = sb.run(&["stat"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("tip:") && err.contains("'stats'"), "{err:?}");
     let out = sb.run(&[
         "publish",
         "--queue",
@@ -558,5 +582,29 @@ fn stats_of_a_queue_rabbitmq_does_not_have_is_a_one_line_error() {
                 text(&out.stderr)
             );
         }
+    }
+}
+
+#[test]
+fn subcommand_help_puts_its_own_options_first_then_the_global_ones_and_examples() {
+    let sb = Sandbox::new();
+    for command in [
+        "migrate", "publish", "work", "stats", "dead", "demo", "bench", "relay", "move", "prune",
+        "serve",
+    ] {
+        let out = sb.run(&[command, "--help"]);
+        assert!(out.status.success(), "{command}: {}", text(&out.stderr));
+        let help = text(&out.stdout);
+        let own = help.find("Options:").unwrap_or(usize::MAX);
+        let global = help.find("Global options:").unwrap_or(usize::MAX);
+        let examples = help.find("Examples:").unwrap_or(usize::MAX);
+        assert!(
+            own < global && global < examples && examples < help.len(),
+            "{command}: own options, then global ones, then examples: {help}"
+        );
+        assert!(
+            help[examples..].matches("switchyard ").count() >= 2,
+            "{command}: two examples at least: {help}"
+        );
     }
 }

@@ -160,7 +160,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
                 } else {
                     claim.to_string()
                 };
-                eprintln!(
+                errln!(
                     "bench: {backend} {claim} run {}/{}",
                     run + 1,
                     args.runs.max(1)
@@ -211,7 +211,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
     if json {
         return crate::output::json_line(&serde_json::json!({ "results": reports }));
     }
-    println!(
+    outln!(
         "{:<8} {:<12} {:>14} {:>14} {:>12} {:>10} {:>10} {:>6} {:>8}",
         "BACKEND",
         "CLAIM",
@@ -224,7 +224,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         "MISSING"
     );
     for r in &reports {
-        println!(
+        outln!(
             "{:<8} {:<12} {:>14.0} {:>14.0} {:>12.0} {:>10.1} {:>10.1} {:>6} {:>8}",
             r.backend,
             r.claim,
@@ -237,7 +237,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             r.summary.missing
         );
     }
-    println!(
+    outln!(
         "medians of {} runs; drain of {} jobs at concurrency {}; pickup woken by {}",
         args.runs.max(1),
         args.messages,
@@ -246,7 +246,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
     );
     for r in &reports {
         if let Some(tracked) = r.summary.drain_status_per_s {
-            println!(
+            outln!(
                 "{} {}: drain recording job status: {tracked:.0} jobs/s ({:.0}% of the plain drain)",
                 r.backend,
                 r.claim,
@@ -254,7 +254,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             );
         }
         if let Some(deep) = r.summary.drain_deep_per_s {
-            println!(
+            outln!(
                 "{} {}: drain with {} more queued behind: {deep:.0} jobs/s ({:.0}% of the shallow drain)",
                 r.backend,
                 r.claim,
@@ -263,15 +263,20 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
             );
         }
         for c in &r.contention {
-            println!(
+            outln!(
                 "{} {}: {} reservers: {:.0} jobs/s, wasted-claim ratio {:.3}, {} deadlock retries",
-                r.backend, r.claim, c.reservers, c.jobs_per_s, c.wasted_claim_ratio, c.conflicts
+                r.backend,
+                r.claim,
+                c.reservers,
+                c.jobs_per_s,
+                c.wasted_claim_ratio,
+                c.conflicts
             );
         }
     }
     for r in &reports {
         if let Some(b) = &r.baseline {
-            println!(
+            outln!(
                 "{} {}: bare {} in the same runs: {:.0} / {:.0} / {:.0} jobs/s \
                  (enqueue 1x1 / x100 / drain); the queue's ratios to it: {:.2} / {:.2} / {:.2}",
                 r.backend,
@@ -291,7 +296,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         }
     }
     if let Some(plan) = reports.iter().find_map(|r| r.claim_plan.as_ref()) {
-        println!("claim plan at the deep drain's depth:\n{plan}");
+        outln!("claim plan at the deep drain's depth:\n{plan}");
     }
     Ok(())
 }
@@ -527,7 +532,7 @@ impl Target {
                 for q in t.queues() {
                     if let Ok(q) = QueueName::new(q) {
                         if let Err(err) = t.delete_queue(&q).await {
-                            eprintln!("bench: could not delete the benchmark queue {q}: {err}");
+                            errln!("bench: could not delete the benchmark queue {q}: {err}");
                         }
                     }
                 }
@@ -543,7 +548,7 @@ impl Target {
                 .unwrap_or_default();
             if let Some(t) = pg.first() {
                 if let Err(err) = t.drop_store().await {
-                    eprintln!("bench: could not drop the benchmark tables: {err}");
+                    errln!("bench: could not drop the benchmark tables: {err}");
                 }
             }
             for t in pg {
@@ -559,7 +564,7 @@ impl Target {
                 .unwrap_or_default();
             if let Some(t) = my.first() {
                 if let Err(err) = t.drop_store().await {
-                    eprintln!("bench: could not drop the benchmark tables: {err}");
+                    errln!("bench: could not drop the benchmark tables: {err}");
                 }
             }
             for t in my {

@@ -105,27 +105,27 @@ pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
             "jobs_per_second": rate,
         }));
     }
-    println!(
+    outln!(
         "Published {jobs} invoice jobs to {QUEUE} on {} ({}) in {}.",
         transport.name(),
         super::store_url(config),
         crate::output::human_duration(published_in)
     );
-    println!(
+    outln!(
         "Processed {processed}, retried {retried} transient failures, dead-lettered {dead}, in {} ({rate:.0} jobs/s).",
         crate::output::human_duration(worked_in)
     );
-    println!();
+    outln!();
     // The commands as this very binary is called (target/release/switchyard after a
     // `cargo run`), so they can be pasted as they are.
     let me = std::env::args()
         .next()
         .filter(|a| a.contains('/'))
         .unwrap_or_else(|| "switchyard".into());
-    println!("Inspect and replay what failed for good:");
-    println!("  {me} dead list --queue {QUEUE}");
-    println!("  {me} dead replay --all --queue {QUEUE}");
-    println!("  {me} stats");
+    outln!("Inspect and replay what failed for good:");
+    outln!("  {me} dead list --queue {QUEUE}");
+    outln!("  {me} dead replay --all --queue {QUEUE}");
+    outln!("  {me} stats");
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 
 mod baseline;
 mod bench;
+mod command_check;
 mod dead;
 mod demo;
 mod move_cmd;
@@ -31,7 +32,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
                     "url": store_url_of(&config, kind),
                 }));
                 if !json {
-                    println!(
+                    outln!(
                         "{kind} ({}) is ready: {}",
                         t.name(),
                         store_url_of(&config, kind)
@@ -59,13 +60,13 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
                 }))?;
             } else if rabbitmq {
                 // Queues are declared when first used; connecting declared the delay chain.
-                println!(
+                outln!(
                     "{} is ready: {} (delay chain declared)",
                     t.name(),
                     store_url(&config)
                 );
             } else {
-                println!(
+                outln!(
                     "{} is ready: {} (table {})",
                     t.name(),
                     store_url(&config),

@@ -32,7 +32,7 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
     let differences = differences(&source.capabilities(), &dest.capabilities(), to);
     if !json {
         for d in &differences {
-            eprintln!("switchyard: warning: {d}");
+            errln!("switchyard: warning: {d}");
         }
     }
 
@@ -89,9 +89,9 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
             "notes": notes,
         }));
     }
-    println!("moved {moved} messages ({delayed} delayed) and {dead} dead letters of {queue} from {from} to {to}");
+    outln!("moved {moved} messages ({delayed} delayed) and {dead} dead letters of {queue} from {from} to {to}");
     for n in notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
     Ok(())
 }

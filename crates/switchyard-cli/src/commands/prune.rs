@@ -26,7 +26,7 @@ pub(crate) async fn run(config: &Config, args: PruneArgs, json: bool) -> Result<
             "older_than_seconds": older_than.as_secs(),
         }))
     } else {
-        println!(
+        outln!(
             "pruned {results} job result{} and {dead} dead letter{} older than {}",
             if results == 1 { "" } else { "s" },
             if dead == 1 { "" } else { "s" },

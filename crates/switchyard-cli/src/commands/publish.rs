@@ -59,7 +59,7 @@ pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Resul
                 "id": env.id, "queue": env.queue, "kind": env.kind,
             }))?;
         } else {
-            println!("{}", env.id);
+            outln!("{}", env.id);
         }
     }
     Ok(())

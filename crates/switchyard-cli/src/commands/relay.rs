@@ -38,7 +38,7 @@ pub(crate) async fn run(config: &Config, args: RelayArgs, json: bool) -> Result<
             "seconds": secs,
         }))
     } else {
-        println!(
+        outln!(
             "relayed {relayed} messages from {} to RabbitMQ in {secs:.1} s",
             super::store_url_of(config, BackendKind::Exec)
         );

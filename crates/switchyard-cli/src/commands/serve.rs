@@ -89,7 +89,7 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
     let listener = bind(addr).await?;
     let local = listener.local_addr().unwrap_or(addr);
     // The first line says where it listens (with port 0, the port it got).
-    println!("switchyard serve: listening on http://{local}/");
+    outln!("switchyard serve: listening on http://{local}/");
     let shutdown = CancellationToken::new();
     super::work::spawn_signal_handler(shutdown.clone(), CancellationToken::new())?;
     axum::serve(listener, router(app))

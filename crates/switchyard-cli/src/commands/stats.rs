@@ -28,19 +28,24 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
         }));
     }
     if stats.is_empty() {
-        println!(
+        outln!(
             "no messages on {} ({})",
             transport.name(),
             super::store_url(config)
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<32} {:>10} {:>10} {:>10} {:>10} {:>14}",
-        "QUEUE", "READY", "DELAYED", "RESERVED", "DEAD", "OLDEST READY"
+        "QUEUE",
+        "READY",
+        "DELAYED",
+        "RESERVED",
+        "DEAD",
+        "OLDEST READY"
     );
     for s in stats {
-        println!(
+        outln!(
             "{:<32} {:>10} {:>10} {:>10} {:>10} {:>14}",
             s.queue,
             s.ready,
@@ -115,14 +120,14 @@ async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Re
     for (kind, role, drained, stats) in sides {
         let state = if drained { ", drained" } else { "" };
         if role == "draining" && kind == BackendKind::RabbitMq {
-            println!("  (RabbitMQ cannot count messages waiting in its delay chain: once nothing is ready or reserved, wait out the longest delay and retry backoff before switching it off)");
+            outln!("  (RabbitMQ cannot count messages waiting in its delay chain: once nothing is ready or reserved, wait out the longest delay and retry backoff before switching it off)");
         }
-        println!(
+        outln!(
             "{kind} ({role}{state}): {}",
             super::store_url_of(config, kind)
         );
         match stats {
-            Ok(stats) if stats.is_empty() => println!("  no messages"),
+            Ok(stats) if stats.is_empty() => outln!("  no messages"),
             Ok(stats) => {
                 for s in stats {
                     let delayed = if kind == BackendKind::RabbitMq {
@@ -130,13 +135,17 @@ async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Re
                     } else {
                         s.delayed.to_string()
                     };
-                    println!(
+                    outln!(
                         "  {:<30} ready {:>8}  delayed {:>8}  reserved {:>8}  dead {:>8}",
-                        s.queue, s.ready, delayed, s.reserved, s.dead
+                        s.queue,
+                        s.ready,
+                        delayed,
+                        s.reserved,
+                        s.dead
                     );
                 }
             }
-            Err(e) => println!("  unavailable: {e}"),
+            Err(e) => outln!("  unavailable: {e}"),
         }
     }
     Ok(())
