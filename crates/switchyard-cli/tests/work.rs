@@ -749,3 +749,45 @@ fn a_failure_with_a_nul_in_its_stderr_is_stored_and_retried_after_its_backoff_on
         "command exit status 1: bad\u{fffd}byte \u{fffd}: card declined"
     );
 }
+
+/// A command that cannot run stops the worker before it takes a message, instead of
+/// dead-lettering every message with exit status 127.
+#[test]
+fn a_command_that_cannot_run_is_refused_at_start() {
+    let sb = Sandbox::new();
+    sb.publish_lines("q", "job", "{}\n");
+    std::fs::write(sb.path("plain.sh"), "echo hi\n").expect("write a script");
+    for (exec, named) in [
+        ("./missing.sh", "./missing.sh cannot be read"),
+        ("./plain.sh --x", "./plain.sh is not executable"),
+        ("no-such-program-anywhere", "not a command on PATH"),
+    ] {
+        let out = sb.run(&["work", "--queue", "q", "--exec", exec, "--drain"]);
+        support::assert_one_line_error(&out, &["--exec", named]);
+    }
+    assert_eq!(sb.ready("q"), 1, "the message was left alone");
+    assert!(sb.dead("q").is_empty());
+}
+
+/// A script's stderr is in the worker's debug log with its message id, on success too.
+#[test]
+fn a_scripts_stderr_is_logged_at_debug_whatever_its_exit() {
+    let mut sb = Sandbox::new();
+    let ids = sb.publish_lines("q", "job", "{}\n");
+    sb.set_env("RUST_LOG", "switchyard=debug");
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "q",
+        "--exec",
+        "echo 'a warning worth reading' >&2",
+        "--drain",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = text(&out.stderr);
+    let line = log
+        .lines()
+        .find(|l| l.contains("a warning worth reading"))
+        .unwrap_or_else(|| panic!("stderr not logged: {log}"));
+    assert!(line.contains(&ids[0]), "no message id: {line}");
+}

@@ -6,7 +6,11 @@ use crate::cli::DeadCommand;
 
 pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Result<()> {
     match command {
-        DeadCommand::List { queue, limit } => {
+        DeadCommand::List {
+            queue,
+            limit,
+            payload,
+        } => {
             let queue = super::queue_arg(queue.as_deref())?;
             let t = switchyard::connect_existing(config).await?;
             let dead = t.dead_list(queue.as_ref(), limit).await?;
@@ -18,13 +22,17 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
                 }
             }
             if json {
-                return crate::output::json_line(&dead);
+                if !payload {
+                    return crate::output::json_line(&dead);
+                }
+                let rows: Vec<serde_json::Value> = dead.iter().map(with_payload).collect();
+                return crate::output::json_line(&rows);
             }
             if dead.is_empty() {
-                println!("no dead letters");
+                outln!("no dead letters");
             }
-            for d in dead {
-                println!(
+            for d in &dead {
+                outln!(
                     "{}  {}  {}  {}  attempts={}  dead_at={}",
                     d.id,
                     d.queue,
@@ -34,7 +42,10 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
                     d.dead_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 );
                 if let Some(e) = &d.last_error {
-                    println!("    last error: {}", e.lines().next().unwrap_or_default());
+                    outln!("    last error: {}", e.lines().next().unwrap_or_default());
+                }
+                if payload {
+                    outln!("    payload: {}", indent(&payload_text(d), "      "));
                 }
             }
             Ok(())
@@ -82,7 +93,43 @@ fn report(json: bool, verb: &str, n: u64) -> Result<()> {
     if json {
         crate::output::json_line(&serde_json::json!({ verb: n }))
     } else {
-        println!("{verb} {n} dead letter{}", if n == 1 { "" } else { "s" });
+        outln!("{verb} {n} dead letter{}", if n == 1 { "" } else { "s" });
         Ok(())
     }
+}
+
+/// A dead letter as JSON with its payload beside the listed fields: the decoded
+/// payload, or the stored text of a malformed message (under `raw`, as without
+/// `--payload`).
+fn with_payload(d: &switchyard::DeadLetter) -> serde_json::Value {
+    let mut row = serde_json::to_value(d).unwrap_or(serde_json::Value::Null);
+    if let serde_json::Value::Object(fields) = &mut row {
+        fields.insert(
+            "payload".to_owned(),
+            d.envelope
+                .as_ref()
+                .map_or(serde_json::Value::Null, payload_value),
+        );
+    }
+    row
+}
+
+/// The payload as people read it: pretty JSON, or the stored text of a malformed
+/// message, which is all there is of it.
+fn payload_text(d: &switchyard::DeadLetter) -> String {
+    match (&d.envelope, &d.raw) {
+        (Some(e), _) => serde_json::to_string_pretty(&payload_value(e)).unwrap_or_default(),
+        (None, Some(raw)) => format!("(malformed, stored as) {raw}"),
+        (None, None) => "(none)".to_owned(),
+    }
+}
+
+fn indent(text: &str, by: &str) -> String {
+    text.lines().collect::<Vec<_>>().join(&format!("\n{by}"))
+}
+
+fn payload_value(e: &switchyard::Envelope) -> serde_json::Value {
+    // Stored as valid JSON by every transport; the text itself if it ever is not.
+    serde_json::from_str(e.payload.get())
+        .unwrap_or_else(|_| serde_json::Value::String(e.payload.get().to_owned()))
 }

@@ -21,6 +21,7 @@ const STDOUT_KEPT: usize = 1024 * 1024;
 pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<()> {
     let queue = QueueName::new(args.queue.clone())
         .map_err(|e| switchyard::ConfigError::new("--queue", e.value, e.expected))?;
+    super::command_check::check(&args.exec)?;
     let timeout = args
         .timeout
         .as_deref()
@@ -75,7 +76,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     if json {
         crate::output::json_line(&report)
     } else {
-        println!(
+        outln!(
             "handled {}, retried {}, dead-lettered {}, lost {}, released at shutdown {}",
             report.succeeded,
             report.retried,
@@ -182,8 +183,17 @@ impl Handler for ExecHandler {
         };
         // Background processes the command left in its group end with it.
         drop(group);
+        if !err.is_empty() {
+            // Whatever the exit: a script's warnings matter on success too.
+            tracing::debug!(
+                message_id = %env.id,
+                attempt = ctx.attempt,
+                stderr = %String::from_utf8_lossy(&err).trim_end(),
+                "the command wrote to stderr"
+            );
+        }
         if status.success() {
-            tracing::debug!(stdout_bytes = out.len(), "command succeeded");
+            tracing::debug!(message_id = %env.id, stdout_bytes = out.len(), "command succeeded");
             if let Some(result) = result_of(&out) {
                 ctx.set_result(&result)?;
             }
