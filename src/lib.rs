@@ -156,6 +156,24 @@ pub async fn connect_jobs(config: &Config) -> Result<Jobs> {
     Ok(Jobs::new(transport, store))
 }
 
+/// A worker for `queue` in one call: the transport `config` selects ([`connect`]) and,
+/// unless status is off (`QUEUE_STATUS=off`, [`Config::status`]), the store of
+/// [`status_store`], so that its jobs show on the dashboard and answer `publish --wait`.
+/// To publish from the same process over the same connections, use [`connect_jobs`] and
+/// [`Worker::for_jobs`](worker::Worker::for_jobs).
+///
+/// # Errors
+/// [`Error::Config`] for a bad queue name, and whatever [`connect_jobs`] reports.
+pub async fn connect_worker(
+    config: &Config,
+    queue: &str,
+    options: worker::WorkerOptions,
+) -> Result<worker::Worker> {
+    let queue = QueueName::new(queue)?;
+    let jobs = connect_jobs(config).await?;
+    Ok(worker::Worker::for_jobs(&jobs, queue, options))
+}
+
 /// A status store that keeps the transport it came from open (its pool and listener
 /// stop with the transport).
 #[derive(Debug)]

@@ -205,3 +205,54 @@ async fn an_inferred_drain_of_an_unreachable_backend_is_skipped_a_named_one_fail
         .expect_err("the named drain cannot be opened");
     assert!(err.to_string().contains("QUEUE_DRAIN"), "{err}");
 }
+
+/// `connect_worker` records job status without further steps, so the dashboard and
+/// `publish --wait` see library jobs; `QUEUE_STATUS=off` is the one way out.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn connect_worker_records_status_unless_status_is_off() -> switchyard::Result<()> {
+    use switchyard::worker::{handler_fn, JobContext, WorkerOptions};
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let url = format!("sqlite://{}", dir.path().join("worker.db").display());
+    for status in ["on", "off"] {
+        let cfg = config(&[
+            ("DATABASE_URL", url.clone()),
+            ("QUEUE_TABLE", format!("status_{status}")),
+            ("QUEUE_STATUS", status.into()),
+        ]);
+        let worker =
+            switchyard::connect_worker(&cfg, "reports", WorkerOptions::default().with_drain(true))
+                .await?
+                .handle(
+                    "render",
+                    handler_fn(|ctx: JobContext| async move {
+                        ctx.set_result(&serde_json::json!({ "pages": 12 }))?;
+                        Ok(())
+                    }),
+                );
+        let t = switchyard::connect(&cfg).await?;
+        let env = Envelope::builder("reports", "render").build()?;
+        t.publish(env.clone()).await?;
+        let report = worker.run(switchyard::CancellationToken::new()).await?;
+        assert_eq!(report.succeeded, 1);
+        // A store of the same table, read whatever the setting (the status table exists
+        // either way).
+        let on = config(&[
+            ("DATABASE_URL", url.clone()),
+            ("QUEUE_TABLE", format!("status_{status}")),
+        ]);
+        let store = switchyard::status_store(&on, &switchyard::connect(&on).await?)
+            .await?
+            .expect("SQLite keeps status");
+        let recorded = store.get(env.id).await?;
+        match status {
+            "on" => {
+                let job = recorded.expect("the job's status");
+                assert_eq!(job.state, switchyard::JobState::Completed);
+                assert_eq!(job.result, Some(serde_json::json!({ "pages": 12 })));
+            }
+            _ => assert_eq!(recorded, None, "QUEUE_STATUS=off records nothing"),
+        }
+    }
+    Ok(())
+}

@@ -45,7 +45,8 @@ pub(crate) struct Report {
 }
 
 impl JobContext {
-    /// Deserializes the payload.
+    /// Deserializes the payload. Its error, through `?` in a handler, fails the job at
+    /// once (see [`JobError`]'s `From`).
     pub fn payload<'a, T: serde::Deserialize<'a>>(&'a self) -> crate::Result<T> {
         self.envelope.payload_as()
     }
@@ -135,11 +136,32 @@ impl fmt::Display for JobError {
     }
 }
 
-/// Any error converts into a retry, so handlers can use `?`.
-impl<E: std::error::Error> From<E> for JobError {
+/// Any error converts into a retry, so handlers can use `?`; except a payload that does
+/// not decode ([`Error::Decode`](crate::Error::Decode) from [`JobContext::payload`], or
+/// a `serde_json` data or syntax error), which no retry can mend: that fails the job at
+/// once. A handler that expects a decoding error to pass (a producer deployed behind
+/// its consumers, say) says so: `.map_err(|e| JobError::retry(e.to_string()))?`.
+impl<E: std::error::Error + 'static> From<E> for JobError {
     fn from(err: E) -> Self {
-        JobError::retry(err.to_string())
+        if is_decoding(&err) {
+            JobError::fail(err.to_string())
+        } else {
+            JobError::retry(err.to_string())
+        }
     }
+}
+
+fn is_decoding(err: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(e) = err.downcast_ref::<crate::Error>() {
+        return matches!(e, crate::Error::Decode(_));
+    }
+    if let Some(e) = err.downcast_ref::<serde_json::Error>() {
+        return matches!(
+            e.classify(),
+            serde_json::error::Category::Data | serde_json::error::Category::Syntax
+        );
+    }
+    false
 }
 
 /// What a handler returns.
@@ -185,5 +207,50 @@ where
 {
     async fn handle(&self, ctx: JobContext) -> JobResult {
         (self.0)(ctx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_in_a_handler(payload: serde_json::Value) -> JobResult {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Invoice {
+            customer: u64,
+        }
+        let env = Envelope::builder("q", "invoice")
+            .payload(&payload)
+            .build()
+            .map_err(|e| JobError::retry(e.to_string()))?;
+        let _invoice: Invoice = env.payload_as()?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_payload_that_does_not_decode_fails_at_once() {
+        assert_eq!(
+            decode_in_a_handler(serde_json::json!({ "customer": 42 })),
+            Ok(())
+        );
+        let err = decode_in_a_handler(serde_json::json!({ "customer": "x" }))
+            .expect_err("a string is no customer number");
+        assert!(matches!(err, JobError::Fail { .. }), "{err:?}");
+        assert!(
+            err.message().contains("does not match the expected type"),
+            "{err:?}"
+        );
+        let direct: Result<u64, serde_json::Error> = serde_json::from_str("\"x\"");
+        let err = JobError::from(direct.expect_err("not a number"));
+        assert!(matches!(err, JobError::Fail { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn other_errors_retry() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(matches!(JobError::from(io), JobError::Retry { .. }));
+        let backend = crate::Error::backend("test", true, "down");
+        assert!(matches!(JobError::from(backend), JobError::Retry { .. }));
     }
 }

@@ -26,7 +26,7 @@ pub use retry::RetryPolicy;
 
 use crate::error::Result;
 use crate::names::QueueName;
-use crate::status::{StatusStore, StatusUpdate, StatusWriter};
+use crate::status::{Jobs, StatusStore, StatusUpdate, StatusWriter};
 use crate::transport::{Reservation, Transport};
 use acker::Acker;
 use fetch::{fetch_loop, give_back, wait_for_starting_claims, Claimed, DispatchState};
@@ -93,6 +93,17 @@ impl Worker {
             counters: Arc::default(),
             status: None,
             writer: OnceLock::new(),
+        }
+    }
+
+    /// A worker for `queue` over the transport of `jobs` that records job status in
+    /// its store when it has one: the jobs it runs show on the dashboard and answer
+    /// `publish --wait` and [`Jobs::publish_and_wait`] with no further step.
+    pub fn for_jobs(jobs: &Jobs, queue: QueueName, options: WorkerOptions) -> Self {
+        let worker = Worker::new(jobs.transport().clone(), queue, options);
+        match jobs.store() {
+            Some(store) => worker.with_status(store.clone()),
+            None => worker,
         }
     }
 
