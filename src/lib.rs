@@ -310,8 +310,13 @@ fn missing_backend(setting: &str, value: &str, expected: &str) -> Error {
     ConfigError::new(setting, Some(value.to_owned()), expected).into()
 }
 
-// The README's examples compile and run as doctests (they use the SQLite and PostgreSQL
-// APIs, so with both features, as CI builds them).
+// The README's example compiles as a doctest, with every feature CI builds with
+// (tests/readme_example.rs also builds it as a crate of its own and runs it).
 #[cfg(all(doctest, feature = "sqlite", feature = "postgres"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+// So do the guide's.
+#[cfg(all(doctest, feature = "sqlite"))]
+#[doc = include_str!("../docs/jobs.md")]
+struct GuideDoctests;
