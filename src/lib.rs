@@ -206,6 +206,27 @@ impl StatusStore for KeptOpen {
     ) -> Result<Vec<queue_core::status::Throughput>> {
         self.store.throughput(window, bucket).await
     }
+    async fn list(&self, filter: &status::JobFilter) -> Result<Vec<JobStatus>> {
+        self.store.list(filter).await
+    }
+    async fn counts(&self) -> Result<Vec<status::StateCount>> {
+        self.store.counts().await
+    }
+    async fn attempts(&self, id: uuid::Uuid) -> Result<Vec<status::Attempt>> {
+        self.store.attempts(id).await
+    }
+    async fn register_worker(&self, worker: &status::WorkerInfo) -> Result<()> {
+        self.store.register_worker(worker).await
+    }
+    async fn worker_heartbeat(&self, id: uuid::Uuid, jobs_done: u64) -> Result<bool> {
+        self.store.worker_heartbeat(id, jobs_done).await
+    }
+    async fn worker_stopped(&self, id: uuid::Uuid) -> Result<()> {
+        self.store.worker_stopped(id).await
+    }
+    async fn workers(&self) -> Result<Vec<status::WorkerInfo>> {
+        self.store.workers().await
+    }
     fn watch(&self) -> Option<tokio::sync::broadcast::Receiver<uuid::Uuid>> {
         self.store.watch()
     }

@@ -27,68 +27,9 @@ use crate::error::{Error, Result};
 use crate::text::bounded;
 use crate::transport::Transport;
 
-/// Where a job is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobState {
-    /// Published (or replayed), waiting for a worker.
-    Pending,
-    /// A handler is running it.
-    Running,
-    /// The handler succeeded and the message was acknowledged. Final.
-    Completed,
-    /// An attempt failed; it will run again after its backoff.
-    Retrying,
-    /// The handler said it cannot succeed ([`crate::worker::JobError::Fail`]); the
-    /// message is in the dead-letter store. Final.
-    Failed,
-    /// Dead-lettered for any other reason: attempts exhausted, expired, no handler.
-    /// Final.
-    Dead,
-}
-
-impl JobState {
-    /// Every state, in the order a job usually passes through them.
-    pub const ALL: [JobState; 6] = [
-        JobState::Pending,
-        JobState::Running,
-        JobState::Retrying,
-        JobState::Completed,
-        JobState::Failed,
-        JobState::Dead,
-    ];
-
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Pending => "pending",
-            JobState::Running => "running",
-            JobState::Completed => "completed",
-            JobState::Retrying => "retrying",
-            JobState::Failed => "failed",
-            JobState::Dead => "dead",
-        }
-    }
-
-    /// Parses a stored name.
-    pub fn parse(s: &str) -> Option<JobState> {
-        JobState::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-
-    /// Whether the job has nothing more to do (until a dead letter is replayed).
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            JobState::Completed | JobState::Failed | JobState::Dead
-        )
-    }
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::history::{Attempt, JobFilter, RawAttempt, StateCount};
+pub use crate::job_state::JobState;
+pub use crate::registry::{worker_label, WorkerInfo, GONE_AFTER, HEARTBEAT_EVERY};
 
 /// What the store knows of one job.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -121,6 +62,13 @@ pub struct JobStatus {
     pub updated_at: DateTime<Utc>,
     /// When it reached a final state.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The payload, as recorded when it was published or first run (at most
+    /// [`PAYLOAD_KEPT`] bytes of it; a longer one is kept as the text of its start).
+    pub payload: Option<Value>,
+    /// The worker that runs or ran its latest attempt (`host:pid`).
+    pub worker: Option<String>,
+    /// When its latest attempt started.
+    pub started_at: Option<DateTime<Utc>>,
 }
 
 /// A status row as a SQL backend reads it, before decoding (times in microseconds
@@ -141,6 +89,9 @@ pub struct RawStatus {
     pub created_at: i64,
     pub updated_at: i64,
     pub finished_at: Option<i64>,
+    pub payload: Option<String>,
+    pub worker: Option<String>,
+    pub started_at: Option<i64>,
 }
 
 impl RawStatus {
@@ -175,6 +126,12 @@ impl RawStatus {
                 .finished_at
                 .map(|t| time("finished_at", t))
                 .transpose()?,
+            started_at: self.started_at.map(|t| time("started_at", t)).transpose()?,
+            payload: self
+                .payload
+                .as_deref()
+                .map(|p| serde_json::from_str(p).unwrap_or_else(|_| Value::String(p.to_owned()))),
+            worker: self.worker.clone(),
             queue: self.queue.clone(),
             kind: self.kind.clone(),
             progress_message: self.progress_message.clone(),
@@ -212,7 +169,20 @@ pub struct StatusUpdate {
     /// id, or its dead letter replayed), or a batch's updates folded onto one. Such an
     /// update may replace a final state; the store counts the runs.
     pub starts_run: bool,
+    /// The payload's JSON text (at most [`PAYLOAD_KEPT`] bytes), with `pending` and
+    /// `running`; `None` keeps what is recorded.
+    pub payload: Option<String>,
+    /// The worker (`host:pid`) whose attempt this is; `None` keeps what is recorded.
+    pub worker: Option<String>,
+    /// Its attempt starts with this update (`running`).
+    pub started: bool,
+    /// How long its attempt's handler ran, with an ending: the attempt started that
+    /// long before the update.
+    pub ran_for: Option<Duration>,
 }
+
+/// Most bytes of a payload that job status keeps (the queue keeps all of it).
+pub const PAYLOAD_KEPT: usize = 16 * 1024;
 
 /// Longest `last_error` kept, in bytes (its end, where the error usually is).
 const ERROR_KEPT: usize = crate::text::ERROR_KEPT;
@@ -237,7 +207,33 @@ impl StatusUpdate {
             error: None,
             create_only: false,
             starts_run: false,
+            payload: None,
+            worker: None,
+            started: false,
+            ran_for: None,
         }
+    }
+
+    fn with_payload(mut self, envelope: &Envelope) -> Self {
+        let text = envelope.payload.get();
+        self.payload = Some(if text.len() <= PAYLOAD_KEPT {
+            text.to_owned()
+        } else {
+            bounded(text, PAYLOAD_KEPT, false)
+        });
+        self
+    }
+
+    /// Names the worker whose attempt this is.
+    pub fn by(mut self, worker: &str) -> Self {
+        self.worker = Some(worker.to_owned());
+        self
+    }
+
+    /// Says how long the attempt's handler ran (with an ending).
+    pub fn after(mut self, ran_for: Duration) -> Self {
+        self.ran_for = Some(ran_for);
+        self
     }
 
     /// Published: `pending`, unless the id is known already (a worker may have
@@ -248,6 +244,7 @@ impl StatusUpdate {
             progress: Some((0, None)),
             ..Self::new(envelope, JobState::Pending, envelope.attempts)
         }
+        .with_payload(envelope)
     }
 
     /// Attempt `attempt` started: `running`, progress back to 0.
@@ -255,8 +252,10 @@ impl StatusUpdate {
         StatusUpdate {
             progress: Some((0, None)),
             starts_run: attempt == 1,
+            started: true,
             ..Self::new(envelope, JobState::Running, attempt)
         }
+        .with_payload(envelope)
     }
 
     /// The handler reported progress.
@@ -302,6 +301,39 @@ impl StatusUpdate {
     pub fn progress_note(&self) -> Option<&str> {
         self.progress.as_ref().and_then(|(_, n)| n.as_deref())
     }
+
+    /// How long before the write its attempt started, in microseconds, for binding:
+    /// 0 for a start, the handler's run time for an ending that knows it; `None` keeps
+    /// the recorded start.
+    pub fn started_ago_micros(&self) -> Option<i64> {
+        match (self.ran_for, self.started) {
+            (Some(d), _) => Some(micros(d)),
+            (None, true) => Some(0),
+            (None, false) => None,
+        }
+    }
+
+    /// Whether this ends an attempt that did not succeed, which the store keeps among
+    /// the job's attempts.
+    pub fn ends_a_failed_attempt(&self) -> bool {
+        matches!(
+            self.state,
+            JobState::Retrying | JobState::Failed | JobState::Dead
+        )
+    }
+}
+
+/// The endings of failed attempts in a batch, one per id and attempt (the first), taken
+/// before the batch is folded, since folding keeps only the latest change of an id.
+pub fn failed_attempts(updates: &[StatusUpdate]) -> Vec<StatusUpdate> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<StatusUpdate> = updates
+        .iter()
+        .filter(|u| u.ends_a_failed_attempt() && seen.insert((u.id, u.attempts)))
+        .cloned()
+        .collect();
+    out.sort_by_key(|u| (u.id, u.attempts));
+    out
 }
 
 /// Finished jobs of one queue in one time bucket.
@@ -384,6 +416,29 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     /// Jobs finished per queue in buckets of `bucket` over the last `window`.
     async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>>;
 
+    /// Jobs that match `filter`, the most recently changed first.
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>>;
+
+    /// How many jobs each queue has in each state (states without jobs left out).
+    async fn counts(&self) -> Result<Vec<StateCount>>;
+
+    /// The attempts of `id` that ended without success, oldest first.
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>>;
+
+    /// Records a worker as running (its times are the store's).
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
+
+    /// A worker's heartbeat, with the jobs it has finished; `false` when the store had
+    /// forgotten it (it was silent too long), so that it registers again.
+    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool>;
+
+    /// A worker stopped.
+    async fn worker_stopped(&self, id: Uuid) -> Result<()>;
+
+    /// The workers heard from within [`GONE_AFTER`],
+    /// oldest first; the others are forgotten.
+    async fn workers(&self) -> Result<Vec<WorkerInfo>>;
+
     /// Ids of records as they change, where the store can push them (PostgreSQL's
     /// `LISTEN/NOTIFY`), and the nil id when changes may have been missed (after a
     /// reconnect); `None` means readers poll. A hint: a reader still reads the record,
@@ -431,10 +486,21 @@ pub fn fold_updates(updates: &[StatusUpdate]) -> (Vec<StatusUpdate>, Vec<StatusU
                 let error = u.error.clone().or_else(|| old.error.take());
                 // A run's start folded with its ending still begins a run.
                 let starts_run = old.starts_run || u.starts_run;
+                let payload = u.payload.clone().or_else(|| old.payload.take());
+                let worker = u.worker.clone().or_else(|| old.worker.take());
+                // The same attempt's start folded with its ending: the ending's run time
+                // dates the start, or else the start itself (written now).
+                let same = u.attempts == old.attempts;
+                let started = u.started || (same && old.started);
+                let ran_for = u.ran_for.or(if same { old.ran_for } else { None });
                 *old = StatusUpdate {
                     progress,
                     error,
                     starts_run,
+                    payload,
+                    worker,
+                    started,
+                    ran_for,
                     ..u.clone()
                 };
             }
@@ -464,6 +530,8 @@ const LINGER: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone)]
 pub struct StatusWriter {
     tx: mpsc::UnboundedSender<StatusUpdate>,
+    /// Names the worker on every update that does not name one.
+    worker: Option<Arc<str>>,
 }
 
 /// Stops a [`StatusWriter`] once it has written everything sent before.
@@ -529,11 +597,24 @@ impl StatusWriter {
                 write(store.as_ref(), &batch).await;
             }
         });
-        (StatusWriter { tx }, StatusFlusher { stop, handle })
+        (
+            StatusWriter { tx, worker: None },
+            StatusFlusher { stop, handle },
+        )
     }
 
     /// Queues an update.
-    pub fn send(&self, update: StatusUpdate) {
+    /// Names `worker` (`host:pid`) on every update sent that names none.
+    pub fn for_worker(mut self, worker: &str) -> Self {
+        self.worker = Some(Arc::from(worker));
+        self
+    }
+
+    /// Queues an update.
+    pub fn send(&self, mut update: StatusUpdate) {
+        if update.worker.is_none() {
+            update.worker = self.worker.as_deref().map(str::to_owned);
+        }
         if self.tx.send(update).is_err() {
             tracing::warn!("the status writer stopped; a status update was dropped");
         }

@@ -13,6 +13,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../../migrations/mysql/0002_dead_tombstones.sql"),
     ),
     (3, include_str!("../../../migrations/mysql/0003_status.sql")),
+    (
+        4,
+        include_str!("../../../migrations/mysql/0004_status_history.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::status::{
-    fold_updates, micros, prune_in_slices, JobStatus, RawStatus, StatusStore, StatusUpdate,
-    Throughput,
+    failed_attempts, fold_updates, micros, prune_in_slices, Attempt, JobFilter, JobState,
+    JobStatus, RawAttempt, RawStatus, StateCount, StatusStore, StatusUpdate, Throughput,
+    WorkerInfo, GONE_AFTER,
 };
 use queue_core::Result;
 use sqlx::mysql::MySqlRow;
@@ -18,14 +19,15 @@ use crate::sql::specialise;
 
 const CREATE_HEAD: &str = "
 INSERT IGNORE INTO `switchyard_jobs_status`
-    (id, queue, kind, state, attempts, progress, created_at, updated_at) VALUES ";
-const CREATE_ROW: &str = "(?, ?, ?, ?, ?, 0, {NOW}, {NOW})";
+    (id, queue, kind, state, attempts, progress, payload, created_at, updated_at) VALUES ";
+const CREATE_ROW: &str = "(?, ?, ?, ?, ?, 0, ?, {NOW}, {NOW})";
 
 const CHANGE_HEAD: &str = "
 INSERT INTO `switchyard_jobs_status`
     (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
-     runs, created_at, updated_at, finished_at) VALUES ";
-const CHANGE_ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, IF(?, {NOW}, NULL))";
+     runs, created_at, updated_at, finished_at, payload, worker, started_at) VALUES ";
+const CHANGE_ROW: &str =
+    "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {NOW}, {NOW}, IF(?, {NOW}, NULL), ?, ?, {NOW} - ?)";
 
 /// The rule of `queue_core::status::supersedes` (a later attempt; the same attempt while
 /// unfinished; or the first start of a job that had ended), decided once per row on the
@@ -43,6 +45,9 @@ ON DUPLICATE KEY UPDATE
     version = IF(@ok, version + 1, version),
     updated_at = IF(@ok, VALUES(updated_at), updated_at),
     finished_at = IF(@ok, VALUES(finished_at), finished_at),
+    payload = IF(@ok, coalesce(VALUES(payload), payload), payload),
+    worker = IF(@ok, coalesce(VALUES(worker), worker), worker),
+    started_at = IF(@ok, coalesce(VALUES(started_at), started_at), started_at),
     queue = IF(@ok, VALUES(queue), queue),
     kind = IF(@ok, VALUES(kind), kind),
     attempts = IF(@ok, VALUES(attempts), attempts),
@@ -59,7 +64,58 @@ UPDATE `switchyard_jobs_status`
 
 const COLUMNS: &str = "id, queue, kind, state, CAST(attempts AS SIGNED) AS attempts, \
     CAST(coalesce(progress, 0) AS SIGNED) AS progress, progress_message, result, last_error, \
-    version, created_at, updated_at, finished_at";
+    version, created_at, updated_at, finished_at, payload, worker, started_at";
+
+/// Failed attempts, one per id and attempt; the latest word on an attempt wins (a job
+/// published again under its id counts attempts anew).
+const TRIES_HEAD: &str = "
+INSERT INTO `switchyard_jobs_tries` (id, attempt, state, error, worker, started_at, ended_at)
+VALUES ";
+const TRIES_ROW: &str = "(?, ?, ?, ?, ?, {NOW} - ?, {NOW})";
+const TRIES_TAIL: &str = "
+ON DUPLICATE KEY UPDATE state = VALUES(state), error = VALUES(error), worker = VALUES(worker),
+    started_at = VALUES(started_at), ended_at = VALUES(ended_at)";
+
+/// A replayed job starts over: its old attempts go with its reset.
+const FORGET_TRIES: &str = "
+DELETE t FROM `switchyard_jobs_tries` t JOIN `switchyard_jobs_status` s ON s.id = t.id
+ WHERE t.id = ? AND s.state = 'pending'";
+
+const LIST: &str = "
+SELECT {COLUMNS} FROM `switchyard_jobs_status`
+ WHERE (? IS NULL OR queue = ?) AND (? IS NULL OR state = ?)
+   AND (? IS NULL OR id LIKE ? OR kind = ?)
+ ORDER BY updated_at DESC LIMIT ? OFFSET ?";
+
+const COUNTS: &str = "
+SELECT queue, state, CAST(COUNT(*) AS SIGNED) AS n FROM `switchyard_jobs_status`
+ GROUP BY queue, state";
+
+const ATTEMPTS: &str = "
+SELECT id, CAST(attempt AS SIGNED) AS attempt, state, error, worker, started_at, ended_at
+  FROM `switchyard_jobs_tries` WHERE id = ? ORDER BY attempt";
+
+const PRUNE_TRIES: &str = "
+DELETE FROM `switchyard_jobs_tries` WHERE ended_at < {NOW} - ? LIMIT 10000";
+
+/// Registering forgets workers gone silent.
+const FORGET_GONE: &str = "DELETE FROM `switchyard_jobs_procs` WHERE heartbeat_at < {NOW} - ?";
+
+const REGISTER: &str = "
+INSERT INTO `switchyard_jobs_procs`
+    (id, host, pid, queue, concurrency, started_at, heartbeat_at, jobs_done)
+VALUES (?, ?, ?, ?, ?, {NOW}, {NOW}, 0)
+ON DUPLICATE KEY UPDATE heartbeat_at = VALUES(heartbeat_at)";
+
+const HEARTBEAT: &str = "
+UPDATE `switchyard_jobs_procs` SET heartbeat_at = {NOW}, jobs_done = ? WHERE id = ?";
+
+const STOPPED: &str = "DELETE FROM `switchyard_jobs_procs` WHERE id = ?";
+
+const WORKERS: &str = "
+SELECT id, host, pid, queue, CAST(concurrency AS SIGNED) AS concurrency, started_at,
+       heartbeat_at, jobs_done
+  FROM `switchyard_jobs_procs` WHERE heartbeat_at >= {NOW} - ? ORDER BY started_at, id";
 
 const PRUNE: &str = "
 DELETE FROM `switchyard_jobs_status`
@@ -87,6 +143,19 @@ pub struct MySqlStatusStore {
     recent: String,
     prune: String,
     throughput: String,
+    tries_head: String,
+    tries_row: String,
+    forget_tries: String,
+    list: String,
+    counts: String,
+    attempts: String,
+    prune_tries: String,
+    forget_gone: String,
+    register: String,
+    heartbeat: String,
+    stopped: String,
+    workers: String,
+    known: String,
 }
 
 impl MySqlStatusStore {
@@ -108,6 +177,19 @@ impl MySqlStatusStore {
             )),
             prune: s(PRUNE),
             throughput: s(THROUGHPUT),
+            tries_head: s(TRIES_HEAD),
+            tries_row: s(TRIES_ROW),
+            forget_tries: s(FORGET_TRIES),
+            list: s(&LIST.replace("{COLUMNS}", COLUMNS)),
+            counts: s(COUNTS),
+            attempts: s(ATTEMPTS),
+            prune_tries: s(PRUNE_TRIES),
+            forget_gone: s(FORGET_GONE),
+            register: s(REGISTER),
+            heartbeat: s(HEARTBEAT),
+            stopped: s(STOPPED),
+            workers: s(WORKERS),
+            known: s("SELECT CAST(1 AS SIGNED) FROM `switchyard_jobs_procs` WHERE id = ?"),
         }
     }
 }
@@ -138,6 +220,9 @@ fn raw(row: &MySqlRow) -> std::result::Result<RawStatus, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         finished_at: row.try_get("finished_at")?,
+        payload: opt_text(row, "payload")?,
+        worker: opt_text(row, "worker")?,
+        started_at: row.try_get("started_at")?,
     })
 }
 
@@ -167,7 +252,8 @@ impl StatusStore for MySqlStatusStore {
                     .bind(u.queue.as_str())
                     .bind(u.kind.as_str())
                     .bind(u.state.as_str())
-                    .bind(i64::from(u.attempts));
+                    .bind(i64::from(u.attempts))
+                    .bind(u.payload.as_deref());
             }
             q.execute(&self.pool).await.backend()?;
         }
@@ -187,7 +273,26 @@ impl StatusStore for MySqlStatusStore {
                     .bind(u.result_text())
                     .bind(u.error.as_deref())
                     .bind(i64::from(u.starts_run))
-                    .bind(u.state.is_final());
+                    .bind(u.state.is_final())
+                    .bind(u.payload.as_deref())
+                    .bind(u.worker.as_deref())
+                    .bind(u.started_ago_micros());
+            }
+            q.execute(&self.pool).await.backend()?;
+        }
+        let tries = failed_attempts(updates);
+        if !tries.is_empty() {
+            let mut sql = rows(&self.tries_head, &self.tries_row, tries.len());
+            sql.push_str(TRIES_TAIL);
+            let mut q = sqlx::query(&sql).persistent(false);
+            for u in &tries {
+                q = q
+                    .bind(u.id.to_string())
+                    .bind(i64::from(u.attempts))
+                    .bind(u.state.as_str())
+                    .bind(u.error.as_deref())
+                    .bind(u.worker.as_deref())
+                    .bind(u.ran_for.map(micros));
             }
             q.execute(&self.pool).await.backend()?;
         }
@@ -203,6 +308,11 @@ impl StatusStore for MySqlStatusStore {
                 .await
                 .backend()?
                 .rows_affected();
+            sqlx::query(&self.forget_tries)
+                .bind(id.to_string())
+                .execute(&self.pool)
+                .await
+                .backend()?;
         }
         Ok(known)
     }
@@ -226,6 +336,15 @@ impl StatusStore for MySqlStatusStore {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune_tries)
+                .bind(micros(older_than))
+                .execute(&self.pool)
+                .await
+                .backend()?
+                .rows_affected())
+        })
+        .await?;
         prune_in_slices(|| async {
             Ok(sqlx::query(&self.prune)
                 .bind(micros(older_than))
@@ -256,5 +375,137 @@ impl StatusStore for MySqlStatusStore {
                 ))
             })
             .collect()
+    }
+
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>> {
+        let (limit, offset) = filter.page();
+        let state = filter.state.map(JobState::as_str);
+        let prefix = filter.id_prefix();
+        let rows = sqlx::query(&self.list)
+            .bind(filter.queue.as_deref())
+            .bind(filter.queue.as_deref())
+            .bind(state)
+            .bind(state)
+            .bind(prefix.as_deref())
+            .bind(prefix.as_deref())
+            .bind(filter.search.as_deref())
+            .bind(limit)
+            .bind(offset)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
+    }
+
+    async fn counts(&self) -> Result<Vec<StateCount>> {
+        let rows = sqlx::query(&self.counts)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(c) = StateCount::from_row(
+                text(&r, "queue").backend()?,
+                &text(&r, "state").backend()?,
+                r.try_get("n").backend()?,
+            ) {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+        let rows = sqlx::query(&self.attempts)
+            .bind(id.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                RawAttempt {
+                    id: text(r, "id").backend()?,
+                    attempt: r.try_get("attempt").backend()?,
+                    state: text(r, "state").backend()?,
+                    error: opt_text(r, "error").backend()?,
+                    worker: opt_text(r, "worker").backend()?,
+                    started_at: r.try_get("started_at").backend()?,
+                    ended_at: r.try_get("ended_at").backend()?,
+                }
+                .decode()
+            })
+            .collect()
+    }
+
+    async fn register_worker(&self, w: &WorkerInfo) -> Result<()> {
+        sqlx::query(&self.forget_gone)
+            .bind(micros(GONE_AFTER))
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        sqlx::query(&self.register)
+            .bind(w.id.to_string())
+            .bind(&w.host)
+            .bind(i64::from(w.pid))
+            .bind(&w.queue)
+            .bind(i64::from(w.concurrency))
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool> {
+        let n = sqlx::query(&self.heartbeat)
+            .bind(i64::try_from(jobs_done).unwrap_or(i64::MAX))
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        // MySQL counts changed rows: a heartbeat within the same microsecond with the
+        // same count changes nothing, yet the worker is known.
+        if n > 0 {
+            return Ok(true);
+        }
+        let known: Option<i64> = sqlx::query_scalar(&self.known)
+            .bind(id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .backend()?;
+        Ok(known.is_some())
+    }
+
+    async fn worker_stopped(&self, id: Uuid) -> Result<()> {
+        sqlx::query(&self.stopped)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        let rows = sqlx::query(&self.workers)
+            .bind(micros(GONE_AFTER))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::new();
+        for r in rows {
+            if let Some(w) = WorkerInfo::from_row(
+                &text(&r, "id").backend()?,
+                text(&r, "host").backend()?,
+                r.try_get("pid").backend()?,
+                text(&r, "queue").backend()?,
+                r.try_get("concurrency").backend()?,
+                r.try_get("started_at").backend()?,
+                r.try_get("heartbeat_at").backend()?,
+                r.try_get("jobs_done").backend()?,
+            ) {
+                out.push(w);
+            }
+        }
+        Ok(out)
     }
 }

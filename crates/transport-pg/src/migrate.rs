@@ -19,6 +19,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         3,
         include_str!("../../../migrations/postgres/0003_status.sql"),
     ),
+    (
+        4,
+        include_str!("../../../migrations/postgres/0004_status_history.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::status::{
-    fold_updates, micros, prune_in_slices, JobStatus, RawStatus, StatusStore, StatusUpdate,
-    Throughput,
+    failed_attempts, fold_updates, micros, prune_in_slices, Attempt, JobFilter, JobState,
+    JobStatus, RawAttempt, RawStatus, StateCount, StatusStore, StatusUpdate, Throughput,
+    WorkerInfo, GONE_AFTER,
 };
 use queue_core::Result;
 use sqlx::postgres::{PgConnectOptions, PgRow};
@@ -31,10 +32,10 @@ SELECT (SELECT count(*) FROM changed) AS changed,
 
 const CREATE: &str = "
 WITH changed AS (
-    INSERT INTO \"switchyard_jobs_status\" (id, queue, kind, state, attempts, progress)
-    SELECT u.id, u.queue, u.kind, u.state, u.attempts, 0
-      FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
-           AS u(id, queue, kind, state, attempts)
+    INSERT INTO \"switchyard_jobs_status\" (id, queue, kind, state, attempts, progress, payload)
+    SELECT u.id, u.queue, u.kind, u.state, u.attempts, 0, u.payload
+      FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::text[])
+           AS u(id, queue, kind, state, attempts, payload)
     ON CONFLICT (id) DO NOTHING
     RETURNING id)
 {NOTIFY_RETURNED}";
@@ -46,12 +47,15 @@ const CHANGE: &str = "
 WITH changed AS (
     INSERT INTO \"switchyard_jobs_status\" AS s
         (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
-         runs, finished_at)
+         runs, finished_at, payload, worker, started_at)
     SELECT u.id, u.queue, u.kind, u.state, u.attempts, u.progress, u.note, u.result,
-           u.error, u.runs, CASE WHEN u.final THEN now() END
+           u.error, u.runs, CASE WHEN u.final THEN now() END, u.payload, u.worker,
+           now() - u.started_ago * interval '1 microsecond'
       FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::smallint[],
-                  $8::text[], $9::text[], $10::text[], $11::bool[], $12::int[])
-           AS u(id, queue, kind, state, attempts, progress, note, result, error, final, runs)
+                  $8::text[], $9::text[], $10::text[], $11::bool[], $12::int[], $13::text[],
+                  $14::text[], $15::bigint[])
+           AS u(id, queue, kind, state, attempts, progress, note, result, error, final, runs,
+                payload, worker, started_ago)
     ON CONFLICT (id) DO UPDATE SET
         state = excluded.state,
         attempts = excluded.attempts,
@@ -63,7 +67,10 @@ WITH changed AS (
         runs = s.runs + excluded.runs,
         version = s.version + 1,
         updated_at = now(),
-        finished_at = excluded.finished_at
+        finished_at = excluded.finished_at,
+        payload = coalesce(excluded.payload, s.payload),
+        worker = coalesce(excluded.worker, s.worker),
+        started_at = coalesce(excluded.started_at, s.started_at)
     WHERE excluded.attempts > s.attempts
        OR (excluded.attempts = s.attempts AND s.state NOT IN ('completed', 'failed', 'dead'))
        OR (excluded.runs = 1 AND s.state IN ('completed', 'failed', 'dead'))
@@ -83,7 +90,66 @@ const COLUMNS: &str = "id, queue, kind, state, attempts::bigint AS attempts, \
     coalesce(progress, 0)::bigint AS progress, progress_message, result, last_error, version, \
     (extract(epoch FROM created_at) * 1000000)::bigint AS created_at, \
     (extract(epoch FROM updated_at) * 1000000)::bigint AS updated_at, \
-    (extract(epoch FROM finished_at) * 1000000)::bigint AS finished_at";
+    (extract(epoch FROM finished_at) * 1000000)::bigint AS finished_at, \
+    payload, worker, (extract(epoch FROM started_at) * 1000000)::bigint AS started_at";
+
+/// Failed attempts, one per id and attempt; the latest word on an attempt wins (a job
+/// published again under its id counts attempts anew).
+const TRIES: &str = "
+INSERT INTO \"switchyard_jobs_tries\" AS t (id, attempt, state, error, worker, started_at)
+SELECT u.id, u.attempt, u.state, u.error, u.worker,
+       now() - u.started_ago * interval '1 microsecond'
+  FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::bigint[])
+       AS u(id, attempt, state, error, worker, started_ago)
+ON CONFLICT (id, attempt) DO UPDATE SET
+    state = excluded.state, error = excluded.error, worker = excluded.worker,
+    started_at = excluded.started_at, ended_at = now()";
+
+/// A replayed job starts over: its old attempts go with its reset.
+const FORGET_TRIES: &str = "
+DELETE FROM \"switchyard_jobs_tries\" t WHERE t.id = ANY($1::text[])
+   AND EXISTS (SELECT 1 FROM \"switchyard_jobs_status\" s WHERE s.id = t.id AND s.state = 'pending')";
+
+const LIST: &str = "
+SELECT {COLUMNS} FROM \"switchyard_jobs_status\"
+ WHERE ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR state = $2)
+   AND ($3::text IS NULL OR id LIKE $3 OR kind = $4)
+ ORDER BY updated_at DESC LIMIT $5 OFFSET $6";
+
+const COUNTS: &str = "
+SELECT queue, state, count(*) AS n FROM \"switchyard_jobs_status\" GROUP BY queue, state";
+
+const ATTEMPTS: &str = "
+SELECT id, attempt::bigint AS attempt, state, error, worker,
+       (extract(epoch FROM started_at) * 1000000)::bigint AS started_at,
+       (extract(epoch FROM ended_at) * 1000000)::bigint AS ended_at
+  FROM \"switchyard_jobs_tries\" WHERE id = $1 ORDER BY attempt";
+
+const PRUNE_TRIES: &str = "
+DELETE FROM \"switchyard_jobs_tries\" WHERE ctid IN (
+    SELECT ctid FROM \"switchyard_jobs_tries\"
+     WHERE ended_at < now() - $1 * interval '1 microsecond' LIMIT 10000)";
+
+/// Registering forgets workers gone silent.
+const FORGET_GONE: &str = "
+DELETE FROM \"switchyard_jobs_procs\" WHERE heartbeat_at < now() - $1 * interval '1 microsecond'";
+
+const REGISTER: &str = "
+INSERT INTO \"switchyard_jobs_procs\" (id, host, pid, queue, concurrency)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()";
+
+const HEARTBEAT: &str = "
+UPDATE \"switchyard_jobs_procs\" SET heartbeat_at = now(), jobs_done = $2 WHERE id = $1";
+
+const STOPPED: &str = "DELETE FROM \"switchyard_jobs_procs\" WHERE id = $1";
+
+const WORKERS: &str = "
+SELECT id, host, pid::bigint AS pid, queue, concurrency::bigint AS concurrency,
+       (extract(epoch FROM started_at) * 1000000)::bigint AS started_at,
+       (extract(epoch FROM heartbeat_at) * 1000000)::bigint AS heartbeat_at, jobs_done
+  FROM \"switchyard_jobs_procs\"
+ WHERE heartbeat_at >= now() - $1 * interval '1 microsecond' ORDER BY started_at, id";
 
 const PRUNE: &str = "
 DELETE FROM \"switchyard_jobs_status\" WHERE id IN (
@@ -115,6 +181,17 @@ pub struct PgStatusStore {
     recent: String,
     prune: String,
     throughput: String,
+    tries: String,
+    forget_tries: String,
+    list: String,
+    counts: String,
+    attempts: String,
+    prune_tries: String,
+    forget_gone: String,
+    register: String,
+    heartbeat: String,
+    stopped: String,
+    workers: String,
 }
 
 impl PgStatusStore {
@@ -149,6 +226,17 @@ impl PgStatusStore {
             )),
             prune: s(PRUNE),
             throughput: s(THROUGHPUT),
+            tries: s(TRIES),
+            forget_tries: s(FORGET_TRIES),
+            list: s(&LIST.replace("{COLUMNS}", COLUMNS)),
+            counts: s(COUNTS),
+            attempts: s(ATTEMPTS),
+            prune_tries: s(PRUNE_TRIES),
+            forget_gone: s(FORGET_GONE),
+            register: s(REGISTER),
+            heartbeat: s(HEARTBEAT),
+            stopped: s(STOPPED),
+            workers: s(WORKERS),
         }
     }
 
@@ -173,6 +261,9 @@ fn raw(row: &PgRow) -> std::result::Result<RawStatus, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         finished_at: row.try_get("finished_at")?,
+        payload: row.try_get("payload")?,
+        worker: row.try_get("worker")?,
+        started_at: row.try_get("started_at")?,
     })
 }
 
@@ -200,6 +291,12 @@ impl StatusStore for PgStatusStore {
                 .bind(column(|u| u.kind.clone(), &creates))
                 .bind(column(|u| u.state.as_str().to_owned(), &creates))
                 .bind(attempts(&creates))
+                .bind(
+                    creates
+                        .iter()
+                        .map(|u| u.payload.clone())
+                        .collect::<Vec<_>>(),
+                )
                 .execute(&self.pool)
                 .await
                 .backend()?;
@@ -243,6 +340,37 @@ impl StatusStore for PgStatusStore {
                         .map(|u| i32::from(u.starts_run))
                         .collect::<Vec<_>>(),
                 )
+                .bind(
+                    changes
+                        .iter()
+                        .map(|u| u.payload.clone())
+                        .collect::<Vec<_>>(),
+                )
+                .bind(changes.iter().map(|u| u.worker.clone()).collect::<Vec<_>>())
+                .bind(
+                    changes
+                        .iter()
+                        .map(StatusUpdate::started_ago_micros)
+                        .collect::<Vec<_>>(),
+                )
+                .execute(&self.pool)
+                .await
+                .backend()?;
+        }
+        let tries = failed_attempts(updates);
+        if !tries.is_empty() {
+            sqlx::query(&self.tries)
+                .bind(ids(&tries))
+                .bind(attempts(&tries))
+                .bind(column(|u| u.state.as_str().to_owned(), &tries))
+                .bind(tries.iter().map(|u| u.error.clone()).collect::<Vec<_>>())
+                .bind(tries.iter().map(|u| u.worker.clone()).collect::<Vec<_>>())
+                .bind(
+                    tries
+                        .iter()
+                        .map(|u| u.ran_for.map(micros))
+                        .collect::<Vec<_>>(),
+                )
                 .execute(&self.pool)
                 .await
                 .backend()?;
@@ -256,6 +384,11 @@ impl StatusStore for PgStatusStore {
             .bind(&self.channel)
             .bind(&ids)
             .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        sqlx::query(&self.forget_tries)
+            .bind(&ids)
+            .execute(&self.pool)
             .await
             .backend()?;
         let known: i64 = row.try_get("changed").backend()?;
@@ -281,6 +414,15 @@ impl StatusStore for PgStatusStore {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune_tries)
+                .bind(micros(older_than))
+                .execute(&self.pool)
+                .await
+                .backend()?
+                .rows_affected())
+        })
+        .await?;
         prune_in_slices(|| async {
             Ok(sqlx::query(&self.prune)
                 .bind(micros(older_than))
@@ -309,6 +451,125 @@ impl StatusStore for PgStatusStore {
                 ))
             })
             .collect()
+    }
+
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>> {
+        let (limit, offset) = filter.page();
+        let rows = sqlx::query(&self.list)
+            .bind(filter.queue.as_deref())
+            .bind(filter.state.map(JobState::as_str))
+            .bind(filter.id_prefix())
+            .bind(filter.search.as_deref())
+            .bind(limit)
+            .bind(offset)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
+    }
+
+    async fn counts(&self) -> Result<Vec<StateCount>> {
+        let rows = sqlx::query(&self.counts)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::new();
+        for r in rows {
+            let state: String = r.try_get("state").backend()?;
+            if let Some(c) = StateCount::from_row(
+                r.try_get("queue").backend()?,
+                &state,
+                r.try_get("n").backend()?,
+            ) {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+        let rows = sqlx::query(&self.attempts)
+            .bind(id.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                RawAttempt {
+                    id: r.try_get("id").backend()?,
+                    attempt: r.try_get("attempt").backend()?,
+                    state: r.try_get("state").backend()?,
+                    error: r.try_get("error").backend()?,
+                    worker: r.try_get("worker").backend()?,
+                    started_at: r.try_get("started_at").backend()?,
+                    ended_at: r.try_get("ended_at").backend()?,
+                }
+                .decode()
+            })
+            .collect()
+    }
+
+    async fn register_worker(&self, w: &WorkerInfo) -> Result<()> {
+        sqlx::query(&self.forget_gone)
+            .bind(micros(GONE_AFTER))
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        sqlx::query(&self.register)
+            .bind(w.id.to_string())
+            .bind(&w.host)
+            .bind(i32::try_from(w.pid).unwrap_or(i32::MAX))
+            .bind(&w.queue)
+            .bind(i32::try_from(w.concurrency).unwrap_or(i32::MAX))
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool> {
+        let n = sqlx::query(&self.heartbeat)
+            .bind(id.to_string())
+            .bind(i64::try_from(jobs_done).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn worker_stopped(&self, id: Uuid) -> Result<()> {
+        sqlx::query(&self.stopped)
+            .bind(id.to_string())
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        let rows = sqlx::query(&self.workers)
+            .bind(micros(GONE_AFTER))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::new();
+        for r in rows {
+            let id: String = r.try_get("id").backend()?;
+            if let Some(w) = WorkerInfo::from_row(
+                &id,
+                r.try_get("host").backend()?,
+                r.try_get("pid").backend()?,
+                r.try_get("queue").backend()?,
+                r.try_get("concurrency").backend()?,
+                r.try_get("started_at").backend()?,
+                r.try_get("heartbeat_at").backend()?,
+                r.try_get("jobs_done").backend()?,
+            ) {
+                out.push(w);
+            }
+        }
+        Ok(out)
     }
 
     /// Starts one `LISTEN` task per store on first use (inside a tokio runtime), and

@@ -12,6 +12,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../../../migrations/sqlite/0002_status.sql"),
     ),
+    (
+        3,
+        include_str!("../../../migrations/sqlite/0003_status_history.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::status::{
-    fold_updates, micros, prune_in_slices, JobStatus, RawStatus, StatusStore, StatusUpdate,
-    Throughput,
+    failed_attempts, fold_updates, micros, prune_in_slices, Attempt, JobFilter, JobState,
+    JobStatus, RawAttempt, RawStatus, StateCount, StatusStore, StatusUpdate, Throughput,
+    WorkerInfo, GONE_AFTER,
 };
 use queue_core::Result;
 use sqlx::sqlite::SqliteRow;
@@ -16,11 +17,12 @@ use crate::error::SqlxResultExt;
 use crate::sql::specialise;
 
 /// Rows come as one JSON array of arrays: `[id, queue, kind, state, attempts, progress,
-/// note, result, error, final, starts_run]`, so that a batch is one statement.
+/// note, result, error, final, starts_run, payload, worker, started_ago]`, so that a
+/// batch is one statement.
 const CREATE: &str = "
 INSERT INTO \"switchyard_jobs_status\"
-    (id, queue, kind, state, attempts, progress, created_at, updated_at)
-SELECT value->>0, value->>1, value->>2, value->>3, value->>4, 0, {NOW}, {NOW}
+    (id, queue, kind, state, attempts, progress, payload, created_at, updated_at)
+SELECT value->>0, value->>1, value->>2, value->>3, value->>4, 0, value->>11, {NOW}, {NOW}
   FROM json_each(?1) WHERE true
 ON CONFLICT (id) DO NOTHING";
 
@@ -30,9 +32,10 @@ ON CONFLICT (id) DO NOTHING";
 const CHANGE: &str = "
 INSERT INTO \"switchyard_jobs_status\"
     (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
-     runs, created_at, updated_at, finished_at)
+     runs, created_at, updated_at, finished_at, payload, worker, started_at)
 SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6,
-       value->>7, value->>8, value->>10, {NOW}, {NOW}, CASE WHEN value->>9 THEN {NOW} END
+       value->>7, value->>8, value->>10, {NOW}, {NOW}, CASE WHEN value->>9 THEN {NOW} END,
+       value->>11, value->>12, {NOW} - value->>13
   FROM json_each(?1) WHERE true
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state,
@@ -45,10 +48,29 @@ ON CONFLICT (id) DO UPDATE SET
     runs = runs + excluded.runs,
     version = version + 1,
     updated_at = excluded.updated_at,
-    finished_at = excluded.finished_at
+    finished_at = excluded.finished_at,
+    payload = coalesce(excluded.payload, payload),
+    worker = coalesce(excluded.worker, worker),
+    started_at = coalesce(excluded.started_at, started_at)
 WHERE excluded.attempts > attempts
    OR (excluded.attempts = attempts AND state NOT IN ('completed', 'failed', 'dead'))
    OR (excluded.runs = 1 AND state IN ('completed', 'failed', 'dead'))";
+
+/// Failed attempts: `[id, attempt, state, error, worker, started_ago]`. The latest word
+/// on an attempt wins (a job published again under its id counts attempts anew).
+const TRIES: &str = "
+INSERT INTO \"switchyard_jobs_tries\"
+    (id, attempt, state, error, worker, started_at, ended_at)
+SELECT value->>0, value->>1, value->>2, value->>3, value->>4, {NOW} - value->>5, {NOW}
+  FROM json_each(?1) WHERE true
+ON CONFLICT (id, attempt) DO UPDATE SET
+    state = excluded.state, error = excluded.error, worker = excluded.worker,
+    started_at = excluded.started_at, ended_at = excluded.ended_at";
+
+/// A replayed job starts over: its old attempts go with its reset.
+const FORGET_TRIES: &str = "
+DELETE FROM \"switchyard_jobs_tries\" WHERE id = ?1
+   AND EXISTS (SELECT 1 FROM \"switchyard_jobs_status\" WHERE id = ?1 AND state = 'pending')";
 
 const RESET: &str = "
 UPDATE \"switchyard_jobs_status\"
@@ -58,7 +80,42 @@ UPDATE \"switchyard_jobs_status\"
 
 const COLUMNS: &str = "id, queue, kind, state, attempts, coalesce(progress, 0) AS progress, \
                        progress_message, result, last_error, version, created_at, updated_at, \
-                       finished_at";
+                       finished_at, payload, worker, started_at";
+
+const LIST: &str = "
+SELECT {COLUMNS} FROM \"switchyard_jobs_status\"
+ WHERE (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR state = ?2)
+   AND (?3 IS NULL OR id LIKE ?3 OR kind = ?4)
+ ORDER BY updated_at DESC LIMIT ?5 OFFSET ?6";
+
+const COUNTS: &str = "
+SELECT queue, state, count(*) AS n FROM \"switchyard_jobs_status\" GROUP BY queue, state";
+
+const ATTEMPTS: &str = "
+SELECT id, attempt, state, error, worker, started_at, ended_at
+  FROM \"switchyard_jobs_tries\" WHERE id = ?1 ORDER BY attempt";
+
+const PRUNE_TRIES: &str = "
+DELETE FROM \"switchyard_jobs_tries\" WHERE rowid IN (
+    SELECT rowid FROM \"switchyard_jobs_tries\" WHERE ended_at < {NOW} - ?1 LIMIT 10000)";
+
+/// Registering forgets workers gone silent.
+const FORGET_GONE: &str = "DELETE FROM \"switchyard_jobs_procs\" WHERE heartbeat_at < {NOW} - ?1";
+
+const REGISTER: &str = "
+INSERT INTO \"switchyard_jobs_procs\"
+    (id, host, pid, queue, concurrency, started_at, heartbeat_at, jobs_done)
+VALUES (?1, ?2, ?3, ?4, ?5, {NOW}, {NOW}, 0)
+ON CONFLICT (id) DO UPDATE SET heartbeat_at = {NOW}";
+
+const HEARTBEAT: &str = "
+UPDATE \"switchyard_jobs_procs\" SET heartbeat_at = {NOW}, jobs_done = ?2 WHERE id = ?1";
+
+const STOPPED: &str = "DELETE FROM \"switchyard_jobs_procs\" WHERE id = ?1";
+
+const WORKERS: &str = "
+SELECT id, host, pid, queue, concurrency, started_at, heartbeat_at, jobs_done
+  FROM \"switchyard_jobs_procs\" WHERE heartbeat_at >= {NOW} - ?1 ORDER BY started_at, id";
 
 const PRUNE: &str = "
 DELETE FROM \"switchyard_jobs_status\" WHERE id IN (
@@ -85,6 +142,17 @@ pub struct SqliteStatusStore {
     recent: String,
     prune: String,
     throughput: String,
+    tries: String,
+    forget_tries: String,
+    list: String,
+    counts: String,
+    attempts: String,
+    prune_tries: String,
+    forget_gone: String,
+    register: String,
+    heartbeat: String,
+    stopped: String,
+    workers: String,
 }
 
 impl SqliteStatusStore {
@@ -104,6 +172,17 @@ impl SqliteStatusStore {
             )),
             prune: s(PRUNE),
             throughput: s(THROUGHPUT),
+            tries: s(TRIES),
+            forget_tries: s(FORGET_TRIES),
+            list: s(&LIST.replace("{COLUMNS}", COLUMNS)),
+            counts: s(COUNTS),
+            attempts: s(ATTEMPTS),
+            prune_tries: s(PRUNE_TRIES),
+            forget_gone: s(FORGET_GONE),
+            register: s(REGISTER),
+            heartbeat: s(HEARTBEAT),
+            stopped: s(STOPPED),
+            workers: s(WORKERS),
         }
     }
 }
@@ -123,6 +202,9 @@ fn raw(row: &SqliteRow) -> std::result::Result<RawStatus, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         finished_at: row.try_get("finished_at")?,
+        payload: row.try_get("payload")?,
+        worker: row.try_get("worker")?,
+        started_at: row.try_get("started_at")?,
     })
 }
 
@@ -146,6 +228,9 @@ impl StatusStore for SqliteStatusStore {
                         u.error,
                         u.state.is_final(),
                         i64::from(u.starts_run),
+                        u.payload,
+                        u.worker,
+                        u.started_ago_micros(),
                     ])
                 })
                 .collect();
@@ -166,6 +251,27 @@ impl StatusStore for SqliteStatusStore {
                 .await
                 .backend()?;
         }
+        let tries = failed_attempts(updates);
+        if !tries.is_empty() {
+            let rows: Vec<serde_json::Value> = tries
+                .iter()
+                .map(|u| {
+                    serde_json::json!([
+                        u.id.to_string(),
+                        u.attempts,
+                        u.state.as_str(),
+                        u.error,
+                        u.worker,
+                        u.ran_for.map(micros),
+                    ])
+                })
+                .collect();
+            sqlx::query(&self.tries)
+                .bind(serde_json::Value::Array(rows).to_string())
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
         tx.commit().await.backend()
     }
 
@@ -179,6 +285,11 @@ impl StatusStore for SqliteStatusStore {
                 .await
                 .backend()?
                 .rows_affected();
+            sqlx::query(&self.forget_tries)
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await
+                .backend()?;
         }
         tx.commit().await.backend()?;
         Ok(known)
@@ -203,6 +314,15 @@ impl StatusStore for SqliteStatusStore {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune_tries)
+                .bind(micros(older_than))
+                .execute(&self.writer)
+                .await
+                .backend()?
+                .rows_affected())
+        })
+        .await?;
         prune_in_slices(|| async {
             Ok(sqlx::query(&self.prune)
                 .bind(micros(older_than))
@@ -231,5 +351,125 @@ impl StatusStore for SqliteStatusStore {
                 ))
             })
             .collect()
+    }
+
+    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>> {
+        let (limit, offset) = filter.page();
+        let rows = sqlx::query(&self.list)
+            .bind(filter.queue.as_deref())
+            .bind(filter.state.map(JobState::as_str))
+            .bind(filter.id_prefix())
+            .bind(filter.search.as_deref())
+            .bind(limit)
+            .bind(offset)
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
+    }
+
+    async fn counts(&self) -> Result<Vec<StateCount>> {
+        let rows = sqlx::query(&self.counts)
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        let mut out = Vec::new();
+        for r in rows {
+            let state: String = r.try_get("state").backend()?;
+            if let Some(c) = StateCount::from_row(
+                r.try_get("queue").backend()?,
+                &state,
+                r.try_get("n").backend()?,
+            ) {
+                out.push(c);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+        let rows = sqlx::query(&self.attempts)
+            .bind(id.to_string())
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                RawAttempt {
+                    id: r.try_get("id").backend()?,
+                    attempt: r.try_get("attempt").backend()?,
+                    state: r.try_get("state").backend()?,
+                    error: r.try_get("error").backend()?,
+                    worker: r.try_get("worker").backend()?,
+                    started_at: r.try_get("started_at").backend()?,
+                    ended_at: r.try_get("ended_at").backend()?,
+                }
+                .decode()
+            })
+            .collect()
+    }
+
+    async fn register_worker(&self, w: &WorkerInfo) -> Result<()> {
+        let mut tx = self.writer.begin().await.backend()?;
+        sqlx::query(&self.forget_gone)
+            .bind(micros(GONE_AFTER))
+            .execute(&mut *tx)
+            .await
+            .backend()?;
+        sqlx::query(&self.register)
+            .bind(w.id.to_string())
+            .bind(&w.host)
+            .bind(i64::from(w.pid))
+            .bind(&w.queue)
+            .bind(i64::from(w.concurrency))
+            .execute(&mut *tx)
+            .await
+            .backend()?;
+        tx.commit().await.backend()
+    }
+
+    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool> {
+        let n = sqlx::query(&self.heartbeat)
+            .bind(id.to_string())
+            .bind(i64::try_from(jobs_done).unwrap_or(i64::MAX))
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    async fn worker_stopped(&self, id: Uuid) -> Result<()> {
+        sqlx::query(&self.stopped)
+            .bind(id.to_string())
+            .execute(&self.writer)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+        let rows = sqlx::query(&self.workers)
+            .bind(micros(GONE_AFTER))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        let mut out = Vec::new();
+        for r in rows {
+            let id: String = r.try_get("id").backend()?;
+            if let Some(w) = WorkerInfo::from_row(
+                &id,
+                r.try_get("host").backend()?,
+                r.try_get("pid").backend()?,
+                r.try_get("queue").backend()?,
+                r.try_get("concurrency").backend()?,
+                r.try_get("started_at").backend()?,
+                r.try_get("heartbeat_at").backend()?,
+                r.try_get("jobs_done").backend()?,
+            ) {
+                out.push(w);
+            }
+        }
+        Ok(out)
     }
 }

@@ -57,12 +57,22 @@ impl Acker {
         (acker, handle)
     }
 
-    /// Queues an ack; `result` is recorded with the `completed` status once it commits.
-    pub(crate) async fn ack(&self, reservation: Reservation, result: Option<Value>) {
+    /// Queues an ack; `result` is recorded with the `completed` status once it commits,
+    /// with the handler's run time `ran_for`.
+    pub(crate) async fn ack(
+        &self,
+        reservation: Reservation,
+        result: Option<Value>,
+        ran_for: Duration,
+    ) {
         let Ok(permit) = self.room.clone().acquire_owned().await else {
             return;
         };
-        if self.tx.send((reservation, result, permit)).is_err() {
+        if self
+            .tx
+            .send((reservation, (result, ran_for), permit))
+            .is_err()
+        {
             tracing::error!("the ack flusher stopped; the message will be delivered again");
         }
     }
@@ -87,9 +97,12 @@ impl Acker {
     }
 }
 
-/// A handled message waiting for its ack: the reservation, the handler's result, and
-/// its room in the acker.
-type Handled = (Reservation, Option<Value>, OwnedSemaphorePermit);
+/// A handled message waiting for its ack: the reservation, the handler's result and run
+/// time, and its room in the acker.
+type Handled = (Reservation, Done, OwnedSemaphorePermit);
+
+/// What the handler left: its result and how long it ran.
+type Done = (Option<Value>, Duration);
 
 async fn flush_loop(
     transport: Arc<dyn Transport>,
@@ -126,7 +139,7 @@ async fn flush_loop(
 async fn flush(
     transport: &dyn Transport,
     batch: &[Reservation],
-    results: Vec<Option<Value>>,
+    results: Vec<Done>,
     counters: &WorkerCounters,
     status: Option<&StatusWriter>,
 ) {
@@ -139,14 +152,16 @@ async fn flush(
                     .fetch_add(report.acked.len() as u64, Ordering::Relaxed);
                 // Only what committed is completed: a lost lease means another worker
                 // runs the job again.
-                for (r, result) in batch.iter().zip(results) {
+                for (r, (result, ran_for)) in batch.iter().zip(results) {
                     if report.lost.contains(&r.id()) {
                         continue;
                     }
                     let env = &r.envelope;
                     crate::metrics::count(crate::metrics::ACKED, &env.queue, &env.kind, 1);
                     if let Some(status) = status {
-                        status.send(StatusUpdate::completed(env, env.attempts + 1, result));
+                        status.send(
+                            StatusUpdate::completed(env, env.attempts + 1, result).after(ran_for),
+                        );
                     }
                 }
                 if !report.lost.is_empty() {

@@ -69,6 +69,7 @@ impl Worker {
                 env.attempts,
                 reason::EXPIRED,
                 "expired before it could be handled",
+                None,
             )
             .await;
             return true;
@@ -82,7 +83,7 @@ impl Worker {
                     env.attempts
                 )
             });
-            self.dead_letter(r, env.attempts, reason::MAX_ATTEMPTS, &why)
+            self.dead_letter(r, env.attempts, reason::MAX_ATTEMPTS, &why, None)
                 .await;
             return true;
         }
@@ -90,11 +91,11 @@ impl Worker {
             let why = format!("no handler for kind {:?} on this worker", env.kind);
             match self.options.unknown_kind {
                 UnknownKind::DeadLetter => {
-                    self.dead_letter(r, env.attempts, reason::NO_HANDLER, &why)
+                    self.dead_letter(r, env.attempts, reason::NO_HANDLER, &why, None)
                         .await
                 }
                 UnknownKind::Release(delay) => {
-                    self.release(r, env.attempts, JobState::Pending, delay, &why)
+                    self.release(r, env.attempts, JobState::Pending, delay, &why, None)
                         .await
                 }
             }
@@ -200,23 +201,24 @@ impl Worker {
             Ending::Finished(Ok(())) => {
                 tracing::debug!(?elapsed, "handled");
                 let result = result.lock().ok().and_then(|mut slot| slot.take());
-                acker.ack(r, result).await;
+                acker.ack(r, result, elapsed).await;
             }
             Ending::Finished(Err(JobError::Fail { message })) => {
                 tracing::warn!(error = %message, "handler failed for good");
-                self.dead_letter(&r, attempt, reason::FAILED, &message)
+                self.dead_letter(&r, attempt, reason::FAILED, &message, Some(elapsed))
                     .await;
             }
             Ending::Finished(Err(JobError::Retry { message, after })) => {
-                self.failed(&r, max_attempts, &message, after).await;
+                self.failed(&r, max_attempts, &message, after, elapsed)
+                    .await;
             }
             Ending::Panicked(message) => {
                 let message = format!("handler panicked: {message}");
-                self.failed(&r, max_attempts, &message, None).await;
+                self.failed(&r, max_attempts, &message, None, elapsed).await;
             }
             Ending::TimedOut(limit) => {
                 let message = format!("handler timed out after {limit:?}");
-                self.failed(&r, max_attempts, &message, None).await;
+                self.failed(&r, max_attempts, &message, None, elapsed).await;
             }
             Ending::LeaseLost => {
                 self.counters.lost.fetch_add(1, Ordering::Relaxed);
@@ -254,17 +256,25 @@ impl Worker {
         max_attempts: u32,
         message: &str,
         after: Option<Duration>,
+        ran_for: Duration,
     ) {
         let failures = r.envelope.attempts + 1;
         if failures >= max_attempts {
             tracing::info!(error = %message, failures, "attempts exhausted");
-            self.dead_letter(r, failures, reason::MAX_ATTEMPTS, message)
+            self.dead_letter(r, failures, reason::MAX_ATTEMPTS, message, Some(ran_for))
                 .await;
         } else {
             let delay = after.unwrap_or_else(|| self.options.retry.backoff(failures));
             tracing::info!(error = %message, retry_in = ?delay, "handler failed; will retry");
-            self.release(r, failures, JobState::Retrying, delay, message)
-                .await;
+            self.release(
+                r,
+                failures,
+                JobState::Retrying,
+                delay,
+                message,
+                Some(ran_for),
+            )
+            .await;
         }
     }
 
@@ -277,13 +287,14 @@ impl Worker {
         state: JobState,
         delay: Duration,
         message: &str,
+        ran_for: Option<Duration>,
     ) {
         match self.transport.release(r, delay, Some(message)).await {
             Ok(()) => {
                 self.counters.retried.fetch_add(1, Ordering::Relaxed);
                 let env = &r.envelope;
                 crate::metrics::count(crate::metrics::RELEASED, &env.queue, &env.kind, 1);
-                self.record(|| StatusUpdate::ended(env, attempt, state, Some(message)));
+                self.record(|| ended(env, attempt, state, message, ran_for));
             }
             Err(err) => self.log_settle_error("release", &err),
         }
@@ -295,6 +306,7 @@ impl Worker {
         attempt: u32,
         why: &str,
         message: &str,
+        ran_for: Option<Duration>,
     ) {
         match self.transport.dead_letter(r, why, Some(message)).await {
             Ok(()) => {
@@ -307,7 +319,7 @@ impl Worker {
                 } else {
                     JobState::Dead
                 };
-                self.record(|| StatusUpdate::ended(env, attempt, state, Some(message)));
+                self.record(|| ended(env, attempt, state, message, ran_for));
             }
             Err(err) => self.log_settle_error("dead-letter", &err),
         }
@@ -336,4 +348,19 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-text panic payload".into())
+}
+
+/// An attempt's ending, dated by its handler's run time when it ran.
+fn ended(
+    env: &crate::envelope::Envelope,
+    attempt: u32,
+    state: JobState,
+    message: &str,
+    ran_for: Option<Duration>,
+) -> StatusUpdate {
+    let update = StatusUpdate::ended(env, attempt, state, Some(message));
+    match ran_for {
+        Some(d) => update.after(d),
+        None => update,
+    }
 }

@@ -7,6 +7,7 @@ mod deliver;
 mod fetch;
 mod handler;
 mod options;
+mod registration;
 mod retry;
 
 use std::collections::HashMap;
@@ -170,9 +171,18 @@ impl Worker {
                 .then(|| worker.transport.status_store())
                 .flatten()
         });
+        let label = crate::status::worker_label();
+        let registry = status.clone().map(|store| {
+            registration::Registration::start(
+                store,
+                worker.queue.as_str(),
+                concurrency,
+                worker.counters.clone(),
+            )
+        });
         let status_flusher = status.map(|store| {
             let (writer, flusher) = StatusWriter::spawn(store);
-            let _ = worker.writer.set(writer);
+            let _ = worker.writer.set(writer.for_worker(&label));
             flusher
         });
         let (acker, flusher) = Acker::spawn(
@@ -392,6 +402,9 @@ impl Worker {
         }
         if let Some(flusher) = status_flusher {
             flusher.finish().await;
+        }
+        if let Some(registration) = registry {
+            registration.finish().await;
         }
         let report = worker.counters.snapshot();
         tracing::info!(queue = %worker.queue, ?report, "worker stopped");
