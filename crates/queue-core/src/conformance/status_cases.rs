@@ -649,7 +649,11 @@ pub async fn status_keeps_payload_worker_and_failed_attempts(h: Arc<dyn Harness>
         s.state == JobState::Failed
     })
     .await?;
-    assert_eq!(failed.payload, Some(json!(null)), "no payload given: JSON null");
+    assert_eq!(
+        failed.payload,
+        Some(json!(null)),
+        "no payload given: JSON null"
+    );
     let tries = o.status.attempts(doomed_id).await?;
     assert_eq!(tries.len(), 1, "{tries:?}");
     assert_eq!(
