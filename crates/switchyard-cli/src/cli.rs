@@ -57,6 +57,9 @@ pub(crate) enum Command {
     /// Counts per queue: ready, delayed, reserved, dead
     #[command(after_help = STATS_EXAMPLES)]
     Stats(StatsArgs),
+    /// One job: state, attempts with their errors, payload, result, times, and where it is
+    #[command(after_help = JOB_EXAMPLES)]
+    Job(JobArgs),
     /// Inspect, replay and purge dead letters
     #[command(after_help = DEAD_EXAMPLES)]
     Dead {
@@ -103,6 +106,10 @@ const STATS_EXAMPLES: &str = "Examples:
   switchyard stats
   switchyard stats --queue emails --json";
 
+const JOB_EXAMPLES: &str = "Examples:
+  switchyard job 0195e2c4-7d1a-7b8e-9c55-3f1d2a6b8e90
+  switchyard job \"$(switchyard publish --queue q --kind k --payload '{}')\" --json";
+
 const DEAD_EXAMPLES: &str = "Examples:
   switchyard dead list --queue emails --payload
   switchyard dead replay --id 0195e2c4-7d1a-7b8e-9c55-3f1d2a6b8e90
@@ -132,6 +139,12 @@ const PRUNE_EXAMPLES: &str = "Examples:
 const SERVE_EXAMPLES: &str = "Examples:
   switchyard serve
   SWITCHYARD_ADMIN_TOKEN=$(openssl rand -hex 16) switchyard serve --listen 0.0.0.0:8080";
+
+#[derive(Debug, Args)]
+pub(crate) struct JobArgs {
+    /// The job's id (what publish printed)
+    pub(crate) id: String,
+}
 
 #[derive(Debug, Args)]
 pub(crate) struct MoveArgs {

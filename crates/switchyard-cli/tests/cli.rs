@@ -589,8 +589,8 @@ fn stats_of_a_queue_rabbitmq_does_not_have_is_a_one_line_error() {
 fn subcommand_help_puts_its_own_options_first_then_the_global_ones_and_examples() {
     let sb = Sandbox::new();
     for command in [
-        "migrate", "publish", "work", "stats", "dead", "demo", "bench", "relay", "move", "prune",
-        "serve",
+        "migrate", "publish", "work", "stats", "job", "dead", "demo", "bench", "relay", "move",
+        "prune", "serve",
     ] {
         let out = sb.run(&[command, "--help"]);
         assert!(out.status.success(), "{command}: {}", text(&out.stderr));

@@ -791,3 +791,95 @@ fn a_scripts_stderr_is_logged_at_debug_whatever_its_exit() {
         .unwrap_or_else(|| panic!("stderr not logged: {log}"));
     assert!(line.contains(&ids[0]), "no message id: {line}");
 }
+
+/// `switchyard job ID` shows a job: its state, payload, result, worker, times, and each
+/// failed attempt with its error; a dead letter without a status record too.
+#[test]
+fn job_shows_state_payload_result_and_each_failed_attempt() {
+    let sb = Sandbox::new();
+    let id = sb
+        .publish_lines("q", "render", "{\"pages\": 12}\n")
+        .remove(0);
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "q",
+        "--exec",
+        "if [ \"$SWITCHYARD_ATTEMPT\" -lt 3 ]; then echo \"boom $SWITCHYARD_ATTEMPT\" >&2; exit 1; fi; echo '{\"ok\": true}'",
+        "--drain",
+        "--backoff-base",
+        "10ms",
+        "--backoff-max",
+        "20ms",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = sb.run(&["job", &id, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).expect("job JSON");
+    let s = &view["status"];
+    assert_eq!(s["state"], "completed", "{view}");
+    assert_eq!(s["attempts"], 3);
+    assert_eq!(s["payload"], serde_json::json!({"pages": 12}));
+    assert_eq!(s["result"], serde_json::json!({"ok": true}));
+    assert!(
+        s["worker"].as_str().is_some_and(|w| w.contains(':')),
+        "{view}"
+    );
+    assert!(view["duration_ms"].is_i64(), "{view}");
+    let errors: Vec<&str> = view["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|a| a["error"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(errors.len(), 2, "{view}");
+    assert!(
+        errors[0].contains("boom 1") && errors[1].contains("boom 2"),
+        "{errors:?}"
+    );
+
+    let out = sb.run(&["job", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = text(&out.stdout);
+    for needle in [
+        "completed",
+        "\"pages\": 12",
+        "boom 1",
+        "boom 2",
+        "done:",
+        "#2 retrying",
+    ] {
+        assert!(page.contains(needle), "{needle:?} not in:\n{page}");
+    }
+
+    // Not a job here; not a job id at all.
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let out = sb.run(&["job", &unknown]);
+    support::assert_one_line_error(&out, &[&unknown, "no status record"]);
+    let out = sb.run(&["job", "nope"]);
+    support::assert_one_line_error(&out, &["ID", "nope", "UUID"]);
+
+    // Without status, a dead letter is still found.
+    let mut sb = Sandbox::new();
+    sb.set_env("QUEUE_STATUS", "off");
+    let id = sb.publish_lines("q", "k", "{\"n\": 1}\n").remove(0);
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        "q",
+        "--exec",
+        "exit 3",
+        "--drain",
+        "--max-attempts",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sb.run(&["job", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = text(&out.stdout);
+    assert!(
+        page.contains("dead letter") && page.contains("\"n\": 1"),
+        "{page}"
+    );
+}

@@ -5,6 +5,8 @@ mod bench;
 mod command_check;
 mod dead;
 mod demo;
+mod job;
+mod job_view;
 mod move_cmd;
 mod prune;
 mod publish;
@@ -84,6 +86,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Relay(args) => relay::run(&config, args, json).await,
         Command::Move(args) => move_cmd::run(&config, args, json).await,
         Command::Prune(args) => prune::run(&config, args, json).await,
+        Command::Job(args) => job::run(&config, &args.id, json).await,
         Command::Serve(args) => serve::run(&config, args).await,
     }
 }

@@ -1,0 +1,95 @@
+//! One job as `switchyard job` and the dashboard's job page show it: its status record,
+//! its failed attempts, and where it is now; or, without a record (status off, or
+//! pruned), its dead letter if it has one.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use switchyard::status::Attempt;
+use switchyard::{DeadLetter, JobState, JobStatus, Result, StatusStore, Transport};
+use uuid::Uuid;
+
+/// How many dead letters are searched for a job without a status record.
+const DEAD_SEARCHED: usize = 10_000;
+
+/// Everything known of one job.
+#[derive(Debug, Serialize)]
+pub(crate) struct JobView {
+    /// The status record, when status is kept.
+    pub(crate) status: Option<JobStatus>,
+    /// Its failed attempts, oldest first.
+    pub(crate) attempts: Vec<Attempt>,
+    /// Where it is, in words.
+    pub(crate) location: String,
+    /// How long its latest attempt ran (to its end, or to now while it runs), in ms.
+    pub(crate) duration_ms: Option<i64>,
+    /// Its dead letter, when it has no record and is among the dead letters.
+    pub(crate) dead_letter: Option<DeadLetter>,
+    /// The dead letter's payload (not part of a dead letter's JSON).
+    pub(crate) payload: Option<serde_json::Value>,
+}
+
+/// Looks `id` up: in `store` when there is one, else among the dead letters.
+pub(crate) async fn find(
+    transport: &Arc<dyn Transport>,
+    store: Option<&Arc<dyn StatusStore>>,
+    id: Uuid,
+) -> Result<Option<JobView>> {
+    if let Some(store) = store {
+        if let Some(status) = store.get(id).await? {
+            let attempts = store.attempts(id).await?;
+            let location = location(&status, transport.name());
+            let duration_ms = status.started_at.map(|start| {
+                let end = status.finished_at.unwrap_or_else(chrono::Utc::now);
+                (end - start).num_milliseconds().max(0)
+            });
+            let payload = status.payload.clone();
+            return Ok(Some(JobView {
+                status: Some(status),
+                attempts,
+                location,
+                duration_ms,
+                dead_letter: None,
+                payload,
+            }));
+        }
+    }
+    let key = id.to_string();
+    let dead = transport
+        .dead_list(None, DEAD_SEARCHED)
+        .await?
+        .into_iter()
+        .find(|d| d.id == key);
+    Ok(dead.map(|d| JobView {
+        status: None,
+        attempts: Vec::new(),
+        location: format!(
+            "a dead letter of queue {} ({}); replay it with `switchyard dead replay --id {key}`",
+            d.queue,
+            transport.name()
+        ),
+        duration_ms: None,
+        payload: d
+            .envelope
+            .as_ref()
+            .and_then(|e| serde_json::from_str(e.payload.get()).ok()),
+        dead_letter: Some(d),
+    }))
+}
+
+fn location(s: &JobStatus, backend: &str) -> String {
+    let on = |what: &str| format!("{what} in queue {} ({backend})", s.queue);
+    match s.state {
+        JobState::Pending => on("waiting"),
+        JobState::Retrying => on("waiting for its next attempt"),
+        JobState::Running => match &s.worker {
+            Some(w) => format!("running on worker {w} (queue {})", s.queue),
+            None => on("running"),
+        },
+        JobState::Completed => "done: acknowledged and removed from its queue".to_owned(),
+        JobState::Failed | JobState::Dead => format!(
+            "a dead letter of queue {} ({backend}); replay it with `switchyard dead replay --id {}`",
+            s.queue, s.id
+        ),
+    }
+}
