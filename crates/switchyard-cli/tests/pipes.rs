@@ -15,7 +15,8 @@ use support::{text, Sandbox};
 /// The write end of a pipe whose read end is already closed: every write fails with
 /// EPIPE.
 fn closed_pipe() -> Stdio {
-    let (read, write) = std::io::pipe().expect("a pipe");
+    // nix's pipe, not std's: std::io::pipe is newer than this crate's MSRV.
+    let (read, write) = nix::unistd::pipe().expect("a pipe");
     drop(read);
     Stdio::from(write)
 }
@@ -77,7 +78,7 @@ fn work_drain_on_an_empty_queue_piped_into_head_exits() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     chatty(&mut sb);
     for _ in 0..3 {
-        let (read, write) = std::io::pipe().expect("a pipe");
+        let (read, write) = nix::unistd::pipe().expect("a pipe");
         let write2 = write.try_clone().expect("a second write end");
         let mut child = sb
             .cmd(&["work", "--queue", "q", "--exec", "true", "--drain"])
@@ -87,7 +88,7 @@ fn work_drain_on_an_empty_queue_piped_into_head_exits() {
             .spawn()
             .expect("spawn switchyard");
         // `head -3`: read three lines, then leave.
-        let mut reader = BufReader::new(read);
+        let mut reader = BufReader::new(std::fs::File::from(read));
         let mut line = String::new();
         for _ in 0..3 {
             line.clear();

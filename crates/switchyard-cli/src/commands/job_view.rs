@@ -69,10 +69,7 @@ pub(crate) async fn find(
             transport.name()
         ),
         duration_ms: None,
-        payload: d
-            .envelope
-            .as_ref()
-            .and_then(|e| serde_json::from_str(e.payload.get()).ok()),
+        payload: d.envelope.as_ref().map(super::payload::payload_value),
         dead_letter: Some(d),
     }))
 }

@@ -8,6 +8,7 @@ mod demo;
 mod job;
 mod job_view;
 mod move_cmd;
+mod payload;
 mod prune;
 mod publish;
 mod relay;

@@ -20,10 +20,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
-use switchyard::status::next_change;
+use switchyard::status::{next_change, JobFilter};
 use switchyard::{
-    parse_duration, CancellationToken, Config, ConfigError, DeadSelection, Error, QueueName,
-    Result, StatusStore, Transport,
+    parse_duration, CancellationToken, Config, ConfigError, DeadSelection, Error, JobState,
+    QueueName, Result, StatusStore, Transport,
 };
 use uuid::Uuid;
 
@@ -165,8 +165,11 @@ fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/stats", get(stats))
-        .route("/api/jobs", get(recent_jobs))
+        .route("/api/jobs", get(list_jobs))
+        .route("/api/counts", get(counts))
+        .route("/api/workers", get(workers))
         .route("/api/jobs/{id}", get(job))
+        .route("/api/jobs/{id}/view", get(job_view))
         .route("/api/jobs/{id}/events", get(job_events))
         .route("/api/dead", get(dead_list))
         .route("/api/dead/replay", post(dead_replay))
@@ -355,6 +358,16 @@ struct ListQuery {
     queue: Option<String>,
 }
 
+/// `/api/jobs?queue=Q&state=S&q=TEXT&limit=N&offset=M`.
+#[derive(Debug, Deserialize)]
+struct JobsQuery {
+    limit: Option<usize>,
+    offset: Option<usize>,
+    queue: Option<String>,
+    state: Option<String>,
+    q: Option<String>,
+}
+
 fn store_of(app: &App) -> std::result::Result<&Arc<dyn StatusStore>, ApiError> {
     app.store.as_ref().ok_or_else(|| {
         problem(
@@ -364,11 +377,49 @@ fn store_of(app: &App) -> std::result::Result<&Arc<dyn StatusStore>, ApiError> {
     })
 }
 
-async fn recent_jobs(State(app): Shared, Query(q): Query<ListQuery>) -> Answer {
-    let jobs = store_of(&app)?
-        .recent(q.limit.unwrap_or(20).min(500))
-        .await?;
+/// Jobs by queue, state and search (the start of an id, or a kind), newest change
+/// first, a page at a time.
+async fn list_jobs(State(app): Shared, Query(q): Query<JobsQuery>) -> Answer {
+    let mut filter = JobFilter::new(q.limit.unwrap_or(20)).offset(q.offset.unwrap_or(0));
+    if let Some(queue) = q.queue.filter(|v| !v.is_empty()) {
+        filter = filter.queue(queue);
+    }
+    if let Some(state) = q.state.filter(|v| !v.is_empty()) {
+        let parsed = JobState::parse(&state).ok_or_else(|| {
+            problem(
+                StatusCode::BAD_REQUEST,
+                format!("invalid state {state:?}: expected pending, running, retrying, completed, failed or dead"),
+            )
+        })?;
+        filter = filter.state(parsed);
+    }
+    if let Some(text) = q.q {
+        filter = filter.search(text);
+    }
+    let jobs = store_of(&app)?.list(&filter).await?;
     Ok(Json(jobs).into_response())
+}
+
+/// Jobs per queue and state.
+async fn counts(State(app): Shared) -> Answer {
+    Ok(Json(store_of(&app)?.counts().await?).into_response())
+}
+
+/// Workers heard from in the last 30 s.
+async fn workers(State(app): Shared) -> Answer {
+    Ok(Json(store_of(&app)?.workers().await?).into_response())
+}
+
+/// One job with its failed attempts and where it is (what `switchyard job` shows).
+async fn job_view(State(app): Shared, Path(id): Path<String>) -> Answer {
+    let id = job_id(&id)?;
+    match super::job_view::find(&app.transport, app.store.as_ref(), id).await? {
+        Some(view) => Ok(Json(view).into_response()),
+        None => Err(problem(
+            StatusCode::NOT_FOUND,
+            format!("no job {id}: no status record and no dead letter"),
+        )),
+    }
 }
 
 fn job_id(id: &str) -> std::result::Result<Uuid, ApiError> {
@@ -454,14 +505,17 @@ async fn dead_list(State(app): Shared, Query(q): Query<ListQuery>) -> Answer {
         .transport
         .dead_list(queue.as_ref(), q.limit.unwrap_or(50).min(1000))
         .await?;
-    Ok(Json(dead).into_response())
+    let rows: Vec<serde_json::Value> = dead.iter().map(super::payload::with_payload).collect();
+    Ok(Json(rows).into_response())
 }
 
-/// What to replay or purge: exactly one of `id`, `all` or (purge only) `older_than`.
+/// What to replay or purge: exactly one of `id`, `ids` (a selection), `all` or (purge
+/// only) `older_than`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeadRequest {
     id: Option<String>,
+    ids: Option<Vec<String>>,
     #[serde(default)]
     all: bool,
     older_than: Option<String>,
@@ -469,23 +523,26 @@ struct DeadRequest {
 }
 
 impl DeadRequest {
-    fn selection(&self, purge: bool) -> Result<(Option<QueueName>, DeadSelection)> {
+    /// The queue, and one selection per call to make (`ids`: one per id).
+    fn selections(&self, purge: bool) -> Result<(Option<QueueName>, Vec<DeadSelection>)> {
         let queue = self.queue.as_deref().map(QueueName::new).transpose()?;
-        let selection = match (&self.id, self.all, &self.older_than) {
-            (Some(id), false, None) => DeadSelection::Id(id.clone()),
-            (None, true, None) => DeadSelection::All,
-            (None, false, Some(age)) if purge => {
-                DeadSelection::OlderThan(parse_duration("older_than", age)?)
+        let selections = match (&self.id, &self.ids, self.all, &self.older_than) {
+            (Some(id), None, false, None) => vec![DeadSelection::Id(id.clone())],
+            (None, Some(ids), false, None) if !ids.is_empty() && ids.len() <= MAX_SELECTED => {
+                ids.iter().cloned().map(DeadSelection::Id).collect()
+            }
+            (None, None, true, None) => vec![DeadSelection::All],
+            (None, None, false, Some(age)) if purge => {
+                vec![DeadSelection::OlderThan(parse_duration("older_than", age)?)]
             }
             _ => {
-                return Err(Error::InvalidInput(if purge {
-                    "give exactly one of \"id\", \"all\": true or \"older_than\": \"30d\"".into()
-                } else {
-                    "give exactly one of \"id\" or \"all\": true".into()
-                }))
+                return Err(Error::InvalidInput(format!(
+                    "give exactly one of \"id\", \"ids\" (1 to {MAX_SELECTED} of them), \"all\": true{}",
+                    if purge { " or \"older_than\": \"30d\"" } else { "" }
+                )))
             }
         };
-        Ok((queue, selection))
+        Ok((queue, selections))
     }
 }
 
@@ -556,29 +613,36 @@ fn dead_request(body: &[u8]) -> std::result::Result<DeadRequest, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         problem(
             StatusCode::BAD_REQUEST,
-            format!("invalid request body: {e}; expected {{\"id\": \"…\"}}, {{\"all\": true}} or {{\"older_than\": \"30d\"}}, with an optional \"queue\""),
+            format!("invalid request body: {e}; expected {{\"id\": \"…\"}}, {{\"ids\": [\"…\"]}}, {{\"all\": true}} or {{\"older_than\": \"30d\"}}, with an optional \"queue\""),
         )
     })
 }
 
+/// The most dead letters one request may name.
+const MAX_SELECTED: usize = 1000;
+
 async fn dead_replay(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Answer {
     check_mutation(&app, &headers)?;
-    let (queue, selection) = dead_request(&body)?.selection(false)?;
-    let n = app
-        .transport
-        .dead_replay(queue.as_ref(), &selection)
-        .await?;
-    if let (DeadSelection::Id(id), Some(store)) = (&selection, &app.store) {
-        reset(store, id, n).await;
+    let (queue, selections) = dead_request(&body)?.selections(false)?;
+    let mut total = 0;
+    for selection in &selections {
+        let n = app.transport.dead_replay(queue.as_ref(), selection).await?;
+        if let (DeadSelection::Id(id), Some(store)) = (selection, &app.store) {
+            reset(store, id, n).await;
+        }
+        total += n;
     }
-    Ok(Json(serde_json::json!({ "replayed": n })).into_response())
+    Ok(Json(serde_json::json!({ "replayed": total })).into_response())
 }
 
 async fn dead_purge(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Answer {
     check_mutation(&app, &headers)?;
-    let (queue, selection) = dead_request(&body)?.selection(true)?;
-    let n = app.transport.dead_purge(queue.as_ref(), &selection).await?;
-    Ok(Json(serde_json::json!({ "purged": n })).into_response())
+    let (queue, selections) = dead_request(&body)?.selections(true)?;
+    let mut total = 0;
+    for selection in &selections {
+        total += app.transport.dead_purge(queue.as_ref(), selection).await?;
+    }
+    Ok(Json(serde_json::json!({ "purged": total })).into_response())
 }
 
 /// A replayed job is `pending` again (its status said `dead`).
