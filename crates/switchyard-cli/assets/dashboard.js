@@ -1,8 +1,14 @@
-// The Switchyard dashboard: polls the JSON API, follows one job with Server-Sent
-// Events. Every value from the server goes in as text, never as HTML.
+// The Switchyard dashboard: an operations console over the JSON API, with no build
+// step. Views by URL hash: overview (#), jobs (#jobs?queue=&state=&q=&page=), dead
+// letters (#dead), workers (#workers) and one job (#job/ID, followed live over
+// Server-Sent Events). Every value from the server goes in as text, never as HTML.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+const STATES = ["pending", "running", "retrying", "completed", "failed", "dead"];
+const PAGE = 25;
+
+// ---- small helpers ---------------------------------------------------------------
 
 function cell(text, cls) {
   const td = document.createElement("td");
@@ -19,10 +25,56 @@ function age(seconds) {
   return Math.round(seconds / 3600) + " h";
 }
 
+// Today's times as a time of day; older ones with their date.
 function when(text) {
   if (!text) return "";
   const d = new Date(text);
-  return isNaN(d) ? text : d.toLocaleTimeString();
+  if (isNaN(d)) return text;
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? d.toLocaleTimeString() : d.toLocaleDateString() + " " + d.toLocaleTimeString();
+}
+
+function ago(text) {
+  const t = Date.parse(text);
+  return isNaN(t) ? "" : age(Math.max(0, (Date.now() - t) / 1000)) + " ago";
+}
+
+function ms(from, to) {
+  const a = Date.parse(from), b = Date.parse(to);
+  return isNaN(a) || isNaN(b) ? "" : Math.max(0, b - a) + " ms";
+}
+
+function pretty(value) {
+  return value === null || value === undefined ? "" : JSON.stringify(value, null, 2);
+}
+
+// A long id shortened, the whole one on hover, with a button that copies it.
+function idCell(id, href) {
+  const td = document.createElement("td");
+  td.className = "id";
+  const label = id.length > 16 ? id.slice(0, 8) + "…" + id.slice(-4) : id;
+  const text = href ? document.createElement("a") : document.createElement("span");
+  if (href) text.href = href;
+  text.textContent = label;
+  text.title = id;
+  const copy = document.createElement("button");
+  copy.type = "button";
+  copy.className = "copy";
+  copy.textContent = "copy";
+  copy.title = "Copy " + id;
+  copy.addEventListener("click", () => copyText(id, copy));
+  td.append(text, copy);
+  return td;
+}
+
+async function copyText(text, button) {
+  try {
+    await navigator.clipboard.writeText(text);
+    button.textContent = "copied";
+  } catch (e) {
+    button.textContent = "copy failed";
+  }
+  setTimeout(() => { button.textContent = "copy"; }, 1200);
 }
 
 async function getJson(path) {
@@ -34,7 +86,7 @@ async function getJson(path) {
 
 async function postJson(path, body) {
   const headers = { "Content-Type": "application/json", Accept: "application/json" };
-  const token = sessionStorage.getItem("switchyard-token") || $("token").value;
+  const token = $("token").value || sessionStorage.getItem("switchyard-token");
   if (token) headers.Authorization = "Bearer " + token;
   const response = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
   const answer = await response.json().catch(() => ({}));
@@ -42,16 +94,50 @@ async function postJson(path, body) {
   return answer;
 }
 
-function renderQueues(stats) {
+function problem(message) {
+  $("problem").hidden = !message;
+  $("problem").textContent = message || "";
+}
+
+function fillQueues(select, names) {
+  const chosen = select.value;
+  const want = ["", ...names];
+  const have = [...select.options].map((o) => o.value);
+  if (want.join("\n") === have.join("\n")) return;
+  select.replaceChildren();
+  for (const name of want) {
+    const o = document.createElement("option");
+    o.value = name;
+    o.textContent = name || "all queues";
+    select.append(o);
+  }
+  select.value = want.includes(chosen) ? chosen : "";
+}
+
+// ---- overview --------------------------------------------------------------------
+
+let statusStore = true;
+let queueNames = [];
+
+function renderStats(stats) {
   $("transport").textContent = stats.transport;
   $("token-box").hidden = !stats.token_required;
+  statusStore = stats.status_store;
+  queueNames = stats.queues.map((q) => q.queue).sort();
   const body = $("queues").tBodies[0];
   body.replaceChildren();
+  let dead = 0;
   for (const q of stats.queues) {
     const tr = document.createElement("tr");
     tr.dataset.queue = q.queue;
+    const name = document.createElement("td");
+    name.className = "nowrap";
+    const link = document.createElement("a");
+    link.href = "#jobs?queue=" + encodeURIComponent(q.queue);
+    link.textContent = q.queue;
+    name.append(link);
     tr.append(
-      cell(q.queue),
+      name,
       cell(q.ready, "num ready"),
       cell(q.reserved, "num reserved"),
       cell(q.delayed, "num delayed"),
@@ -59,45 +145,69 @@ function renderQueues(stats) {
       cell(age(q.oldest_ready_age_seconds ?? q.oldest_ready_age), "num age"),
     );
     body.append(tr);
+    dead += q.dead;
   }
   $("no-queues").hidden = stats.queues.length > 0;
+  $("dead-count").hidden = dead === 0;
+  $("dead-count").textContent = String(dead);
   renderChart(stats);
-  $("updated").textContent = "updated " + new Date().toLocaleTimeString();
 }
 
+// Bars of completed and failed jobs per second for each interval, with a rate axis
+// and a time axis.
 function renderChart(stats) {
   const svg = $("chart");
   svg.replaceChildren();
-  const points = stats.throughput || [];
-  const bucket = stats.bucket_seconds * 1000;
-  const slots = Math.round(stats.window_seconds / stats.bucket_seconds);
+  const ns = "http://www.w3.org/2000/svg";
+  const add = (name, attrs, text) => {
+    const el = document.createElementNS(ns, name);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
+    if (text !== undefined) el.textContent = text;
+    svg.append(el);
+    return el;
+  };
+  const [W, H, left, right, top, bottom] = [640, 220, 48, 10, 10, 26];
+  const plotW = W - left - right, plotH = H - top - bottom;
+  const seconds = stats.bucket_seconds;
+  const slots = Math.round(stats.window_seconds / seconds);
+  const bucket = seconds * 1000;
   const now = Date.now();
   const start = Math.floor(now / bucket) * bucket - (slots - 1) * bucket;
-  const ok = new Array(slots).fill(0);
-  const bad = new Array(slots).fill(0);
-  for (const p of points) {
+  const ok = new Array(slots).fill(0), bad = new Array(slots).fill(0);
+  for (const p of stats.throughput || []) {
     const i = Math.round((Date.parse(p.at) - start) / bucket);
-    if (i >= 0 && i < slots) {
-      ok[i] += p.completed;
-      bad[i] += p.failed;
+    if (i >= 0 && i < slots) { ok[i] += p.completed; bad[i] += p.failed; }
+  }
+  const rates = ok.map((v, i) => Math.max(v, bad[i]) / seconds);
+  const peak = Math.max(...rates);
+  const step = niceStep(peak / 4);
+  const yMax = Math.max(step * 4, step);
+  for (let k = 0; k <= 4; k++) {
+    const v = step * k;
+    if (v > yMax + 1e-9) break;
+    const y = top + plotH - (v / yMax) * plotH;
+    add("line", { x1: left, x2: W - right, y1: y, y2: y, class: k === 0 ? "axis" : "grid" });
+    add("text", { x: left - 6, y: y + 4, "text-anchor": "end" }, formatRate(v));
+  }
+  add("text", { x: 4, y: top + 8 }, "jobs/s");
+  add("line", { x1: left, x2: left, y1: top, y2: top + plotH, class: "axis" });
+  const w = plotW / slots;
+  for (let i = 0; i < slots; i++) {
+    const x = left + i * w;
+    for (const [value, cls, dx] of [[ok[i], "ok", 1], [bad[i], "bad", w / 2]]) {
+      if (value <= 0) continue;
+      const h = (value / seconds / yMax) * plotH;
+      const r = add("rect", { x: x + dx, width: Math.max(1, w / 2 - 1.5), y: top + plotH - h, height: h, class: cls });
+      const title = document.createElementNS(ns, "title");
+      title.textContent = value + (cls === "ok" ? " completed" : " failed or dead") + " in " + seconds + " s";
+      r.append(title);
     }
   }
-  const top = Math.max(1, ...ok.map((v, i) => v + bad[i]));
-  const w = 600 / slots;
-  const ns = "http://www.w3.org/2000/svg";
-  for (let i = 0; i < slots; i++) {
-    const hOk = (ok[i] / top) * 115;
-    const hBad = (bad[i] / top) * 115;
-    for (const [h, y, cls] of [[hOk, 120 - hOk, "ok"], [hBad, 120 - hOk - hBad, "bad"]]) {
-      if (h <= 0) continue;
-      const r = document.createElementNS(ns, "rect");
-      r.setAttribute("x", String(i * w + 1));
-      r.setAttribute("width", String(Math.max(1, w - 2)));
-      r.setAttribute("y", String(y));
-      r.setAttribute("height", String(h));
-      r.setAttribute("class", cls);
-      svg.append(r);
-    }
+  const minutes = Math.round(stats.window_seconds / 60);
+  for (let m = 0; m <= minutes; m++) {
+    const x = left + plotW - (m * 60 / stats.window_seconds) * plotW;
+    add("line", { x1: x, x2: x, y1: top + plotH, y2: top + plotH + 4, class: "axis" });
+    add("text", { x, y: H - 8, "text-anchor": m === 0 ? "end" : "middle" }, m === 0 ? "now" : "−" + m + " min");
   }
   if (!stats.status_store) {
     $("rate").textContent = "(needs the status store)";
@@ -107,138 +217,384 @@ function renderChart(stats) {
   $("rate").textContent = "· " + (lastMinute / 60).toFixed(1) + " jobs/s over the last minute";
 }
 
-function renderDead(letters) {
+function niceStep(x) {
+  if (!(x > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(x)));
+  for (const m of [1, 2, 5, 10]) if (m * p >= x) return m * p;
+  return 10 * p;
+}
+
+function formatRate(v) {
+  return v >= 10 ? String(Math.round(v)) : String(Math.round(v * 100) / 100);
+}
+
+// ---- jobs ------------------------------------------------------------------------
+
+function jobsQuery() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  return {
+    queue: params.get("queue") || "",
+    state: params.get("state") || "",
+    q: params.get("q") || "",
+    page: Math.max(0, Number(params.get("page") || 0) | 0),
+  };
+}
+
+function jobsHash(q) {
+  const params = new URLSearchParams();
+  for (const k of ["queue", "state", "q"]) if (q[k]) params.set(k, q[k]);
+  if (q.page) params.set("page", String(q.page));
+  const text = params.toString();
+  return "#jobs" + (text ? "?" + text : "");
+}
+
+async function refreshJobs() {
+  const q = jobsQuery();
+  fillQueues($("jobs-queue"), queueNames);
+  $("jobs-queue").value = q.queue;
+  if (document.activeElement !== $("jobs-search")) $("jobs-search").value = q.q;
+  if (!statusStore) {
+    problem("Job lists need the status store (a SQL DATABASE_URL, QUEUE_STATUS=on).");
+    return;
+  }
+  const params = new URLSearchParams({ limit: String(PAGE + 1), offset: String(q.page * PAGE) });
+  for (const k of ["queue", "state", "q"]) if (q[k]) params.set(k, q[k]);
+  const [jobs, counts] = await Promise.all([getJson("/api/jobs?" + params), getJson("/api/counts")]);
+  renderStateTabs(q, counts);
+  const shown = jobs.slice(0, PAGE);
+  renderJobRows($("joblist"), shown);
+  $("no-jobs").hidden = shown.length > 0;
+  $("prev").disabled = q.page === 0;
+  $("next").disabled = jobs.length <= PAGE;
+  $("page-info").textContent = shown.length
+    ? "jobs " + (q.page * PAGE + 1) + "–" + (q.page * PAGE + shown.length)
+    : "";
+}
+
+function renderJobRows(table, jobs) {
+  const body = table.tBodies[0];
+  body.replaceChildren();
+  for (const j of jobs) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = j.id;
+    tr.dataset.state = j.state;
+    const state = document.createElement("td");
+    const badge = document.createElement("span");
+    badge.className = "state state-" + j.state;
+    badge.textContent = j.state;
+    state.append(badge);
+    tr.append(idCell(j.id, "#job/" + j.id), cell(j.queue, "nowrap"), cell(j.kind), state, cell(j.attempts, "num"),
+      cell(j.progress + "%", "num"), cell(j.worker || ""), cell(when(j.updated_at), "nowrap"));
+    body.append(tr);
+  }
+}
+
+function renderStateTabs(q, counts) {
+  const totals = Object.fromEntries(STATES.map((s) => [s, 0]));
+  let all = 0;
+  for (const c of counts) {
+    if (q.queue && c.queue !== q.queue) continue;
+    totals[c.state] = (totals[c.state] || 0) + c.count;
+    all += c.count;
+  }
+  const tabs = $("state-tabs");
+  tabs.replaceChildren();
+  for (const state of ["", ...STATES]) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.state = state || "all";
+    b.className = q.state === state ? "active" : "";
+    b.append(state || "all");
+    const n = document.createElement("span");
+    n.className = "n";
+    n.textContent = String(state ? totals[state] : all);
+    b.append(n);
+    b.addEventListener("click", () => { location.hash = jobsHash({ ...q, state, page: 0 }); });
+    tabs.append(b);
+  }
+}
+
+// ---- dead letters ----------------------------------------------------------------
+
+const selected = new Set();
+// Payloads the operator opened stay open across the page's redraws.
+const openPayloads = new Set();
+
+async function refreshDead() {
+  fillQueues($("dead-queue"), queueNames);
+  const queue = $("dead-queue").value;
+  const letters = await getJson("/api/dead?limit=200" + (queue ? "&queue=" + encodeURIComponent(queue) : ""));
+  const present = new Set(letters.map((d) => d.id));
+  for (const id of [...selected]) if (!present.has(id)) selected.delete(id);
   const body = $("dead").tBodies[0];
   body.replaceChildren();
   for (const d of letters) {
     const tr = document.createElement("tr");
     tr.dataset.id = d.id;
+    tr.className = selected.has(d.id) ? "selected" : "";
+    const pick = document.createElement("input");
+    pick.type = "checkbox";
+    pick.className = "pick";
+    pick.checked = selected.has(d.id);
+    pick.setAttribute("aria-label", "select " + d.id);
+    pick.addEventListener("change", () => {
+      if (pick.checked) selected.add(d.id); else selected.delete(d.id);
+      tr.className = pick.checked ? "selected" : "";
+      updateSelection(letters.length);
+    });
+    const pickCell = document.createElement("td");
+    pickCell.append(pick);
+    const error = document.createElement("td");
+    error.className = "err";
+    error.textContent = (d.last_error || "").split("\n")[0];
+    error.title = d.last_error || "";
+    const more = document.createElement("details");
+    more.open = openPayloads.has(d.id);
+    more.addEventListener("toggle", () => {
+      if (more.open) openPayloads.add(d.id); else openPayloads.delete(d.id);
+    });
+    const summary = document.createElement("summary");
+    const compact = d.payload === null || d.payload === undefined ? (d.raw || "") : JSON.stringify(d.payload);
+    summary.textContent = compact.length > 40 ? compact.slice(0, 40) + "…" : compact;
+    const pre = document.createElement("pre");
+    pre.textContent = d.payload === null || d.payload === undefined ? (d.raw || "") : pretty(d.payload);
+    more.append(summary, pre);
+    const payloadCell = document.createElement("td");
+    payloadCell.className = "payload";
+    payloadCell.append(more);
     const button = document.createElement("button");
     button.type = "button";
     button.className = "replay";
-    button.dataset.id = d.id;
     button.textContent = "Replay";
-    button.addEventListener("click", () => replay(d.id, button));
+    button.addEventListener("click", () => act("replay", { id: d.id }, "Replay " + d.id + "?"));
     const actions = document.createElement("td");
     actions.append(button);
-    const error = cell((d.last_error || "").split("\n")[0], "err");
-    error.title = d.last_error || "";
-    tr.append(cell(d.id), cell(d.queue), cell(d.kind), cell(d.reason), cell(d.attempts, "num"), error, cell(when(d.dead_at)), actions);
+    tr.append(pickCell, idCell(d.id, "#job/" + d.id), cell(d.queue, "nowrap"), cell(d.kind), cell(d.reason),
+      cell(d.attempts, "num"), error, payloadCell, cell(when(d.dead_at), "nowrap"), actions);
     body.append(tr);
   }
   $("no-dead").hidden = letters.length > 0;
+  updateSelection(letters.length);
 }
 
-async function replay(id, button) {
-  button.disabled = true;
+function updateSelection(total) {
+  const n = selected.size;
+  $("replay-selected").disabled = n === 0;
+  $("purge-selected").disabled = n === 0;
+  $("replay-selected").textContent = n ? "Replay " + n + " selected" : "Replay selected";
+  $("purge-selected").textContent = n ? "Purge " + n + " selected" : "Purge selected";
+  $("dead-all").checked = n > 0 && n === total;
+}
+
+// Replays or purges after the operator confirms; says what happened.
+async function act(verb, body, question) {
+  if (!window.confirm(question)) return;
+  const queue = $("dead-queue").value;
+  if (queue && !body.id && !body.ids) body.queue = queue;
   try {
-    const answer = await postJson("/api/dead/replay", { id });
-    $("dead-message").textContent = answer.replayed ? "Replayed " + id + "." : id + " was no longer dead.";
-    await refresh();
+    const answer = await postJson("/api/dead/" + verb, body);
+    const n = verb === "replay" ? answer.replayed : answer.purged;
+    const what = body.id ? body.id : n + " dead letter" + (n === 1 ? "" : "s");
+    $("dead-message").textContent = (verb === "replay" ? "Replayed " : "Purged ") + what + ".";
+    if (body.ids) selected.clear();
+    await refreshDead();
   } catch (e) {
-    $("dead-message").textContent = "Replay failed: " + e.message;
-    button.disabled = false;
+    $("dead-message").textContent = (verb === "replay" ? "Replay" : "Purge") + " failed: " + e.message;
   }
 }
 
-function renderJobs(jobs) {
-  const body = $("jobs").tBodies[0];
+// ---- workers ---------------------------------------------------------------------
+
+async function refreshWorkers() {
+  if (!statusStore) return;
+  const workers = await getJson("/api/workers");
+  $("worker-count").hidden = workers.length === 0;
+  $("worker-count").textContent = String(workers.length);
+  if ($("view-workers").hidden) return;
+  const body = $("workers").tBodies[0];
   body.replaceChildren();
-  for (const j of jobs) {
+  for (const w of workers) {
     const tr = document.createElement("tr");
-    const link = document.createElement("a");
-    link.href = "#job/" + j.id;
-    link.textContent = j.id;
-    const idCell = document.createElement("td");
-    idCell.append(link);
-    const state = cell(j.state);
-    state.className = "state-" + j.state;
-    tr.append(idCell, cell(j.queue), cell(j.kind), state, cell(j.progress + "%", "num"), cell(j.attempts, "num"), cell(when(j.updated_at)));
+    tr.dataset.pid = String(w.pid);
+    tr.dataset.queue = w.queue;
+    tr.append(cell(w.host), cell(w.pid, "num"), cell(w.queue), cell(w.concurrency, "num"),
+      cell(when(w.started_at)), cell(ago(w.heartbeat_at)), cell(w.jobs_done, "num"));
     body.append(tr);
   }
+  $("no-workers").hidden = workers.length > 0;
 }
 
-async function refresh() {
-  try {
-    const stats = await getJson("/api/stats");
-    renderQueues(stats);
-    renderDead(await getJson("/api/dead?limit=50"));
-    if (stats.status_store) renderJobs(await getJson("/api/jobs?limit=15"));
-  } catch (e) {
-    $("updated").textContent = "not updated: " + e.message;
-  }
-}
+// ---- one job ---------------------------------------------------------------------
 
 let events = null;
+let following = null;
+
+function showJob(s) {
+  $("job-state").textContent = s.state;
+  $("job-state").className = "state state-" + s.state;
+  $("job-progress").value = s.progress;
+  $("job-progress-text").textContent = s.progress + "%" + (s.progress_message ? " · " + s.progress_message : "");
+  $("job-where").textContent = s.queue + " / " + s.kind;
+  $("job-attempts").textContent = String(s.attempts);
+  $("job-worker").textContent = s.worker || "";
+  $("job-created").textContent = when(s.created_at);
+  $("job-started").textContent = when(s.started_at);
+  $("job-finished").textContent = when(s.finished_at);
+  $("job-duration").textContent = s.started_at ? ms(s.started_at, s.finished_at || new Date().toISOString()) : "";
+  $("job-result").textContent = pretty(s.result);
+  $("job-error").textContent = s.state === "completed" ? "" : (s.last_error || "");
+  if (s.payload !== undefined) $("job-payload").textContent = pretty(s.payload);
+}
+
+// The job's attempts and location (which the event stream does not carry).
+async function loadJobView(id) {
+  try {
+    const view = await getJson("/api/jobs/" + encodeURIComponent(id) + "/view");
+    if (following !== id) return;
+    $("job-location").textContent = view.location;
+    if (view.status) showJob(view.status);
+    else if (view.dead_letter) {
+      const d = view.dead_letter;
+      $("job-state").textContent = "dead";
+      $("job-state").className = "state state-dead";
+      $("job-where").textContent = d.queue + " / " + d.kind;
+      $("job-attempts").textContent = String(d.attempts);
+      $("job-error").textContent = d.last_error || "";
+    }
+    if (!view.status) $("job-payload").textContent = pretty(view.payload);
+    const body = $("attempts").tBodies[0];
+    body.replaceChildren();
+    for (const a of view.attempts) {
+      const tr = document.createElement("tr");
+      tr.dataset.attempt = String(a.attempt);
+      const error = document.createElement("td");
+      const pre = document.createElement("pre");
+      pre.textContent = a.error || "";
+      error.append(pre);
+      tr.append(cell(a.attempt, "num"), cell(a.state), cell(a.worker || ""), cell(when(a.started_at)),
+        cell(when(a.ended_at)), cell(a.started_at ? ms(a.started_at, a.ended_at) : "", "num"), error);
+      body.append(tr);
+    }
+    $("no-attempts").hidden = view.attempts.length > 0;
+  } catch (e) {
+    problem("Job " + id + ": " + e.message);
+  }
+}
 
 function follow(id) {
+  if (following === id) return;
   if (events) events.close();
-  $("overview").hidden = true;
-  $("job").hidden = false;
+  following = id;
   $("job-id").textContent = id;
   $("job-log").replaceChildren();
-  for (const f of ["job-state", "job-result", "job-error", "job-latency", "job-where", "job-attempts", "job-progress-text"]) {
+  for (const f of ["job-state", "job-result", "job-error", "job-where", "job-attempts", "job-progress-text",
+    "job-location", "job-worker", "job-created", "job-started", "job-finished", "job-duration", "job-payload"]) {
     $(f).textContent = "";
   }
-  $("job-latency").removeAttribute("data-ms");
+  $("attempts").tBodies[0].replaceChildren();
+  delete document.body.dataset.lastEventAt;
+  loadJobView(id);
+  if (!statusStore) return;
   events = new EventSource("/api/jobs/" + encodeURIComponent(id) + "/events");
   events.addEventListener("status", (message) => {
     const s = JSON.parse(message.data);
-    const received = Date.now();
-    $("job-state").textContent = s.state;
-    $("job-state").className = "state state-" + s.state;
-    $("job-progress").value = s.progress;
-    $("job-progress-text").textContent = s.progress + "%" + (s.progress_message ? " · " + s.progress_message : "");
-    $("job-where").textContent = s.queue + " / " + s.kind;
-    $("job-attempts").textContent = String(s.attempts);
-    $("job-result").textContent = s.result === null || s.result === undefined ? "" : JSON.stringify(s.result, null, 2);
-    $("job-error").textContent = s.last_error || "";
+    // When the page got it, for the browser test's latency figure; not shown.
+    document.body.dataset.lastEventAt = String(Date.now());
+    showJob(s);
     const li = document.createElement("li");
     li.dataset.state = s.state;
     li.dataset.version = String(s.version);
-    li.textContent = new Date(received).toLocaleTimeString() + " · " + s.state + " · " + s.progress + "%" + (s.progress_message ? " · " + s.progress_message : "");
+    li.textContent = new Date().toLocaleTimeString() + " · " + s.state + " · attempt " + s.attempts + " · " + s.progress + "%" +
+      (s.progress_message ? " · " + s.progress_message : "");
     $("job-log").append(li);
+    if (s.state === "retrying" || s.state === "completed" || s.state === "failed" || s.state === "dead") {
+      loadJobView(id);
+    }
     if (s.state === "completed" || s.state === "failed" || s.state === "dead") {
       // The server ends the stream here; closing keeps EventSource from reconnecting.
       events.close();
       events = null;
-      // How long after the job ended its last event arrived: from the job's own end
-      // time when its result carries one (`done_at_ms`), else from the status write.
-      const ended = s.result && typeof s.result.done_at_ms === "number" ? s.result.done_at_ms : Date.parse(s.finished_at);
-      if (!isNaN(ended)) {
-        const ms = received - ended;
-        $("job-latency").dataset.ms = String(ms);
-        $("job-latency").textContent = ms + " ms after the job ended";
-      }
-    }
-  });
-  events.addEventListener("error", () => {
-    if (events && events.readyState === EventSource.CLOSED) {
-      $("job-latency").textContent = "the event stream failed (is the job recorded?)";
     }
   });
 }
 
+// ---- routing and refresh -----------------------------------------------------------
+
+function view() {
+  const h = location.hash;
+  if (h.startsWith("#job/")) return "job";
+  if (h.startsWith("#jobs")) return "jobs";
+  if (h.startsWith("#dead")) return "dead";
+  if (h.startsWith("#workers")) return "workers";
+  return "overview";
+}
+
 function route() {
-  const m = location.hash.match(/^#job\/([0-9a-fA-F-]{36})$/);
-  if (m) {
-    follow(m[1]);
+  const v = view();
+  for (const name of ["overview", "jobs", "dead", "workers", "job"]) $("view-" + name).hidden = name !== v;
+  for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.dataset.view === v);
+  problem("");
+  if (v === "job") {
+    follow(decodeURIComponent(location.hash.slice(5)));
   } else {
     if (events) { events.close(); events = null; }
-    $("job").hidden = true;
-    $("overview").hidden = false;
+    following = null;
+  }
+  refresh();
+}
+
+let refreshing = false;
+
+async function refresh() {
+  if (refreshing) return;
+  refreshing = true;
+  try {
+    renderStats(await getJson("/api/stats"));
+    const v = view();
+    if (v === "overview" && statusStore) renderJobRows($("recent"), await getJson("/api/jobs?limit=10"));
+    if (v === "jobs") await refreshJobs();
+    if (v === "dead") await refreshDead();
+    await refreshWorkers();
+    $("updated").textContent = "updated " + new Date().toLocaleTimeString();
+  } catch (e) {
+    $("updated").textContent = "not updated: " + e.message;
+  } finally {
+    refreshing = false;
   }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("token").addEventListener("change", () => sessionStorage.setItem("switchyard-token", $("token").value));
-  $("follow-form").addEventListener("submit", (e) => {
-    e.preventDefault();
-    const id = $("follow-id").value.trim();
-    if (id) location.hash = "#job/" + id;
+  $("jobs-queue").addEventListener("change", () => {
+    location.hash = jobsHash({ ...jobsQuery(), queue: $("jobs-queue").value, page: 0 });
   });
+  $("jobs-search-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    location.hash = jobsHash({ ...jobsQuery(), q: $("jobs-search").value.trim(), page: 0 });
+  });
+  $("prev").addEventListener("click", () => { const q = jobsQuery(); location.hash = jobsHash({ ...q, page: Math.max(0, q.page - 1) }); });
+  $("next").addEventListener("click", () => { const q = jobsQuery(); location.hash = jobsHash({ ...q, page: q.page + 1 }); });
+  $("dead-queue").addEventListener("change", () => { selected.clear(); refreshDead(); });
+  $("dead-all").addEventListener("change", () => {
+    for (const box of document.querySelectorAll("#dead tbody input.pick")) {
+      box.checked = $("dead-all").checked;
+      box.dispatchEvent(new Event("change"));
+    }
+  });
+  $("replay-selected").addEventListener("click", () =>
+    act("replay", { ids: [...selected] }, "Replay " + selected.size + " dead letters?"));
+  $("purge-selected").addEventListener("click", () =>
+    act("purge", { ids: [...selected] }, "Delete " + selected.size + " dead letters for good?"));
+  $("replay-all").addEventListener("click", () => {
+    const queue = $("dead-queue").value;
+    act("replay", { all: true }, "Replay every dead letter" + (queue ? " of " + queue : " of every queue") + "?");
+  });
+  $("purge-older").addEventListener("click", () => {
+    const age = $("purge-age").value.trim();
+    act("purge", { older_than: age }, "Delete the dead letters dead for more than " + age + " for good?");
+  });
+  $("job-copy").addEventListener("click", () => copyText($("job-id").textContent, $("job-copy")));
   window.addEventListener("hashchange", route);
   route();
-  refresh();
-  setInterval(() => { if (!$("overview").hidden) refresh(); }, 1000);
+  setInterval(() => { if (view() !== "job") refresh(); }, 1000);
 });

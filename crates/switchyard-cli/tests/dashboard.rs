@@ -1,9 +1,11 @@
 //! The dashboard in a real browser: headless Chromium (Debian's `chromium`, driven by
 //! `chromedriver`) against a live `switchyard serve` on PostgreSQL, through the script
-//! `tests/browser/dashboard.py`. It sees the queue counts change as a worker runs,
-//! replays a dead letter with the page's button, follows jobs live over Server-Sent
-//! Events and measures how soon their completion reaches the page. Screenshots go to
-//! `target/test-output/dashboard/`.
+//! `tests/browser/dashboard.py`. It sees the queue counts change as a worker runs and
+//! the chart's axes, replays a dead letter with its button and three selected ones at
+//! once, filters the job list by state, reads a job's payload and its failed attempts'
+//! errors, sees a running worker listed and dropped once it stops, follows jobs live
+//! over Server-Sent Events and measures how soon their completion reaches the page.
+//! Screenshots of each view go to `target/test-output/dashboard/`.
 //!
 //! `scripts/test` installs Chromium and ChromeDriver when they are missing; without
 //! them the test is skipped outside CI and fails under `CI=true`.
@@ -57,7 +59,15 @@ fn the_dashboard_shows_counts_replays_dead_letters_and_follows_jobs() {
         .status()
         .expect("run python3 (scripts/test installs it)");
     assert!(status.success(), "the browser test failed: {status:?}");
-    for shot in ["dashboard.png", "dashboard-dead-letter.png", "job.png"] {
+    for shot in [
+        "dashboard.png",
+        "dashboard-dead-letter.png",
+        "dead-letters-selected.png",
+        "jobs-pending.png",
+        "job-attempts.png",
+        "workers.png",
+        "job.png",
+    ] {
         let len = std::fs::metadata(out_dir.join(shot)).map_or(0, |m| m.len());
         assert!(len > 1000, "{shot} is missing or empty");
     }

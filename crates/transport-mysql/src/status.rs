@@ -59,7 +59,7 @@ const OK: &str = "(VALUES(attempts) > attempts \
 const RESET: &str = "
 UPDATE `switchyard_jobs_status`
    SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL, result = NULL,
-       finished_at = NULL, version = version + 1, updated_at = {NOW}
+       finished_at = NULL, worker = NULL, started_at = NULL, version = version + 1, updated_at = {NOW}
  WHERE id = ? AND state IN ('failed', 'dead')";
 
 const COLUMNS: &str = "id, queue, kind, state, CAST(attempts AS SIGNED) AS attempts, \

@@ -81,7 +81,7 @@ const RESET: &str = "
 WITH changed AS (
     UPDATE \"switchyard_jobs_status\"
        SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL,
-           result = NULL, finished_at = NULL, version = version + 1, updated_at = now()
+           result = NULL, finished_at = NULL, worker = NULL, started_at = NULL, version = version + 1, updated_at = now()
      WHERE id = ANY($2::text[]) AND state IN ('failed', 'dead')
     RETURNING id)
 {NOTIFY_RETURNED}";

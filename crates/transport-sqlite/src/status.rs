@@ -75,7 +75,7 @@ DELETE FROM \"switchyard_jobs_tries\" WHERE id = ?1
 const RESET: &str = "
 UPDATE \"switchyard_jobs_status\"
    SET state = 'pending', attempts = 0, progress = 0, progress_message = NULL, result = NULL,
-       finished_at = NULL, version = version + 1, updated_at = {NOW}
+       finished_at = NULL, worker = NULL, started_at = NULL, version = version + 1, updated_at = {NOW}
  WHERE id = ?1 AND state IN ('failed', 'dead')";
 
 const COLUMNS: &str = "id, queue, kind, state, attempts, coalesce(progress, 0) AS progress, \

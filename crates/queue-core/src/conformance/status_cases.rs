@@ -672,13 +672,20 @@ pub async fn a_reset_job_forgets_its_failed_attempts(h: Arc<dyn Harness>) -> Res
     let e = job(&fresh_queue(), "k");
     o.status
         .record(&[
-            StatusUpdate::running(&e, 1),
+            StatusUpdate::running(&e, 1).by("host:1"),
             StatusUpdate::ended(&e, 1, JobState::Dead, Some("gone")),
         ])
         .await?;
     assert_eq!(o.status.attempts(e.id).await?.len(), 1);
     assert_eq!(o.status.reset(&[e.id]).await?, 1);
     assert!(o.status.attempts(e.id).await?.is_empty());
+    let pending = o.status.get(e.id).await?.expect("the record");
+    assert_eq!(pending.state, JobState::Pending);
+    assert_eq!(
+        (pending.worker, pending.started_at),
+        (None, None),
+        "no attempt runs now"
+    );
     Ok(())
 }
 

@@ -8,10 +8,14 @@ the environment with:
   OUT_DIR          where the screenshots go
   CHROMIUM, CHROMEDRIVER  the browser and its driver (default: Debian's paths)
 
-It checks that the page shows the queue counts changing while a worker runs, that the
-Replay button puts a dead letter back on its queue, and that a job's page follows it
-live over Server-Sent Events; it measures how long after a job ended its last event
-reached the page. Exits non-zero with a reason when anything does not hold.
+It checks that the page shows the queue counts changing while a worker runs and a chart
+with time and rate axes; that the Replay button, and a replay of three selected dead
+letters, put them back on their queue after a confirmation; that the job list filters
+by state and finds a job by its id; that a job's page shows its payload, result and
+each failed attempt's error; that a running worker is listed and dropped once it
+stops; and that a job's page follows it live over Server-Sent Events, measuring how
+long after a job ended its last event reached the page. Exits non-zero with a reason
+when anything does not hold.
 """
 
 import base64
@@ -157,6 +161,27 @@ return {ready: n("ready"), reserved: n("reserved"), delayed: n("delayed"), dead:
 """
 
 
+CONFIRMS = """
+window.confirmed = window.confirmed || [];
+window.confirm = (question) => { window.confirmed.push(question); return true; };
+"""
+
+
+def click(browser, css):
+    """Clicks in the page itself: the page redraws its tables every second, and an
+    element found by one WebDriver call may be gone by the next."""
+    if not browser.js(f"const e = document.querySelector({json.dumps(css)}); if (!e) return false; e.click(); return true;"):
+        fail(f"nothing to click at {css}")
+
+
+def last_confirm(browser):
+    return browser.js("return (window.confirmed || []).slice(-1)[0] || ''")
+
+
+def text_of(browser, css):
+    return browser.js(f"const e = document.querySelector({json.dumps(css)}); return e ? e.textContent : null;")
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     serve = spawn([BIN, "serve", "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
@@ -176,6 +201,7 @@ def main():
     globals()["current"] = browser
     try:
         browser.go(url + "/")
+        browser.js(CONFIRMS)
         first = until(lambda: browser.js(QUEUE_ROW, queue), "the queue's row")
         if first["ready"] != jobs + 1:
             until(lambda: (browser.js(QUEUE_ROW, queue) or {}).get("ready") == jobs + 1,
@@ -206,30 +232,124 @@ def main():
             fail(f"the counts did not change as jobs ran: {seen}")
         if readies != sorted(readies, reverse=True):
             fail(f"the ready count went up while draining: {readies}")
+        ticks = browser.js("return [...document.querySelectorAll('#chart text')].map(t => t.textContent)")
+        if "now" not in ticks or "jobs/s" not in ticks or "−5 min" not in ticks:
+            fail(f"the chart has no time and rate axes: {ticks}")
+        bars = browser.js("return document.querySelectorAll('#chart rect.ok').length")
+        if bars == 0:
+            fail("the chart shows no completed jobs")
+        browser.screenshot("dashboard.png")
 
-        # The dead letter, with its error, and its Replay button.
+        # The dead letter, with its error, and its Replay button (confirmed first).
+        browser.go(url + "/#dead")
+        browser.js(CONFIRMS)
         row = f'#dead tbody tr[data-id="{bad}"]'
-        until(lambda: browser.js(f"return document.querySelector('{row}') !== null"), "the dead letter's row")
-        error = browser.js(f"return document.querySelector('{row} td.err').textContent")
+        until(lambda: text_of(browser, row + " td.err") is not None, "the dead letter's row")
+        error = text_of(browser, row + " td.err")
         if "no such invoice" not in error:
             fail(f"the dead letter's error shows {error!r}")
         browser.screenshot("dashboard-dead-letter.png")
         if TOKEN:
             browser.type("#token", TOKEN)
-        browser.click(f'{row} button.replay')
-        until(lambda: browser.js(f"return document.querySelector('{row}') === null"),
-              "the dead letter to leave the table")
-        until(lambda: (browser.js(QUEUE_ROW, queue) or {}).get("dead") == 0
-              and browser.js(QUEUE_ROW, queue)["ready"] == 1, "the replayed message back on its queue")
-        message = browser.js("return document.getElementById('dead-message').textContent")
-        if "Replayed" not in message:
-            fail(f"the page said {message!r} after the replay")
-        log("replayed with the button:", message)
+            browser.js("document.getElementById('token').dispatchEvent(new Event('change'))")
+        click(browser, f"{row} button.replay")
+        if bad not in last_confirm(browser):
+            fail(f"the replay was not confirmed first: {last_confirm(browser)!r}")
+        until(lambda: text_of(browser, row) is None, "the dead letter to leave the table")
+        until(lambda: "Replayed" in (text_of(browser, "#dead-message") or ""), "the replay's message")
         status = http("GET", f"{url}/api/jobs/{bad}")
         if status["state"] != "pending":
             fail(f"the replayed job's status is {status['state']}")
-        time.sleep(1.2)  # one more refresh, for the screenshot
-        browser.screenshot("dashboard.png")
+        log("replayed with the button:", text_of(browser, "#dead-message"))
+
+        # Three dead letters replayed at once, as a selection.
+        bulk = "bulk-" + uuid.uuid4().hex[:8]
+        ids = switchyard("publish", "--queue", bulk, "--kind", "broken",
+                         stdin='{"row": 1}\n{"row": 2}\n{"row": 3}\n').split()
+        switchyard("work", "--queue", bulk, "--exec", "echo 'row rejected' >&2; exit 1",
+                   "--max-attempts", "1", "--drain")
+        browser.go(url + "/#dead")
+        browser.js(CONFIRMS)
+        for i in ids:
+            until(lambda: text_of(browser, f'#dead tbody tr[data-id="{i}"]') is not None, f"dead letter {i}")
+        for i in ids:
+            click(browser, f'#dead tbody tr[data-id="{i}"] input.pick')
+        until(lambda: text_of(browser, "#replay-selected") == "Replay 3 selected", "three selected")
+        click(browser, '#dead tbody tr[data-id="%s"] td.payload summary' % ids[0])
+        time.sleep(1.2)  # a redraw: what the operator opened stays open
+        if not browser.js('return document.querySelector(\'#dead tbody tr[data-id="%s"] td.payload details\').open' % ids[0]):
+            fail("the opened payload closed when the page redrew")
+        payload = text_of(browser, '#dead tbody tr[data-id="%s"] td.payload pre' % ids[0])
+        if '"row": 1' not in payload:
+            fail(f"the dead letter's payload shows {payload!r}")
+        browser.screenshot("dead-letters-selected.png")
+        click(browser, "#replay-selected")
+        if "3 dead letters" not in last_confirm(browser):
+            fail(f"the bulk replay was not confirmed: {last_confirm(browser)!r}")
+        until(lambda: all(text_of(browser, f'#dead tbody tr[data-id="{i}"]') is None for i in ids),
+              "the three dead letters to leave the table")
+        message = text_of(browser, "#dead-message")
+        if message != "Replayed 3 dead letters.":
+            fail(f"the page said {message!r} after the bulk replay")
+        stats = http("GET", f"{url}/api/stats")
+        ready = next((q["ready"] for q in stats["queues"] if q["queue"] == bulk), None)
+        if ready != 3:
+            fail(f"{bulk} has {ready} ready after the bulk replay, not 3")
+        log("bulk replay:", message)
+
+        # The job list, filtered by state: the three are pending again; a job that failed
+        # twice before it succeeded is completed, with both errors on its page.
+        flaky_queue = "flaky-" + uuid.uuid4().hex[:8]
+        flaky = switchyard("publish", "--queue", flaky_queue, "--kind", "flaky",
+                           "--payload", '{"invoice": 42, "customer": "ACME"}').strip()
+        switchyard("work", "--queue", flaky_queue, "--exec",
+                   'if [ "$SWITCHYARD_ATTEMPT" -lt 3 ]; then echo "gateway timeout, attempt $SWITCHYARD_ATTEMPT" >&2; exit 1; fi; '
+                   'echo \'{"charged": true}\'',
+                   "--max-attempts", "3", "--backoff-base", "10ms", "--backoff-max", "20ms", "--drain")
+        browser.go(f"{url}/#jobs?queue={bulk}&state=pending")
+        until(lambda: browser.js("return document.querySelectorAll('#joblist tbody tr').length") == 3,
+              "three pending jobs in the list")
+        states = browser.js("return [...document.querySelectorAll('#joblist tbody tr')].map(tr => tr.dataset.state)")
+        if states != ["pending"] * 3:
+            fail(f"the pending filter shows {states}")
+        tab = text_of(browser, '#state-tabs button[data-state="pending"]')
+        if tab != "pending3":
+            fail(f"the pending tab says {tab!r}")
+        browser.screenshot("jobs-pending.png")
+        browser.go(f"{url}/#jobs?state=completed&q={flaky[:30]}")
+        until(lambda: browser.js("return [...document.querySelectorAll('#joblist tbody tr')].map(tr => tr.dataset.id)") == [flaky],
+              "the flaky job found by its id among the completed")
+        browser.go(f"{url}/#job/{flaky}")
+        until(lambda: browser.js("return document.querySelectorAll('#attempts tbody tr').length") == 2,
+              "the job's two failed attempts")
+        errors = browser.js("return [...document.querySelectorAll('#attempts tbody tr pre')].map(p => p.textContent)")
+        if not ("gateway timeout, attempt 1" in errors[0] and "gateway timeout, attempt 2" in errors[1]):
+            fail(f"the attempts show {errors}")
+        payload = text_of(browser, "#job-payload")
+        if '"customer": "ACME"' not in payload:
+            fail(f"the job's payload shows {payload!r}")
+        if text_of(browser, "#job-state") != "completed" or '"charged": true' not in text_of(browser, "#job-result"):
+            fail("the job page does not show the completed job and its result")
+        if ":" not in (text_of(browser, "#job-worker") or ""):
+            fail(f"the job page names no worker: {text_of(browser, '#job-worker')!r}")
+        browser.screenshot("job-attempts.png")
+
+        # Running workers: a live `work` process is listed, and gone once it stops.
+        idle = "idle-" + uuid.uuid4().hex[:8]
+        live_worker = spawn([BIN, "work", "--queue", idle, "--exec", "true", "--concurrency", "3"],
+                            stdout=subprocess.DEVNULL)
+        browser.go(url + "/#workers")
+        wrow = f'#workers tbody tr[data-pid="{live_worker.pid}"]'
+        until(lambda: text_of(browser, wrow) is not None, "the running worker in the list", 30)
+        cells = browser.js(f"return [...document.querySelectorAll('{wrow} td')].map(td => td.textContent)")
+        if cells[2] != idle or cells[3] != "3":
+            fail(f"the worker's row shows {cells}")
+        browser.screenshot("workers.png")
+        live_worker.send_signal(signal.SIGTERM)
+        if live_worker.wait(timeout=30) != 0:
+            fail("the idle worker did not stop cleanly")
+        until(lambda: text_of(browser, wrow) is None, "the stopped worker to leave the list", 30)
+        log("workers list: showed pid", live_worker.pid, "and dropped it after it stopped")
 
         # A job's page follows it live; how long after the job ended does its last
         # event reach the page?
@@ -240,15 +360,17 @@ def main():
         for _ in range(7):
             job = switchyard("publish", "--queue", live, "--kind", "report", "--payload", "{}").strip()
             browser.go(f"{url}/#job/{job}")
-            until(lambda: browser.js("return document.getElementById('job-state').textContent") == "completed",
-                  f"job {job} to show completed", 30)
-            ms = browser.js("return document.getElementById('job-latency').dataset.ms")
+            until(lambda: text_of(browser, "#job-state") == "completed", f"job {job} to show completed", 30)
+            arrived = int(browser.js("return document.body.dataset.lastEventAt"))
+            done_at = http("GET", f"{url}/api/jobs/{job}")["result"]["done_at_ms"]
             states = browser.js("return [...document.querySelectorAll('#job-log li')].map(li => li.dataset.state)")
             order = {"pending": 0, "running": 1, "completed": 2}
             if [order[s] for s in states] != sorted(order[s] for s in states) or states[-1] != "completed":
                 fail(f"job events out of order: {states}")
-            latencies.append(int(ms))
-            log(f"job {job}: events {states}, last one {ms} ms after the job ended")
+            latencies.append(arrived - done_at)
+            log(f"job {job}: events {states}, last one {arrived - done_at} ms after the job ended")
+        if browser.js("return document.body.innerText.includes('after the job ended')"):
+            fail("a diagnostic row is on the job page")
         browser.screenshot("job.png")
         log(f"SSE completion latency ms: median {statistics.median(latencies)}, "
             f"min {min(latencies)}, max {max(latencies)}, runs {latencies}")
