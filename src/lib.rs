@@ -5,7 +5,7 @@
 //! environment with [`connect`], and publish, reserve and ack:
 //!
 //! ```
-//! use switchyard::{Config, Envelope, QueueName, Transport};
+//! use switchyard::{Config, Envelope, QueueName, TransportExt};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> switchyard::Result<()> {
@@ -38,10 +38,10 @@ pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
 pub use queue_core::{metrics, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
-    ClaimStrategy, Config, ConfigError, DeadLetter, DeadSelection, DecodeError, DrainSetting,
-    Envelope, EnvelopeBuilder, Error, Identifier, LeaseToken, QueueName, QueueStats, Receipt,
-    Reservation, Result, SecretUrl, Transport, DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
+    Claim, ClaimStrategy, Config, ConfigError, DeadLetter, DeadLetters, DeadSelection, DecodeError,
+    DrainSetting, Envelope, EnvelopeBuilder, Error, GiveBack, Identifier, LeaseToken, QueueName,
+    QueueStats, Receipt, Reservation, Result, Scope, SecretUrl, Start, Transport, TransportExt,
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
 };
 
 mod router;
@@ -73,7 +73,7 @@ pub use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
 /// (with the Cargo feature that adds it), and whatever the transport's own connect
 /// reports.
 pub async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
-    open(config, true).await
+    Ok(open(config, true).await?.0)
 }
 
 /// Like [`connect`], but creates and migrates nothing: for tools that only read or manage
@@ -82,28 +82,31 @@ pub async fn connect(config: &Config) -> Result<Arc<dyn Transport>> {
 /// so is a table at an older schema version (run `switchyard migrate`), instead of a new
 /// empty store that reports "no messages".
 pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
-    open(config, false).await
+    Ok(open(config, false).await?.0)
 }
 
-async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
-    let primary = connect_backend(config, config.backend, create).await?;
+/// A transport and the store of job status beside it, where there is one.
+type Opened = (Arc<dyn Transport>, Option<Arc<dyn StatusStore>>);
+
+async fn open(config: &Config, create: bool) -> Result<Opened> {
+    let (primary, primary_status) = open_backend(config, config.backend, create).await?;
     if !config.migrating() {
-        return Ok(primary);
+        return Ok((primary, primary_status));
     }
     // A canary, or a flip whose previous backend is still drained: both backends.
     let other_kind = config.backend.other();
-    let other = connect_backend(config, other_kind, create).await;
+    let other = open_backend(config, other_kind, create).await;
     // Draining only because the other backend's URL happens to be set: without that
     // backend, run on the configured one alone rather than not at all.
     let detected = config.canary_percent == 0 && config.drain == DrainSetting::Detect;
     let other = match other {
         Err(err) if detected => {
             tracing::warn!(error = %err, "not draining {other_kind} (its URL is set, QUEUE_DRAIN is not): it cannot be opened; set QUEUE_DRAIN=none to silence this");
-            return Ok(primary);
+            return Ok((primary, primary_status));
         }
         other => other,
     };
-    let other = other
+    let (other, other_status) = other
         .map_err(|err| match err {
             Error::Config(_) => err,
             err => Error::backend(
@@ -117,43 +120,28 @@ async fn open(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
                 ),
             ),
         })?;
-    Ok(Arc::new(Router::new(
-        primary,
-        config.backend,
-        other,
-        config.canary_percent,
-    )))
+    let router = Router::new(primary, config.backend, other, config.canary_percent);
+    // The SQL side's store: during a migration the exec backend keeps status for both.
+    Ok((Arc::new(router), primary_status.or(other_status)))
 }
 
-/// The store of job status and results that `config` calls for (`QUEUE_STATUS`, on by
-/// default): the SQL transport's own, the exec side's during a migration, or, for a
-/// RabbitMQ deployment, the SQL store in `DATABASE_URL` when it is set. `None` when
-/// status is off or there is no SQL store to keep it in.
-pub async fn status_store(
-    config: &Config,
-    transport: &Arc<dyn Transport>,
-) -> Result<Option<Arc<dyn StatusStore>>> {
-    if !config.status {
-        return Ok(None);
-    }
-    if let Some(store) = transport.status_store() {
-        return Ok(Some(store));
-    }
-    if config.backend == BackendKind::RabbitMq && config.database_url_set {
-        let sql = connect_sql(config, true).await?;
-        return Ok(sql
-            .status_store()
-            .map(|store| Arc::new(KeptOpen { store, _owner: sql }) as Arc<dyn StatusStore>));
-    }
-    Ok(None)
-}
-
-/// A transport and the status store `config` calls for, ready to publish and follow
-/// jobs: [`Jobs::publish_and_wait`] for request/reply.
+/// A transport and the store of job status and results that `config` calls for
+/// (`QUEUE_STATUS`, on by default): the SQL transport's own, the exec side's during a
+/// migration, or, for a RabbitMQ deployment, the SQL store in `DATABASE_URL` when it is
+/// set. Without a store (status off, or none to keep it in) it publishes and cannot
+/// wait. [`Jobs::publish_and_wait`] for request/reply.
 pub async fn connect_jobs(config: &Config) -> Result<Jobs> {
-    let transport = connect(config).await?;
-    let store = status_store(config, &transport).await?;
-    Ok(Jobs::new(transport, store))
+    jobs(config, true).await
+}
+
+/// Like [`connect_jobs`], but creates and migrates nothing (see [`connect_existing`]).
+pub async fn connect_existing_jobs(config: &Config) -> Result<Jobs> {
+    jobs(config, false).await
+}
+
+async fn jobs(config: &Config, create: bool) -> Result<Jobs> {
+    let (transport, store) = open(config, create).await?;
+    Ok(Jobs::new(transport, store.filter(|_| config.status)))
 }
 
 /// A worker for `queue` in one call: the transport `config` selects ([`connect`]) and,
@@ -240,22 +228,32 @@ pub async fn connect_backend(
     kind: BackendKind,
     create: bool,
 ) -> Result<Arc<dyn Transport>> {
+    Ok(open_backend(config, kind, create).await?.0)
+}
+
+async fn open_backend(config: &Config, kind: BackendKind, create: bool) -> Result<Opened> {
     match kind {
-        BackendKind::Exec => connect_sql(config, create).await,
-        BackendKind::RabbitMq => connect_amqp(config, create).await,
+        BackendKind::Exec => open_sql(config, create).await,
+        BackendKind::RabbitMq => open_amqp(config, create).await,
     }
 }
 
-async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
+fn with_status<T: Transport + 'static>(t: T, status: Arc<dyn StatusStore>) -> Opened {
+    (Arc::new(t), Some(status))
+}
+
+async fn open_sql(config: &Config, create: bool) -> Result<Opened> {
     let scheme = config.database_url.scheme();
     match scheme.as_str() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(
-            SqliteTransport::connect(
+        "sqlite" => {
+            let t = SqliteTransport::connect(
                 SqliteOptions::from_config(config).with_create_if_missing(create),
             )
-            .await?,
-        )),
+            .await?;
+            let status = t.status_store();
+            Ok(with_status(t, status))
+        }
         #[cfg(not(feature = "sqlite"))]
         "sqlite" => {
             let _ = create;
@@ -266,9 +264,12 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
             ))
         }
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(
-            PgTransport::connect(PgOptions::from_config(config).with_create(create)).await?,
-        )),
+        "postgres" | "postgresql" => {
+            let t =
+                PgTransport::connect(PgOptions::from_config(config).with_create(create)).await?;
+            let status = t.status_store();
+            Ok(with_status(t, status))
+        }
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => Err(missing_backend(
             "DATABASE_URL",
@@ -276,9 +277,12 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
             "this build has no PostgreSQL transport: enable the Cargo feature `postgres`",
         )),
         #[cfg(feature = "mysql")]
-        "mysql" | "mariadb" => Ok(Arc::new(
-            MySqlTransport::connect(MySqlOptions::from_config(config).with_create(create)).await?,
-        )),
+        "mysql" | "mariadb" => {
+            let t = MySqlTransport::connect(MySqlOptions::from_config(config).with_create(create))
+                .await?;
+            let status = t.status_store();
+            Ok(with_status(t, status))
+        }
         #[cfg(not(feature = "mysql"))]
         "mysql" | "mariadb" => Err(missing_backend(
             "DATABASE_URL",
@@ -295,31 +299,33 @@ async fn connect_sql(config: &Config, create: bool) -> Result<Arc<dyn Transport>
 
 /// RabbitMQ, with the SQL store of `DATABASE_URL` (when set, and status is on) as its
 /// control store: start marks, so that a crash charges only the deliveries whose
-/// handlers had started. A tool that only reads (`create` false) goes without it when
-/// that store cannot be opened.
+/// handlers had started. That store keeps the job status too. A tool that only reads
+/// (`create` false) goes without it when that store cannot be opened.
 #[cfg(feature = "amqp")]
-async fn connect_amqp(config: &Config, create: bool) -> Result<Arc<dyn Transport>> {
+async fn open_amqp(config: &Config, create: bool) -> Result<Opened> {
     // A tool that only reads fails at once when the broker is down; the others wait for
     // it up to reconnect_timeout, as they would after a dropped connection.
     let mut options = AmqpOptions::from_config(config).with_retry_first_connect(create);
+    let mut status = None;
     if config.status && config.database_url_set {
-        match connect_sql(config, create).await {
-            Ok(sql) => {
-                if let Some(store) = sql.status_store() {
-                    options = options.with_control_store(Arc::new(KeptOpen { store, _owner: sql }));
-                }
+        match open_sql(config, create).await {
+            Ok((sql, Some(store))) => {
+                let store: Arc<dyn StatusStore> = Arc::new(KeptOpen { store, _owner: sql });
+                options = options.with_control_store(store.clone());
+                status = Some(store);
             }
+            Ok((_, None)) => {}
             Err(err) if !create => {
                 tracing::debug!(error = %err, "no control store beside RabbitMQ for this read-only use");
             }
             Err(err) => return Err(err),
         }
     }
-    Ok(Arc::new(AmqpTransport::connect(options).await?))
+    Ok((Arc::new(AmqpTransport::connect(options).await?), status))
 }
 
 #[cfg(not(feature = "amqp"))]
-async fn connect_amqp(_config: &Config, _create: bool) -> Result<Arc<dyn Transport>> {
+async fn open_amqp(_config: &Config, _create: bool) -> Result<Opened> {
     Err(missing_backend(
         "QUEUE_BACKEND",
         "rabbitmq",

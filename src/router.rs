@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::{
-    AckReport, BackendKind, CancellationToken, Capabilities, DeadLetter, DeadSelection, Envelope,
-    Error, QueueName, QueueStats, Reservation, Result, Transport,
+    AckReport, BackendKind, CancellationToken, Capabilities, Claim, DeadLetter, DeadLetters,
+    DeadSelection, Envelope, Error, GiveBack, QueueName, QueueStats, Reservation, Result,
+    Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -95,20 +96,12 @@ impl Router {
         sides
     }
 
-    /// Reserves up to `max` of `queue` from both sides through `take`, the side asked
-    /// first alternating per queue so that neither starves. A side that fails is
-    /// skipped (and logged) as long as the other answers: what one side handed out is
-    /// never dropped because the other failed.
-    async fn claim<'a, T, F, Fut>(
-        &'a self,
-        queue: &QueueName,
-        max: usize,
-        take: F,
-    ) -> Result<Vec<T>>
-    where
-        F: Fn(&'a Arc<dyn Transport>, usize, u8) -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<T>>>,
-    {
+    /// Claims up to `claim.max` of `queue` from both sides, the side asked first
+    /// alternating per queue so that neither starves. A side that fails is skipped (and
+    /// logged) as long as the other answers: what one side handed out is never dropped
+    /// because the other failed.
+    async fn claim_both(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        let max = claim.max;
         let other_first = {
             let mut turns = self.other_first.lock().unwrap_or_else(|e| e.into_inner());
             let turn = turns.entry(queue.as_str().to_owned()).or_default();
@@ -126,8 +119,12 @@ impl Router {
             if out.len() >= max {
                 break;
             }
-            match take(t, max - out.len(), origin).await {
-                Ok(got) => out.extend(got),
+            let rest = Claim {
+                max: max - out.len(),
+                ..claim
+            };
+            match t.claim(queue, rest).await {
+                Ok(got) => out.extend(got.into_iter().map(|r| marked(r, origin))),
                 Err(err) => {
                     tracing::warn!(backend = t.name(), error = %err, "router: a backend's claim failed; serving the other");
                     failed = Some(err);
@@ -175,7 +172,10 @@ fn merge_reports(into: &mut AckReport, from: AckReport) {
     into.lost.extend(from.lost);
 }
 
+// A forwarding impl: every method is written out, so that no default ever stands in
+// for a side's own.
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Transport for Router {
     fn name(&self) -> &'static str {
         "router"
@@ -203,13 +203,7 @@ impl Transport for Router {
         caps
     }
 
-    fn visibility_timeout(&self) -> Duration {
-        self.primary
-            .visibility_timeout()
-            .min(self.other.visibility_timeout())
-    }
-
-    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
         let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = wakers.get(queue.as_str()) {
             return Some(n.clone());
@@ -217,7 +211,7 @@ impl Transport for Router {
         let ours = Arc::new(Notify::new());
         // Either side's signal wakes the worker; it then reserves from both.
         for side in [&self.primary, &self.other] {
-            if let Some(theirs) = side.waker(queue) {
+            if let Some(theirs) = side.wake_signal(queue) {
                 let ours = Arc::downgrade(&ours);
                 let stop = self.stop.clone();
                 tokio::spawn(async move {
@@ -258,35 +252,8 @@ impl Transport for Router {
         Ok(())
     }
 
-    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.claim(queue, max, |t, n, origin| async move {
-            let got = t.reserve_batch(queue, n).await?;
-            Ok(got.into_iter().map(|r| marked(r, origin)).collect())
-        })
-        .await
-    }
-
-    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.claim(queue, max, |t, n, origin| async move {
-            let got = t.prefetch_batch(queue, n).await?;
-            Ok(got.into_iter().map(|r| marked(r, origin)).collect())
-        })
-        .await
-    }
-
-    async fn prefetch_batch_starting_fresh(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        self.claim(queue, max, |t, n, origin| async move {
-            let got = t.prefetch_batch_starting_fresh(queue, n).await?;
-            Ok(got
-                .into_iter()
-                .map(|(r, started)| (marked(r, origin), started))
-                .collect())
-        })
-        .await
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        self.claim_both(queue, claim).await
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -315,19 +282,8 @@ impl Transport for Router {
         Ok(report)
     }
 
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        delay: Duration,
-        error: Option<&str>,
-    ) -> Result<()> {
-        self.side(reservation)
-            .release(reservation, delay, error)
-            .await
-    }
-
-    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        self.side(reservation).abandon(reservation).await
+    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        self.side(reservation).give_back(reservation, how).await
     }
 
     async fn dead_letter(
@@ -343,13 +299,6 @@ impl Transport for Router {
 
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
         self.side(reservation).extend(reservation, lease).await
-    }
-
-    /// The SQL side's store: during a migration the exec backend keeps status for both.
-    fn status_store(&self) -> Option<Arc<dyn queue_core::status::StatusStore>> {
-        self.primary
-            .status_store()
-            .or_else(|| self.other.status_store())
     }
 
     /// Both sides' counts, added up per queue (the CLI's `stats` shows them apart).
@@ -369,7 +318,11 @@ impl Transport for Router {
         }
         Ok(by_queue.into_values().collect())
     }
+}
 
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl DeadLetters for Router {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut all = self.primary.dead_list(queue, limit).await?;
         all.extend(self.other.dead_list(queue, limit).await?);
@@ -392,6 +345,11 @@ impl Transport for Router {
         selection: &DeadSelection,
     ) -> Result<u64> {
         self.settle_dead(queue, selection, false).await
+    }
+
+    /// Into the side `QUEUE_BACKEND` names, where new work goes.
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        self.primary.dead_insert(letters).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! The facade: `connect` builds the configured transport, and says clearly when a build
 //! lacks the backend that the configuration asks for.
 
-use switchyard::{Config, Envelope, QueueName};
+use switchyard::{Config, Envelope, QueueName, TransportExt};
 
 fn config(pairs: &[(&str, String)]) -> Config {
     Config::from_lookup(|var| {
@@ -241,9 +241,8 @@ async fn connect_worker_records_status_unless_status_is_off() -> switchyard::Res
             ("DATABASE_URL", url.clone()),
             ("QUEUE_TABLE", format!("status_{status}")),
         ]);
-        let store = switchyard::status_store(&on, &switchyard::connect(&on).await?)
-            .await?
-            .expect("SQLite keeps status");
+        let opened = switchyard::connect_jobs(&on).await?;
+        let store = opened.store().expect("SQLite keeps status");
         let recorded = store.get(env.id).await?;
         match status {
             "on" => {

@@ -117,13 +117,10 @@ fn check_status(db: &Path) {
         .build()
         .expect("a runtime")
         .block_on(async {
-            let t = switchyard::connect_existing(&config)
+            let opened = switchyard::connect_existing_jobs(&config)
                 .await
                 .expect("the example's store");
-            let store = switchyard::status_store(&config, &t)
-                .await
-                .expect("a status store")
-                .expect("SQLite keeps status");
+            let store = opened.store().expect("SQLite keeps status");
             let jobs = store.recent(10).await.expect("recent jobs");
             assert_eq!(jobs.len(), 3, "{jobs:?}");
             for job in jobs {

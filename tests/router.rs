@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use queue_core::conformance::{Harness, OpenOptions, Store};
-use queue_core::{BackendKind, Error, Result, Transport};
+use queue_core::{BackendKind, Error, Result, Transport, TransportExt};
 use sqlx::Connection;
 use switchyard::{Router, SqliteOptions, SqliteTransport};
 
@@ -23,7 +23,7 @@ impl RouterStore {
         format!("sqlite://{}", self.dir.path().join(name).display())
     }
 
-    async fn side(&self, url: String, options: &OpenOptions) -> Result<Arc<dyn Transport>> {
+    async fn side(&self, url: String, options: &OpenOptions) -> Result<Arc<SqliteTransport>> {
         let t = SqliteTransport::connect(
             SqliteOptions::new(url)
                 .with_table(options.table.clone())
@@ -44,10 +44,19 @@ impl Harness for RouterHarness {
 
 #[async_trait]
 impl Store for RouterStore {
-    async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Transport>> {
+    async fn open_with_status(
+        &self,
+        options: OpenOptions,
+    ) -> Result<(
+        Arc<dyn Transport>,
+        Option<Arc<dyn queue_core::status::StatusStore>>,
+    )> {
         let primary = self.side(self.url("primary.db"), &options).await?;
         let other = self.side(self.url("other.db"), &options).await?;
-        Ok(Arc::new(Router::new(primary, BackendKind::Exec, other, 50)))
+        // During a migration the configured side keeps the status of both.
+        let status = primary.status_store();
+        let router = Router::new(primary, BackendKind::Exec, other, 50);
+        Ok((Arc::new(router), Some(status)))
     }
 
     async fn open_unreachable(&self, options: OpenOptions) -> Result<Arc<dyn Transport>> {
@@ -101,21 +110,20 @@ impl Transport for Down {
     async fn publish_batch(&self, _: Vec<queue_core::Envelope>) -> Result<()> {
         Err(down())
     }
-    async fn reserve_batch(
+    async fn claim(
         &self,
         _: &queue_core::QueueName,
-        _: usize,
+        _: queue_core::Claim,
     ) -> Result<Vec<queue_core::Reservation>> {
         Err(down())
     }
     async fn ack_batch(&self, _: &[queue_core::Reservation]) -> Result<queue_core::AckReport> {
         Err(down())
     }
-    async fn release(
+    async fn give_back(
         &self,
         _: &queue_core::Reservation,
-        _: std::time::Duration,
-        _: Option<&str>,
+        _: queue_core::GiveBack<'_>,
     ) -> Result<()> {
         Err(down())
     }
@@ -136,6 +144,10 @@ impl Transport for Down {
     ) -> Result<Vec<queue_core::QueueStats>> {
         Err(down())
     }
+}
+
+#[async_trait]
+impl queue_core::DeadLetters for Down {
     async fn dead_list(
         &self,
         _: Option<&queue_core::QueueName>,

@@ -26,7 +26,10 @@ pub struct Capabilities {
     pub table_isolation: bool,
     /// Publish can join the caller's own database transaction.
     pub transactional_publish: bool,
-    /// The transport can wake an idle worker when a message arrives.
+    /// [`Transport::wake_signal`](crate::Transport::wake_signal) gives a signal: always
+    /// for publishes through the same transport value, and from other processes where
+    /// the backend can tell (PostgreSQL's `LISTEN`, MySQL's publish watch, RabbitMQ's
+    /// consumers; not SQLite, whose workers poll for those).
     pub wake_signal: bool,
     /// Stats count every message of a queue that is not yet due. RabbitMQ keeps them in
     /// a delay chain shared by every queue and counts only those its own process

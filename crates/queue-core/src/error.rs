@@ -18,6 +18,16 @@ pub enum Error {
     #[error("{0}")]
     InvalidInput(String),
 
+    /// The backend cannot do what was asked (a RabbitMQ store taking dead letters from
+    /// another backend); nothing was changed.
+    #[error("{0}")]
+    NotSupported(String),
+
+    /// What was asked conflicts with what is stored (a table of another schema, a
+    /// name already taken); nothing was changed.
+    #[error("{0}")]
+    Conflict(String),
+
     /// The reservation's lease is gone: it expired and another worker reserved the message,
     /// or the message was already acknowledged. Nothing was changed.
     #[error("lease lost for message {message_id}: it was re-reserved by another worker or is already gone")]

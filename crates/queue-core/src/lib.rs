@@ -9,6 +9,7 @@
 mod capabilities;
 mod config;
 pub mod connect;
+mod dead_letters;
 mod envelope;
 mod error;
 mod history;
@@ -17,10 +18,12 @@ pub mod metrics;
 mod names;
 mod redact;
 mod registry;
+mod reservation;
 pub mod sql;
 pub mod status;
 pub mod text;
 mod transport;
+mod transport_ext;
 pub mod worker;
 
 #[cfg(feature = "conformance")]
@@ -31,13 +34,14 @@ pub use capabilities::{Capabilities, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use config::{
     parse_duration, BackendKind, ClaimStrategy, Config, DrainSetting, DEFAULT_VISIBILITY_TIMEOUT,
 };
+pub use dead_letters::{DeadLetter, DeadLetters, DeadSelection};
 pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use names::{Identifier, QueueName};
 pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};
-pub use transport::{
-    AckReport, DeadLetter, DeadSelection, LeaseToken, QueueStats, Receipt, Reservation, Transport,
-};
+pub use reservation::{AckReport, LeaseToken, Receipt, Reservation};
+pub use transport::{Claim, GiveBack, QueueStats, Scope, Start, Transport};
+pub use transport_ext::TransportExt;
 
 pub use tokio_util::sync::CancellationToken;
 

@@ -12,13 +12,15 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::capabilities::Capabilities;
+use crate::dead_letters::{DeadLetter, DeadSelection};
 use crate::envelope::Envelope;
 use crate::error::ConfigError;
 use crate::error::{Error, Result};
 use crate::names::Identifier;
 use crate::names::QueueName;
 use crate::redact::{unsupported_secret_param, SecretUrl};
-use crate::transport::{AckReport, DeadLetter, DeadSelection, LeaseToken, Receipt, Reservation};
+use crate::reservation::{AckReport, LeaseToken, Receipt, Reservation};
+use crate::transport::{Claim, Scope, Start};
 
 /// How many rounds one reserve spends skipping malformed rows before it returns.
 const QUARANTINE_ROUNDS: usize = 16;
@@ -33,8 +35,20 @@ pub enum StartMode {
     /// Those that come with no attempts (a fast worker's prefetch).
     Fresh = 2,
     /// None, and the claim takes any row no worker holds, due or not (a move to another
-    /// backend, [`Transport::claim_for_move`](crate::Transport::claim_for_move)).
+    /// backend, [`Scope::Any`]).
     Move = 3,
+}
+
+impl StartMode {
+    /// The mode of `claim`.
+    pub fn of(claim: Claim) -> Self {
+        match (claim.scope, claim.start) {
+            (Scope::Any, _) => StartMode::Move,
+            (Scope::Due, Start::All) => StartMode::All,
+            (Scope::Due, Start::None) => StartMode::None,
+            (Scope::Due, Start::Fresh) => StartMode::Fresh,
+        }
+    }
 }
 
 /// A claimed row, read as plainly as possible so that no stored value can fail a claim.
@@ -268,15 +282,16 @@ pub trait RowClaims: Send + Sync {
     async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool>;
 }
 
-/// Reserves up to `max` messages: claims rows, decodes them, quarantines the malformed
-/// ones (and claims again in their place, a bounded number of times), and returns each
-/// reservation with whether its claim started it, in delivery order.
+/// Claims up to `claim.max` messages under a lease of `lease`: claims rows, decodes
+/// them, quarantines the malformed ones (and claims again in their place, a bounded
+/// number of times), and returns the reservations in delivery order.
 pub async fn reserve_rows(
     claims: &dyn RowClaims,
     queue: &QueueName,
-    max: usize,
-    start: StartMode,
-) -> Result<Vec<(Reservation, bool)>> {
+    claim: Claim,
+    lease: Duration,
+) -> Result<Vec<Reservation>> {
+    let (max, start) = (claim.max, StartMode::of(claim));
     let mut out = Vec::with_capacity(max.min(1024));
     for _ in 0..QUARANTINE_ROUNDS {
         if out.len() >= max {
@@ -299,17 +314,11 @@ pub async fn reserve_rows(
         let mut quarantined = 0;
         for row in rows {
             match row.decode() {
-                Ok(envelope) => out.push((
-                    Reservation {
-                        receipt: Receipt::new(
-                            envelope.id,
-                            token,
-                            u64::try_from(row.seq).unwrap_or(0),
-                        ),
-                        envelope,
-                    },
-                    row.started,
-                )),
+                Ok(envelope) => {
+                    let receipt =
+                        Receipt::new(envelope.id, token, u64::try_from(row.seq).unwrap_or(0));
+                    out.push(Reservation::new(envelope, receipt, lease, row.started));
+                }
                 Err(why) => {
                     tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
                     // If the move fails the row stays leased and is quarantined again
@@ -375,19 +384,6 @@ pub fn dead_row(letter: &DeadLetter) -> (String, i16, Option<DateTime<Utc>>) {
         Some(env) => (env.to_json(), env.priority, env.expires_at),
         None => (letter.raw.clone().unwrap_or_default(), 0, None),
     }
-}
-
-/// [`Transport::claim_for_move`](crate::Transport::claim_for_move) for a SQL transport.
-pub async fn claim_rows_for_move(
-    claims: &dyn RowClaims,
-    queue: &QueueName,
-    max: usize,
-) -> Result<Vec<Reservation>> {
-    Ok(reserve_rows(claims, queue, max, StartMode::Move)
-        .await?
-        .into_iter()
-        .map(|(r, _)| r)
-        .collect())
 }
 
 /// The row a SQL transport's reservation came from: its receipt's tag is the row's
@@ -600,6 +596,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         transactional_publish: true,
         delayed_stats: true,
         charges_only_started: true,
+        wake_signal: true,
         max_payload_bytes,
         ..Capabilities::default()
     }

@@ -753,7 +753,7 @@ impl Jobs {
 
     fn require_store(&self) -> Result<&Arc<dyn StatusStore>> {
         self.store.as_ref().ok_or_else(|| {
-            Error::InvalidInput(
+            Error::NotSupported(
                 "job status is off: it needs a SQL store (DATABASE_URL) and QUEUE_STATUS=on".into(),
             )
         })
@@ -787,6 +787,28 @@ impl Jobs {
             }
         }
         Ok(())
+    }
+
+    /// Replays the selected dead letters (see
+    /// [`DeadLetters::dead_replay`](crate::DeadLetters::dead_replay)); a job replayed by
+    /// id is `pending` again in the status store (its status said `dead`). A failed
+    /// status write is logged: the message is back on its queue either way.
+    pub async fn replay_dead(
+        &self,
+        queue: Option<&crate::names::QueueName>,
+        selection: &crate::DeadSelection,
+    ) -> Result<u64> {
+        let replayed = self.transport.dead_replay(queue, selection).await?;
+        if let (crate::DeadSelection::Id(id), Some(store), true) =
+            (selection, &self.store, replayed > 0)
+        {
+            if let Ok(id) = Uuid::parse_str(id) {
+                if let Err(err) = store.reset(&[id]).await {
+                    tracing::warn!(error = %err, %id, "replayed, but its status still says dead");
+                }
+            }
+        }
+        Ok(replayed)
     }
 
     /// The status of `id`.

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use support::{amqp_url, delete_broker_queue, text, Sandbox};
-use switchyard::{AmqpOptions, AmqpTransport, QueueName, Transport};
+use switchyard::{AmqpOptions, AmqpTransport, QueueName, Transport, TransportExt};
 
 /// A sandbox on SQLite with the test broker configured beside it, or `None` (having
 /// said why) when no broker is reachable outside CI.

@@ -177,10 +177,10 @@ fn job_events_stream_each_change_in_order_and_end_at_the_final_state() {
         let stream = follow(&format!("{}/api/jobs/{id}/events", served.url));
         let rt = tokio::runtime::Runtime::new().expect("a runtime");
         rt.block_on(async {
-            let transport = switchyard::connect_existing(&sb.config())
+            let jobs = switchyard::connect_existing_jobs(&sb.config())
                 .await
                 .expect("the sandbox's store");
-            let store = transport.status_store().expect("a status store");
+            let store = jobs.store().expect("a status store");
             let steps = [
                 StatusUpdate::running(&envelope, 1),
                 StatusUpdate::progress(&envelope, 1, 30, Some("pages".into())),

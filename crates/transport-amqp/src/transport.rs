@@ -20,8 +20,9 @@ use lapin::{
 use queue_core::sql::Wakers;
 use queue_core::status::StatusStore;
 use queue_core::{
-    reason, text, AckReport, Capabilities, DeadLetter, DeadSelection, Envelope, Error, LeaseToken,
-    QueueName, QueueStats, Receipt, Reservation, Result, Transport,
+    reason, text, AckReport, Capabilities, Claim, DeadLetter, DeadLetters, DeadSelection, Envelope,
+    Error, GiveBack, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Start,
+    Transport, DEFAULT_VISIBILITY_TIMEOUT,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -745,7 +746,7 @@ impl AmqpTransport {
 
     /// Up to `max` reservations of `queue`, marked started (a reserve) or not (a
     /// prefetch).
-    async fn claim(
+    async fn take_deliveries(
         &self,
         queue: &QueueName,
         max: usize,
@@ -852,10 +853,14 @@ impl AmqpTransport {
         }
         let token = LeaseToken(Uuid::from_u64_pair(c.generation, tag));
         let id = env.id;
-        Ok(Some(Reservation {
-            envelope: env,
-            receipt: Receipt::new(id, token, tag),
-        }))
+        // A delivery has no lease that runs out: it is held until acked or its channel
+        // closes, so a heartbeat at the usual pace only checks that it is still held.
+        Ok(Some(Reservation::new(
+            env,
+            Receipt::new(id, token, tag),
+            DEFAULT_VISIBILITY_TIMEOUT,
+            started,
+        )))
     }
 
     /// Moves the delivery `d` of `queue` to that queue's dead-letter queue with reason
@@ -1053,7 +1058,7 @@ impl AmqpTransport {
     /// waits (up to 2 s) until the queue counts those again: a quorum queue takes
     /// returns back after the close, and a `stats` or a listing right after would miss
     /// them.
-    async fn give_back(&self, channel: Channel, queue: &str, returned: u32) {
+    async fn put_back_unread(&self, channel: Channel, queue: &str, returned: u32) {
         let _ = channel.close(200, "done".into()).await;
         if returned == 0 || self.options.queue_kind == QueueKind::Classic {
             return;
@@ -1138,7 +1143,8 @@ impl AmqpTransport {
                 n += 1;
                 settled += 1;
             }
-            self.give_back(ch, &q, read.saturating_sub(settled)).await;
+            self.put_back_unread(ch, &q, read.saturating_sub(settled))
+                .await;
         }
         if n == 0 {
             if let DeadSelection::Id(id) = selection {
@@ -1346,6 +1352,14 @@ fn lost(r: &Reservation) -> Error {
     Error::LeaseLost { message_id: r.id() }
 }
 
+impl AmqpTransport {
+    /// The control store that keeps this transport's start marks, when it has one
+    /// ([`AmqpOptions::with_control_store`](crate::AmqpOptions::with_control_store)).
+    pub fn control_store(&self) -> Option<Arc<dyn StatusStore>> {
+        self.options.control_store.clone()
+    }
+}
+
 #[async_trait]
 impl Transport for AmqpTransport {
     fn name(&self) -> &'static str {
@@ -1363,11 +1377,7 @@ impl Transport for AmqpTransport {
         caps
     }
 
-    fn status_store(&self) -> Option<Arc<dyn StatusStore>> {
-        self.options.control_store.clone()
-    }
-
-    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
         Some(self.wakers.get(queue.as_str()))
     }
 
@@ -1388,29 +1398,35 @@ impl Transport for AmqpTransport {
         .await
     }
 
-    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        // Nothing is taken out of the delay chain early: a move's claim (Scope::Any)
+        // gets what is due, and no claim starts fresh messages by itself.
+        let max = claim.max;
+        if claim.start != Start::All {
+            return self.take_deliveries(queue, max, false).await;
+        }
         if self.options.control_store.is_none() {
-            return self.claim(queue, max, true).await;
+            return self.take_deliveries(queue, max, true).await;
         }
         // A reserve starts what it returns: with a control store, that start is marked
         // like a worker's, so a consumer that dies holding it is charged.
-        let claimed = self.claim(queue, max, false).await?;
+        let claimed = self.take_deliveries(queue, max, false).await?;
         match self.start_batch(&claimed).await {
             Ok(report) => Ok(claimed
                 .into_iter()
                 .filter(|r| !report.lost.contains(&r.id()))
+                .map(|mut r| {
+                    r.started = true;
+                    r
+                })
                 .collect()),
             Err(err) => {
                 for r in &claimed {
-                    let _ = self.abandon(r).await;
+                    let _ = self.give_back(r, GiveBack::Unstarted).await;
                 }
                 Err(err)
             }
         }
-    }
-
-    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.claim(queue, max, false).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -1489,41 +1505,40 @@ impl Transport for AmqpTransport {
         Ok(report)
     }
 
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        delay: Duration,
-        error: Option<&str>,
-    ) -> Result<()> {
-        if self.holder(reservation).is_none() {
-            return Err(lost(reservation));
+    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        match how {
+            GiveBack::Retry { delay, error } => {
+                if self.holder(reservation).is_none() {
+                    return Err(lost(reservation));
+                }
+                let mut env = reservation.envelope.clone();
+                env.attempts += 1;
+                env.available_at =
+                    Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
+                if let Some(e) = error {
+                    // As bounded and NUL-free as on the SQL backends, where the message may move.
+                    env.last_error = Some(text::error_text(e));
+                }
+                self.replace(reservation, (env, None, Target::Queue)).await
+            }
+            GiveBack::Unstarted => {
+                let Some(c) = self.holder(reservation) else {
+                    return Err(lost(reservation));
+                };
+                let started = lock(&c.held)
+                    .get(&reservation.receipt.tag())
+                    .copied()
+                    .unwrap_or(false);
+                if let (true, Some(store)) = (started, &self.options.control_store) {
+                    marks::close_unrun(store.as_ref(), &reservation.envelope).await;
+                }
+                self.replace(
+                    reservation,
+                    (reservation.envelope.clone(), None, Target::Queue),
+                )
+                .await
+            }
         }
-        let mut env = reservation.envelope.clone();
-        env.attempts += 1;
-        env.available_at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
-        if let Some(e) = error {
-            // As bounded and NUL-free as on the SQL backends, where the message may move.
-            env.last_error = Some(text::error_text(e));
-        }
-        self.replace(reservation, (env, None, Target::Queue)).await
-    }
-
-    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        let Some(c) = self.holder(reservation) else {
-            return Err(lost(reservation));
-        };
-        let started = lock(&c.held)
-            .get(&reservation.receipt.tag())
-            .copied()
-            .unwrap_or(false);
-        if let (true, Some(store)) = (started, &self.options.control_store) {
-            marks::close_unrun(store.as_ref(), &reservation.envelope).await;
-        }
-        self.replace(
-            reservation,
-            (reservation.envelope.clone(), None, Target::Queue),
-        )
-        .await
     }
 
     async fn dead_letter(
@@ -1619,7 +1634,10 @@ impl Transport for AmqpTransport {
         }
         Ok(out)
     }
+}
 
+#[async_trait]
+impl DeadLetters for AmqpTransport {
     async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
         let mut outgoing = Vec::with_capacity(letters.len());
         for letter in letters {
@@ -1676,7 +1694,7 @@ impl Transport for AmqpTransport {
                 continue;
             };
             let returned = u32::try_from(picked.len()).unwrap_or(u32::MAX);
-            self.give_back(channel, &q, returned).await;
+            self.put_back_unread(channel, &q, returned).await;
             out.extend(picked.into_iter().map(|(_, d)| d));
         }
         out.sort_by_key(|d| d.dead_at);

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use queue_core::worker::{handler_fn, JobContext, RetryPolicy, Worker, WorkerOptions};
 use queue_core::{
-    reason, CancellationToken, DeadSelection, Envelope, Error, QueueName, Result, Transport,
+    reason, CancellationToken, DeadLetters, DeadSelection, Envelope, Error, QueueName, Result,
+    Transport, TransportExt,
 };
 use support::url;
 use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
@@ -189,7 +190,7 @@ fn with_a_control_store_a_dead_consumer_charges_only_what_it_started() {
                     format!("sqlite://{}", dir.path().join("control.db").display()),
                 ))
                 .await?;
-            let store = sql.status_store().expect("SQLite keeps status");
+            let store = sql.status_store();
             let marked = || options(kind).with_control_store(store.clone());
             let q = queue();
             let first = AmqpTransport::connect(marked()).await?;

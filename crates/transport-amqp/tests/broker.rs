@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
-use queue_core::{CancellationToken, Envelope, Error, QueueName, Transport};
+use queue_core::{
+    CancellationToken, DeadLetters, Envelope, Error, QueueName, Transport, TransportExt,
+};
 use support::url;
 use transport_amqp::{AmqpOptions, AmqpTransport};
 use uuid::Uuid;

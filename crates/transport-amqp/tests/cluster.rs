@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use cluster_support::{endpoint, node_name, Cluster, NODES};
 use queue_core::worker::{handler_fn, JobContext, JobError, Worker, WorkerOptions};
-use queue_core::{CancellationToken, Envelope, QueueName, Transport};
+use queue_core::{CancellationToken, DeadLetters, Envelope, QueueName, Transport};
 use transport_amqp::{AmqpOptions, AmqpTransport};
 use uuid::Uuid;
 

@@ -110,10 +110,16 @@ impl Harness for AmqpHarness {
 
 #[async_trait]
 impl Store for AmqpStore {
-    async fn open(&self, _options: OpenOptions) -> Result<Arc<dyn Transport>> {
+    async fn open_with_status(
+        &self,
+        _options: OpenOptions,
+    ) -> Result<(
+        Arc<dyn Transport>,
+        Option<Arc<dyn queue_core::status::StatusStore>>,
+    )> {
         let t = Arc::new(AmqpTransport::connect(self.options(url())).await?);
         self.opened.lock().expect("the list").push(t.clone());
-        Ok(t)
+        Ok((t, None))
     }
 
     async fn open_unreachable(&self, _options: OpenOptions) -> Result<Arc<dyn Transport>> {

@@ -11,7 +11,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use queue_core::conformance::unreachable::{closed_port, BlackHole};
-use queue_core::{Envelope, Error, QueueName, Transport};
+use queue_core::{Envelope, Error, QueueName, TransportExt};
 use transport_amqp::{AmqpOptions, AmqpTransport};
 
 /// The test CA's directory, or why the TLS cases skip.

@@ -15,8 +15,9 @@ use queue_core::sql::{
     PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
-    reason, text, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
-    Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
+    reason, text, AckReport, Capabilities, Claim, ClaimStrategy, ConfigError, DeadLetter,
+    DeadLetters, DeadSelection, Envelope, Error, GiveBack, LeaseToken, QueueName, QueueStats,
+    Reservation, Result, Transport,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
@@ -397,19 +398,14 @@ impl MySqlTransport {
         }
     }
 
-    async fn reserve_inner(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        start: StartMode,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        if max == 0 {
+    async fn reserve_inner(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        if claim.max == 0 {
             return Ok(Vec::new());
         }
         if let Err(err) = self.sweep_expired().await {
             tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
         }
-        reserve_rows(self, queue, max, start).await
+        reserve_rows(self, queue, claim, self.options.visibility_timeout).await
     }
 
     async fn promote_due(&self) -> Result<u64> {
@@ -912,11 +908,7 @@ impl Transport for MySqlTransport {
         sql_capabilities(self.options.max_payload_bytes)
     }
 
-    fn visibility_timeout(&self) -> Duration {
-        self.options.visibility_timeout
-    }
-
-    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
         self.ensure_watching();
         Some(self.wakers.get(queue.as_str()))
     }
@@ -950,22 +942,8 @@ impl Transport for MySqlTransport {
         Ok(())
     }
 
-    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, StartMode::All).await?;
-        Ok(claimed.into_iter().map(|(r, _)| r).collect())
-    }
-
-    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, StartMode::None).await?;
-        Ok(claimed.into_iter().map(|(r, _)| r).collect())
-    }
-
-    async fn prefetch_batch_starting_fresh(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        self.reserve_inner(queue, max, StartMode::Fresh).await
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        self.reserve_inner(queue, claim).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -973,32 +951,35 @@ impl Transport for MySqlTransport {
             .await
     }
 
+    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        match how {
+            GiveBack::Retry { delay, error } => {
+                let d = micros(delay);
+                let error = error.map(text::error_text);
+                self.on_lease(
+                    "release",
+                    &self.sql.release,
+                    reservation,
+                    &[Some(d), Some(d), Some(d)],
+                    error.as_deref(),
+                )
+                .await?;
+                if delay.is_zero() {
+                    self.wakers.wake(reservation.envelope.queue.as_str());
+                }
+                Ok(())
+            }
+            GiveBack::Unstarted => {
+                self.on_lease("abandon", &self.sql.abandon, reservation, &[], None)
+                    .await
+            }
+        }
+    }
+
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         let lease = micros(self.options.visibility_timeout);
         self.by_pairs("start", &self.sql.start_by_seqs, reservations, Some(lease))
             .await
-    }
-
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        delay: Duration,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let d = micros(delay);
-        let error = error.map(text::error_text);
-        self.on_lease(
-            "release",
-            &self.sql.release,
-            reservation,
-            &[Some(d), Some(d), Some(d)],
-            error.as_deref(),
-        )
-        .await?;
-        if delay.is_zero() {
-            self.wakers.wake(reservation.envelope.queue.as_str());
-        }
-        Ok(())
     }
 
     async fn dead_letter(
@@ -1017,11 +998,6 @@ impl Transport for MySqlTransport {
         fenced(moved, reservation)
     }
 
-    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        self.on_lease("abandon", &self.sql.abandon, reservation, &[], None)
-            .await
-    }
-
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
         self.on_lease(
             "extend",
@@ -1031,10 +1007,6 @@ impl Transport for MySqlTransport {
             None,
         )
         .await
-    }
-
-    fn status_store(&self) -> Option<Arc<dyn queue_core::status::StatusStore>> {
-        Some(self.status.clone())
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
@@ -1082,7 +1054,10 @@ impl Transport for MySqlTransport {
         out.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(out)
     }
+}
 
+#[async_trait]
+impl DeadLetters for MySqlTransport {
     async fn dead_list(
         &self,
         queue: Option<&QueueName>,
@@ -1181,46 +1156,6 @@ impl Transport for MySqlTransport {
         Ok(moved)
     }
 
-    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        queue_core::sql::claim_rows_for_move(self, queue, max).await
-    }
-
-    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
-        self.retrying("dead insert", || async {
-            let mut tx = self.pool.begin().await?;
-            for letter in letters {
-                let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
-                sqlx::query(&self.sql.insert_dead)
-                    .bind(&letter.id)
-                    .bind(&letter.queue)
-                    .bind(queue_core::text::kind_column(&letter.kind))
-                    .bind(i32::from(priority))
-                    .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
-                    .bind(expires_at.map(|t| t.timestamp_micros()))
-                    .bind(queue_core::text::reason_text(&letter.reason))
-                    .bind(
-                        letter
-                            .last_error
-                            .as_deref()
-                            .map(queue_core::text::error_text),
-                    )
-                    .bind(letter.dead_at.timestamp_micros())
-                    .bind(&text)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(&self.sql.insert_tombstone)
-                    .bind(&letter.id)
-                    .bind(&letter.queue)
-                    .bind(queue_core::text::kind_column(&letter.kind))
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await
-        })
-        .await?;
-        Ok(letters.len() as u64)
-    }
-
     async fn dead_purge(
         &self,
         queue: Option<&QueueName>,
@@ -1288,6 +1223,49 @@ impl Transport for MySqlTransport {
             }
         }
         Ok(purged)
+    }
+
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        self.retrying("dead insert", || async {
+            let mut tx = self.pool.begin().await?;
+            for letter in letters {
+                let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+                sqlx::query(&self.sql.insert_dead)
+                    .bind(&letter.id)
+                    .bind(&letter.queue)
+                    .bind(queue_core::text::kind_column(&letter.kind))
+                    .bind(i32::from(priority))
+                    .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+                    .bind(expires_at.map(|t| t.timestamp_micros()))
+                    .bind(queue_core::text::reason_text(&letter.reason))
+                    .bind(
+                        letter
+                            .last_error
+                            .as_deref()
+                            .map(queue_core::text::error_text),
+                    )
+                    .bind(letter.dead_at.timestamp_micros())
+                    .bind(&text)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&self.sql.insert_tombstone)
+                    .bind(&letter.id)
+                    .bind(&letter.queue)
+                    .bind(queue_core::text::kind_column(&letter.kind))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })
+        .await?;
+        Ok(letters.len() as u64)
+    }
+}
+
+impl MySqlTransport {
+    /// The store of job status and results beside this transport's messages.
+    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
+        self.status.clone()
     }
 }
 

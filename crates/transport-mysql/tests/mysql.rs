@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use queue_core::{ClaimStrategy, DeadSelection, Envelope, QueueName, Result, Transport};
+use queue_core::{
+    ClaimStrategy, DeadLetters, DeadSelection, Envelope, QueueName, Result, Transport, TransportExt,
+};
 use support::{err, Database};
 use transport_mysql::MySqlTransport;
 use uuid::Uuid;
@@ -351,7 +353,7 @@ fn the_longest_table_name_migrates() {
         let r = t.reserve(&q).await?.expect("the message");
         t.dead_letter(&r, "failed", Some("x")).await?;
         assert_eq!(t.dead_list(Some(&q), 10).await?.len(), 1);
-        let status = t.status_store().expect("a status store");
+        let status = t.status_store();
         status
             .record(&[queue_core::status::StatusUpdate::running(&r.envelope, 1)])
             .await?;

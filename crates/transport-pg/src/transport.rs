@@ -14,8 +14,9 @@ use queue_core::sql::{
     PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
-    reason, text, AckReport, Capabilities, ClaimStrategy, ConfigError, DeadLetter, DeadSelection,
-    Envelope, Error, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
+    reason, text, AckReport, Capabilities, Claim, ClaimStrategy, ConfigError, DeadLetter,
+    DeadLetters, DeadSelection, Envelope, Error, GiveBack, LeaseToken, QueueName, QueueStats,
+    Reservation, Result, Transport,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -421,19 +422,14 @@ impl PgTransport {
     }
 
     /// Claims up to `max` messages, marking started as `start` says.
-    async fn reserve_inner(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        start: StartMode,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        if max == 0 {
+    async fn reserve_inner(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        if claim.max == 0 {
             return Ok(Vec::new());
         }
         if let Err(err) = self.sweep_expired().await {
             tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
         }
-        reserve_rows(self, queue, max, start).await
+        reserve_rows(self, queue, claim, self.options.visibility_timeout).await
     }
 
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
@@ -727,16 +723,10 @@ impl Transport for PgTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = sql_capabilities(self.options.max_payload_bytes);
-        caps.wake_signal = self.options.notify;
-        caps
+        sql_capabilities(self.options.max_payload_bytes)
     }
 
-    fn visibility_timeout(&self) -> Duration {
-        self.options.visibility_timeout
-    }
-
-    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
         self.ensure_listening();
         Some(self.wakers.get(queue.as_str()))
     }
@@ -763,50 +753,41 @@ impl Transport for PgTransport {
         Ok(())
     }
 
-    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, StartMode::All).await?;
-        Ok(claimed.into_iter().map(|(r, _)| r).collect())
-    }
-
-    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, StartMode::None).await?;
-        Ok(claimed.into_iter().map(|(r, _)| r).collect())
-    }
-
-    async fn prefetch_batch_starting_fresh(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        self.reserve_inner(queue, max, StartMode::Fresh).await
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        self.reserve_inner(queue, claim).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         self.by_pairs(&self.sql.ack_batch, reservations, None).await
     }
 
+    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        match how {
+            GiveBack::Retry { delay, error } => {
+                let query = sqlx::query(&self.sql.release)
+                    .bind(micros(delay))
+                    .bind(error.map(text::error_text))
+                    .bind(reservation.id().to_string())
+                    .bind(reservation.token().0);
+                self.on_lease(query, reservation).await?;
+                if delay.is_zero() {
+                    self.wakers.wake(reservation.envelope.queue.as_str());
+                }
+                Ok(())
+            }
+            GiveBack::Unstarted => {
+                let query = sqlx::query(&self.sql.abandon)
+                    .bind(reservation.id().to_string())
+                    .bind(reservation.token().0);
+                self.on_lease(query, reservation).await
+            }
+        }
+    }
+
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         let lease = micros(self.options.visibility_timeout);
         self.by_pairs(&self.sql.start_batch, reservations, Some(lease))
             .await
-    }
-
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        delay: Duration,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let query = sqlx::query(&self.sql.release)
-            .bind(micros(delay))
-            .bind(error.map(text::error_text))
-            .bind(reservation.id().to_string())
-            .bind(reservation.token().0);
-        self.on_lease(query, reservation).await?;
-        if delay.is_zero() {
-            self.wakers.wake(reservation.envelope.queue.as_str());
-        }
-        Ok(())
     }
 
     async fn dead_letter(
@@ -826,23 +807,12 @@ impl Transport for PgTransport {
         fenced(moved, reservation)
     }
 
-    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        let query = sqlx::query(&self.sql.abandon)
-            .bind(reservation.id().to_string())
-            .bind(reservation.token().0);
-        self.on_lease(query, reservation).await
-    }
-
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
         let query = sqlx::query(&self.sql.extend)
             .bind(micros(lease))
             .bind(reservation.id().to_string())
             .bind(reservation.token().0);
         self.on_lease(query, reservation).await
-    }
-
-    fn status_store(&self) -> Option<Arc<dyn queue_core::status::StatusStore>> {
-        Some(self.status.clone())
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
@@ -881,7 +851,10 @@ impl Transport for PgTransport {
         out.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(out)
     }
+}
 
+#[async_trait]
+impl DeadLetters for PgTransport {
     async fn dead_list(
         &self,
         queue: Option<&QueueName>,
@@ -959,8 +932,29 @@ impl Transport for PgTransport {
         Ok(total)
     }
 
-    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        queue_core::sql::claim_rows_for_move(self, queue, max).await
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = selection_parts(selection)?;
+        let purged = sqlx::query(&self.sql.purge_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id.as_deref())
+            .bind(age)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        if purged == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        Ok(purged)
     }
 
     async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
@@ -990,29 +984,11 @@ impl Transport for PgTransport {
         tx.commit().await.backend()?;
         Ok(letters.len() as u64)
     }
+}
 
-    async fn dead_purge(
-        &self,
-        queue: Option<&QueueName>,
-        selection: &DeadSelection,
-    ) -> Result<u64> {
-        let (id, age) = selection_parts(selection)?;
-        let purged = sqlx::query(&self.sql.purge_dead)
-            .bind(queue.map(QueueName::as_str))
-            .bind(id.as_deref())
-            .bind(age)
-            .execute(&self.pool)
-            .await
-            .backend()?
-            .rows_affected();
-        if purged == 0 {
-            if let DeadSelection::Id(id) = selection {
-                return Err(Error::NotFound {
-                    what: "dead letter",
-                    id: id.clone(),
-                });
-            }
-        }
-        Ok(purged)
+impl PgTransport {
+    /// The store of job status and results beside this transport's messages.
+    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
+        self.status.clone()
     }
 }

@@ -48,9 +48,16 @@ impl Harness for PgHarness {
 
 #[async_trait]
 impl Store for PgStore {
-    async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Transport>> {
+    async fn open_with_status(
+        &self,
+        options: OpenOptions,
+    ) -> Result<(
+        Arc<dyn Transport>,
+        Option<Arc<dyn queue_core::status::StatusStore>>,
+    )> {
         let t = PgTransport::connect(self.options(support::url(), options)).await?;
-        Ok(Arc::new(t))
+        let status = t.status_store();
+        Ok((Arc::new(t), Some(status)))
     }
 
     async fn open_unreachable(&self, options: OpenOptions) -> Result<Arc<dyn Transport>> {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
-use queue_core::{CancellationToken, ClaimStrategy, Envelope, Error, QueueName, Result, Transport};
+use queue_core::{
+    CancellationToken, ClaimStrategy, Envelope, Error, QueueName, Result, Transport, TransportExt,
+};
 use support::Schema;
 use transport_pg::sqlx::{self, Connection};
 use transport_pg::PgTransport;
@@ -484,10 +486,7 @@ fn status_changes_are_announced_to_other_transports() {
         let schema = Schema::fresh().await?;
         let writer_side = schema.open(ClaimStrategy::SkipLocked).await?;
         let reader_side = schema.open(ClaimStrategy::SkipLocked).await?;
-        let (writer, reader) = (
-            writer_side.status_store().expect("a status store"),
-            reader_side.status_store().expect("a status store"),
-        );
+        let (writer, reader) = (writer_side.status_store(), reader_side.status_store());
         let q = queue();
         let e = job(&q, 1);
         writer.record(&[StatusUpdate::published(&e)]).await?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
-use queue_core::{CancellationToken, Envelope, QueueName, Transport};
+use queue_core::{CancellationToken, DeadLetters, Envelope, QueueName, Transport};
 use transport_pg::{PgOptions, PgTransport};
 use uuid::Uuid;
 

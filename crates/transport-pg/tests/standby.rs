@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
-use queue_core::{CancellationToken, Envelope, QueueName, Transport};
+use queue_core::{CancellationToken, DeadLetters, Envelope, QueueName, Transport, TransportExt};
 use support::server::{skip_without_tools, Server};
 use transport_pg::{PgOptions, PgTransport};
 use uuid::Uuid;

@@ -12,8 +12,9 @@ use queue_core::sql::{
     Wakers,
 };
 use queue_core::{
-    reason, text, AckReport, Capabilities, ConfigError, DeadLetter, DeadSelection, Envelope, Error,
-    Identifier, LeaseToken, QueueName, QueueStats, Reservation, Result, Transport,
+    reason, text, AckReport, Capabilities, Claim, ConfigError, DeadLetter, DeadLetters,
+    DeadSelection, Envelope, Error, GiveBack, Identifier, LeaseToken, QueueName, QueueStats,
+    Reservation, Result, Transport,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
@@ -27,7 +28,6 @@ use crate::migrate::{check_existing, migrate};
 use crate::options::{SqliteOptions, SqliteSynchronous};
 use crate::sql::Statements;
 use crate::status::SqliteStatusStore;
-use queue_core::status::StatusStore;
 
 /// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
 const INSERT_CHUNK: usize = 500;
@@ -171,19 +171,14 @@ impl SqliteTransport {
     }
 
     /// Claims up to `max` messages, marking started as `start` says.
-    async fn reserve_inner(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        start: StartMode,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        if max == 0 {
+    async fn reserve_inner(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        if claim.max == 0 {
             return Ok(Vec::new());
         }
         if let Err(err) = self.sweep_expired().await {
             tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
         }
-        reserve_rows(self, queue, max, start).await
+        reserve_rows(self, queue, claim, self.options.visibility_timeout).await
     }
 
     /// Runs a batch statement over `[id, token]` pairs (and an optional second
@@ -524,11 +519,7 @@ impl Transport for SqliteTransport {
         sql_capabilities(self.options.max_payload_bytes)
     }
 
-    fn visibility_timeout(&self) -> Duration {
-        self.options.visibility_timeout
-    }
-
-    fn waker(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
         Some(self.wakers.get(queue.as_str()))
     }
 
@@ -560,46 +551,37 @@ impl Transport for SqliteTransport {
         Ok(())
     }
 
-    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, StartMode::All).await?;
-        Ok(claimed.into_iter().map(|(r, _)| r).collect())
-    }
-
-    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.reserve_inner(queue, max, StartMode::None).await?;
-        Ok(claimed.into_iter().map(|(r, _)| r).collect())
-    }
-
-    async fn prefetch_batch_starting_fresh(
-        &self,
-        queue: &QueueName,
-        max: usize,
-    ) -> Result<Vec<(Reservation, bool)>> {
-        self.reserve_inner(queue, max, StartMode::Fresh).await
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        self.reserve_inner(queue, claim).await
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         self.by_pairs(&self.sql.ack_batch, reservations, None).await
     }
 
+    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        match how {
+            GiveBack::Retry { delay, error } => {
+                let query = sqlx::query(&self.sql.release)
+                    .bind(micros(delay))
+                    .bind(error.map(text::error_text))
+                    .bind(reservation.id().to_string())
+                    .bind(reservation.token().to_string());
+                self.on_lease(query, reservation).await
+            }
+            GiveBack::Unstarted => {
+                let query = sqlx::query(&self.sql.abandon)
+                    .bind(reservation.id().to_string())
+                    .bind(reservation.token().to_string());
+                self.on_lease(query, reservation).await
+            }
+        }
+    }
+
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         let lease = micros(self.options.visibility_timeout);
         self.by_pairs(&self.sql.start_batch, reservations, Some(lease))
             .await
-    }
-
-    async fn release(
-        &self,
-        reservation: &Reservation,
-        delay: Duration,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let query = sqlx::query(&self.sql.release)
-            .bind(micros(delay))
-            .bind(error.map(text::error_text))
-            .bind(reservation.id().to_string())
-            .bind(reservation.token().to_string());
-        self.on_lease(query, reservation).await
     }
 
     async fn dead_letter(
@@ -619,23 +601,12 @@ impl Transport for SqliteTransport {
         fenced(moved, reservation)
     }
 
-    async fn abandon(&self, reservation: &Reservation) -> Result<()> {
-        let query = sqlx::query(&self.sql.abandon)
-            .bind(reservation.id().to_string())
-            .bind(reservation.token().to_string());
-        self.on_lease(query, reservation).await
-    }
-
     async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
         let query = sqlx::query(&self.sql.extend)
             .bind(micros(lease))
             .bind(reservation.id().to_string())
             .bind(reservation.token().to_string());
         self.on_lease(query, reservation).await
-    }
-
-    fn status_store(&self) -> Option<Arc<dyn StatusStore>> {
-        Some(self.status.clone())
     }
 
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
@@ -681,7 +652,10 @@ impl Transport for SqliteTransport {
         out.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(out)
     }
+}
 
+#[async_trait]
+impl DeadLetters for SqliteTransport {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(queue.map(QueueName::as_str))
@@ -767,8 +741,31 @@ impl Transport for SqliteTransport {
         Ok(moved)
     }
 
-    async fn claim_for_move(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        queue_core::sql::claim_rows_for_move(self, queue, max).await
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let (id, before) = self.selection(&mut tx, selection).await?;
+        let purged = sqlx::query(&self.sql.purge_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id.as_deref())
+            .bind(before)
+            .execute(&mut *tx)
+            .await
+            .backend()?
+            .rows_affected();
+        tx.commit().await.backend()?;
+        if purged == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        Ok(purged)
     }
 
     async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
@@ -798,32 +795,12 @@ impl Transport for SqliteTransport {
         tx.commit().await.backend()?;
         Ok(letters.len() as u64)
     }
+}
 
-    async fn dead_purge(
-        &self,
-        queue: Option<&QueueName>,
-        selection: &DeadSelection,
-    ) -> Result<u64> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        let (id, before) = self.selection(&mut tx, selection).await?;
-        let purged = sqlx::query(&self.sql.purge_dead)
-            .bind(queue.map(QueueName::as_str))
-            .bind(id.as_deref())
-            .bind(before)
-            .execute(&mut *tx)
-            .await
-            .backend()?
-            .rows_affected();
-        tx.commit().await.backend()?;
-        if purged == 0 {
-            if let DeadSelection::Id(id) = selection {
-                return Err(Error::NotFound {
-                    what: "dead letter",
-                    id: id.clone(),
-                });
-            }
-        }
-        Ok(purged)
+impl SqliteTransport {
+    /// The store of job status and results beside this transport's messages.
+    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
+        self.status.clone()
     }
 }
 

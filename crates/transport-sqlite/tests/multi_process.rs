@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use queue_core::{Envelope, QueueName, Transport};
+use queue_core::{Envelope, QueueName, Transport, TransportExt};
 use transport_sqlite::{SqliteOptions, SqliteTransport};
 
 const MESSAGES: usize = 20_000;

@@ -1,7 +1,7 @@
 //! SQLite stores any type in any column: rows written by another program with bytes
 //! that are not UTF-8 or numbers that are text must be quarantined, not fail the claim.
 
-use queue_core::{reason, Envelope, QueueName, Transport};
+use queue_core::{reason, DeadLetters, Envelope, QueueName, Transport, TransportExt};
 use sqlx::Connection;
 use transport_sqlite::{SqliteOptions, SqliteTransport};
 

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::case_support::{fresh_queue, message, open, reserve_within, stats_of};
 use super::{Harness, OpenOptions};
-use crate::{reason, Envelope, Error, QueueName, Result};
+use crate::{reason, Envelope, Error, QueueName, Result, TransportExt};
 
 /// A payload over the backend's limit is rejected with a clear error, and a batch that
 /// holds one stores nothing.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::{Harness, OpenOptions, Store};
-use crate::{Envelope, QueueName, QueueStats, Reservation, Result, Transport};
+use crate::{Envelope, QueueName, QueueStats, Reservation, Result, Transport, TransportExt};
 
 pub(super) fn fresh_queue() -> QueueName {
     QueueName::new(format!("q-{}", Uuid::new_v4().simple())).expect("a valid queue name")

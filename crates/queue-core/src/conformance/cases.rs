@@ -13,7 +13,7 @@ use super::case_support::{
 };
 pub use super::lease_cases::*;
 use super::{Harness, OpenOptions};
-use crate::{reason, DeadSelection, Envelope, Error, Reservation, Result};
+use crate::{reason, DeadSelection, Envelope, Error, Reservation, Result, TransportExt};
 
 /// A message comes back with the exact payload bytes, headers, trace id and metadata.
 pub async fn round_trip_preserves_payload_headers_and_trace_id(h: Arc<dyn Harness>) -> Result<()> {

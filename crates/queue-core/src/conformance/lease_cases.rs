@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::case_support::{fresh_queue, message, reserve_within, stats_of, with_lease};
 use super::Harness;
-use crate::{reason, Error, Result};
+use crate::{reason, Claim, Error, Result, TransportExt};
 
 /// A lease that runs out makes the message reservable again, and that counts an attempt.
 pub async fn expired_lease_is_reclaimed_and_counts_an_attempt(h: Arc<dyn Harness>) -> Result<()> {
@@ -58,10 +58,10 @@ pub async fn claims_start_only_fresh_messages_and_prefetches_none(
     let mut claimed = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while claimed.len() < 2 && tokio::time::Instant::now() < deadline {
-        claimed.extend(t.prefetch_batch_starting_fresh(&q, 10).await?);
+        claimed.extend(t.claim(&q, Claim::prefetch_starting_fresh(10)).await?);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let started = |id| claimed.iter().find(|(r, _)| r.id() == id).map(|(_, s)| *s);
+    let started = |id| claimed.iter().find(|r| r.id() == id).map(|r| r.started);
     assert_eq!(
         started(suspect.id),
         Some(false),

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::status::StatusStore;
 use crate::{Result, Transport};
 
 mod bad_data_cases;
@@ -65,7 +66,16 @@ pub trait Harness: Send + Sync + 'static {
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Opens a transport over this store (runs migrations as needed).
-    async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Transport>>;
+    async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Transport>> {
+        Ok(self.open_with_status(options).await?.0)
+    }
+
+    /// Opens a transport and the job status store beside it, where the backend keeps
+    /// one.
+    async fn open_with_status(
+        &self,
+        options: OpenOptions,
+    ) -> Result<(Arc<dyn Transport>, Option<Arc<dyn StatusStore>>)>;
 
     /// Opens a transport with `options` against a database that cannot be reached.
     /// Validation errors must win over connection errors: this proves they are raised

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::worker_support::{assert_nothing_left, drain, fast, fresh_queue, job, open};
 use super::Harness;
 use crate::worker::{handler_fn, JobContext, Worker};
-use crate::{Error, Result};
+use crate::{Error, Result, TransportExt};
 
 /// On shutdown the worker stops reserving, lets quick jobs finish, and after the grace
 /// period releases the unfinished ones so that they are delivered again at once.

@@ -42,10 +42,9 @@ struct Opened {
 
 async fn open(h: &Arc<dyn Harness>) -> Result<Opened> {
     let store = h.store().await?;
-    let transport = store.open(OpenOptions::default()).await?;
-    let status = transport
-        .status_store()
-        .ok_or_else(|| Error::InvalidInput(format!("{} keeps no job status", transport.name())))?;
+    let (transport, status) = store.open_with_status(OpenOptions::default()).await?;
+    let status = status
+        .ok_or_else(|| Error::NotSupported(format!("{} keeps no job status", transport.name())))?;
     Ok(Opened {
         _store: store,
         transport,

@@ -18,8 +18,8 @@ use super::worker_support::{
 use super::{Harness, OpenOptions};
 use crate::worker::{handler_fn, JobContext, JobError, RetryPolicy, UnknownKind, Worker};
 use crate::{
-    reason, AckReport, Capabilities, DeadLetter, DeadSelection, Envelope, Error, QueueName,
-    QueueStats, Reservation, Result, Transport,
+    reason, AckReport, Capabilities, Claim, DeadLetter, DeadLetters, DeadSelection, Envelope,
+    Error, GiveBack, QueueName, QueueStats, Reservation, Result, Start, Transport, TransportExt,
 };
 
 /// The worker handles every message once and acks them in batches.
@@ -444,7 +444,7 @@ pub async fn handler_panic_is_isolated_and_recorded(h: Arc<dyn Harness>) -> Resu
 pub async fn idle_worker_wakes_on_publish(h: Arc<dyn Harness>) -> Result<()> {
     let (_store, t) = open(&h, Duration::from_secs(30)).await?;
     let q = fresh_queue();
-    if t.waker(&q).is_none() {
+    if t.wake_signal(&q).is_none() {
         return Ok(());
     }
     let options = fast()
@@ -508,7 +508,9 @@ impl Faulty {
     }
 }
 
+// A forwarding impl: every method is written out, so no default is used by mistake.
 #[async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Transport for Faulty {
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -520,20 +522,28 @@ impl Transport for Faulty {
         }
         caps
     }
-    fn visibility_timeout(&self) -> Duration {
-        self.inner.visibility_timeout()
-    }
-    fn waker(&self, queue: &QueueName) -> Option<Arc<tokio::sync::Notify>> {
-        self.inner.waker(queue)
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<tokio::sync::Notify>> {
+        self.inner.wake_signal(queue)
     }
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
         self.inner.publish_batch(envelopes).await
     }
-    async fn reserve_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        self.inner.reserve_batch(queue, max).await
-    }
-    async fn prefetch_batch(&self, queue: &QueueName, max: usize) -> Result<Vec<Reservation>> {
-        let claimed = self.inner.prefetch_batch(queue, max).await?;
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        if claim.start == Start::All {
+            return self.inner.claim(queue, claim).await;
+        }
+        // Starts nothing in its claims, as a backend without that shortcut: the worker
+        // then starts each message itself.
+        let claimed = self
+            .inner
+            .claim(
+                queue,
+                Claim {
+                    start: Start::None,
+                    ..claim
+                },
+            )
+            .await?;
         if let (Some(hold), false) = (self.no_expiry_with_slow_claims, claimed.is_empty()) {
             tokio::time::sleep(hold).await;
         }
@@ -542,17 +552,14 @@ impl Transport for Faulty {
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         self.inner.start_batch(reservations).await
     }
-    async fn abandon(&self, r: &Reservation) -> Result<()> {
-        self.inner.abandon(r).await
-    }
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         self.ack_calls.fetch_add(1, Ordering::SeqCst);
         let floor = tokio::time::sleep(self.slowest_ack.unwrap_or_default());
         let (acked, ()) = tokio::join!(self.inner.ack_batch(reservations), floor);
         acked
     }
-    async fn release(&self, r: &Reservation, delay: Duration, error: Option<&str>) -> Result<()> {
-        self.inner.release(r, delay, error).await
+    async fn give_back(&self, r: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        self.inner.give_back(r, how).await
     }
     async fn dead_letter(&self, r: &Reservation, why: &str, error: Option<&str>) -> Result<()> {
         self.inner.dead_letter(r, why, error).await
@@ -566,6 +573,11 @@ impl Transport for Faulty {
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
         self.inner.stats(queue).await
     }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl DeadLetters for Faulty {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         self.inner.dead_list(queue, limit).await
     }
@@ -574,5 +586,8 @@ impl Transport for Faulty {
     }
     async fn dead_purge(&self, queue: Option<&QueueName>, s: &DeadSelection) -> Result<u64> {
         self.inner.dead_purge(queue, s).await
+    }
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        self.inner.dead_insert(letters).await
     }
 }

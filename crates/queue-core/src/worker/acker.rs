@@ -11,8 +11,9 @@ use tokio::task::JoinHandle;
 use serde_json::Value;
 
 use super::WorkerCounters;
+use crate::reservation::Reservation;
 use crate::status::{StatusUpdate, StatusWriter};
-use crate::transport::{Reservation, Transport};
+use crate::transport::Transport;
 
 /// How often a failing ack batch is retried before it is left to the lease (the
 /// messages are then delivered again: at-least-once, never lost).

@@ -15,8 +15,9 @@ use super::handler::Report;
 use super::{JobContext, JobError, JobResult, UnknownKind, Worker};
 use crate::error::Error;
 use crate::reason;
+use crate::reservation::Reservation;
 use crate::status::{JobState, StatusUpdate};
-use crate::transport::Reservation;
+use crate::transport_ext::TransportExt;
 
 /// How long a cancelled handler may take to notice its token before it is aborted.
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
@@ -147,7 +148,7 @@ impl Worker {
         let mut job = tokio::spawn(
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
         );
-        let lease = self.transport.visibility_timeout();
+        let lease = r.lease;
         let every = (lease / 3).max(Duration::from_millis(10));
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         let deadline = self

@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use super::acker::Acker;
 use super::Worker;
 use crate::error::Result;
-use crate::transport::Reservation;
+use crate::reservation::Reservation;
+use crate::transport::Claim;
+use crate::transport_ext::TransportExt;
 
 /// What the dispatcher tells the fetcher about the messages it holds.
 #[derive(Debug, Default)]
@@ -93,7 +95,7 @@ pub(super) async fn fetch_loop(
     let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
     let opts = &worker.options;
     let concurrency = opts.concurrency.max(1);
-    let waker = worker.transport.waker(&worker.queue);
+    let waker = worker.transport.wake_signal(&worker.queue);
     let mut pause = opts.poll_min;
     // Claims in flight, each with how many messages it asked for.
     let mut claims: JoinSet<(usize, bool, ClaimOutcome)> = JoinSet::new();
@@ -163,14 +165,20 @@ pub(super) async fn fetch_loop(
                     // round trip fewer per batch); a crash then charges them an attempt
                     // each, at most once, because a message with attempts is never
                     // started by its claim.
-                    let claimed = if starts {
-                        transport.prefetch_batch_starting_fresh(&queue, room).await
+                    let claim = if starts {
+                        Claim::prefetch_starting_fresh(room)
                     } else {
-                        transport
-                            .prefetch_batch(&queue, room)
-                            .await
-                            .map(|batch| batch.into_iter().map(|r| (r, false)).collect())
+                        Claim::prefetch(room)
                     };
+                    let claimed = transport.claim(&queue, claim).await.map(|batch| {
+                        batch
+                            .into_iter()
+                            .map(|r| {
+                                let started = starts && r.started;
+                                (r, started)
+                            })
+                            .collect()
+                    });
                     (room, starts, claimed)
                 });
                 asked_by.insert(handle.id(), (room, starts));

@@ -10,8 +10,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::envelope::Envelope;
+use crate::reservation::LeaseToken;
 use crate::status::{StatusUpdate, StatusWriter};
-use crate::transport::LeaseToken;
 
 /// What a handler gets for one delivery.
 #[derive(Debug, Clone)]

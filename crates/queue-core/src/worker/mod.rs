@@ -25,10 +25,12 @@ pub use handler::{handler_fn, FnHandler, Handler, JobContext, JobError, JobResul
 pub use options::{UnknownKind, WorkerOptions};
 pub use retry::RetryPolicy;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::names::QueueName;
+use crate::reservation::Reservation;
 use crate::status::{Jobs, StatusStore, StatusUpdate, StatusWriter};
-use crate::transport::{Reservation, Transport};
+use crate::transport::Transport;
+use crate::transport_ext::TransportExt;
 use acker::Acker;
 use fetch::{fetch_loop, give_back, wait_for_starting_claims, Claimed, DispatchState};
 
@@ -163,14 +165,17 @@ impl Worker {
         let concurrency = opts.concurrency.max(1);
         // Where the transport keeps its start marks in its status store, the jobs'
         // ends must be recorded there too, or their marks would read as crashes.
-        let status = worker.status.clone().or_else(|| {
-            worker
-                .transport
-                .capabilities()
-                .start_marks_in_status
-                .then(|| worker.transport.status_store())
-                .flatten()
-        });
+        if worker.status.is_none() && worker.transport.capabilities().start_marks_in_status {
+            return Err(Error::Config(crate::error::ConfigError::new(
+                "QUEUE_STATUS",
+                None,
+                format!(
+                    "the {} transport keeps start marks in a status store: give the worker that store (Worker::with_status, or Worker::for_jobs with switchyard::connect_jobs)",
+                    worker.transport.name()
+                ),
+            )));
+        }
+        let status = worker.status.clone();
         let label = crate::status::worker_label();
         let registry = status.clone().map(|store| {
             registration::Registration::start(
@@ -339,7 +344,7 @@ impl Worker {
             }
             // A message that waited a good part of its lease for a slot is renewed first;
             // if another worker took it meanwhile, it is skipped, never run twice.
-            let lease = worker.transport.visibility_timeout();
+            let lease = r.lease;
             if marked_at.elapsed() >= lease / 3 {
                 if let Err(err) = worker.transport.extend(&r, lease).await {
                     worker.log_settle_error("renew a waiting lease", &err);

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use switchyard::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use switchyard::{
-    BackendKind, CancellationToken, ClaimStrategy, Config, Envelope, Error, QueueName, Result,
-    Transport,
+    BackendKind, CancellationToken, ClaimStrategy, Config, Envelope, Error, Jobs, QueueName,
+    Result, StatusStore, Transport, TransportExt,
 };
 use uuid::Uuid;
 
@@ -54,7 +54,7 @@ struct Contention {
 /// What wakes an idle worker on `t`, for the report.
 fn wake_source(t: &dyn Transport) -> &'static str {
     let probe = QueueName::new("probe").ok();
-    match (t.name(), probe.and_then(|q| t.waker(&q))) {
+    match (t.name(), probe.and_then(|q| t.wake_signal(&q))) {
         ("postgres", Some(_)) => {
             "LISTEN/NOTIFY (publisher on its own connection pool), polling 20 ms-1 s otherwise"
         }
@@ -151,7 +151,8 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
         let mut bare = Vec::new();
         for run in 0..args.runs.max(1) {
             let target = Target::new(config, claim)?;
-            let t = target.open(None).await?;
+            let opened = target.open_jobs(None).await?;
+            let t = opened.transport().clone();
             backend = t.name().to_owned();
             wake = wake_source(t.as_ref()).to_owned();
             if !json {
@@ -166,7 +167,7 @@ pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<
                     args.runs.max(1)
                 );
             }
-            let measured = measure(&target, &t, &args).await;
+            let measured = measure(&target, &t, opened.store(), &args).await;
             let measured = match measured {
                 Ok((sample, plan)) => {
                     claim_plan = plan.or(claim_plan);
@@ -383,6 +384,11 @@ impl Target {
     /// A transport on the store; `pool` sizes a PostgreSQL pool for that many
     /// concurrent callers.
     async fn open(&self, pool: Option<u32>) -> Result<Arc<dyn Transport>> {
+        Ok(self.open_jobs(pool).await?.transport().clone())
+    }
+
+    /// A transport on the store and its status store, where it keeps one.
+    async fn open_jobs(&self, pool: Option<u32>) -> Result<Jobs> {
         #[cfg(feature = "amqp")]
         if self.config.backend == BackendKind::RabbitMq {
             // Should the bench be killed, its queues go after an idle hour.
@@ -392,7 +398,7 @@ impl Target {
             if let Ok(mut amqp) = self.amqp.lock() {
                 amqp.push(t.clone());
             }
-            return Ok(t);
+            return Ok(Jobs::new(t, None));
         }
         #[cfg(feature = "postgres")]
         if matches!(
@@ -407,7 +413,8 @@ impl Target {
             if let Ok(mut pg) = self.pg.lock() {
                 pg.push(t.clone());
             }
-            return Ok(t);
+            let status = t.status_store();
+            return Ok(Jobs::new(t, Some(status)));
         }
         #[cfg(feature = "mysql")]
         if matches!(
@@ -422,10 +429,11 @@ impl Target {
             if let Ok(mut my) = self.mysql.lock() {
                 my.push(t.clone());
             }
-            return Ok(t);
+            let status = t.status_store();
+            return Ok(Jobs::new(t, Some(status)));
         }
         let _ = pool;
-        switchyard::connect(&self.config).await
+        switchyard::connect_jobs(&self.config).await
     }
 
     /// The transport that publishes in the pickup measurement: on a server one of its
@@ -599,6 +607,7 @@ fn jobs(queue: &QueueName, n: usize) -> Result<Vec<Envelope>> {
 async fn measure(
     target: &Target,
     t: &Arc<dyn Transport>,
+    status: Option<&Arc<dyn StatusStore>>,
     args: &BenchArgs,
 ) -> Result<(Sample, Option<String>)> {
     // Enqueue one by one: one commit each.
@@ -627,7 +636,7 @@ async fn measure(
     // The same with job status: recorded `pending` as published, then `running` and
     // `completed` by the worker.
     let mut drain_status_per_s = None;
-    if let Some(store) = t.status_store() {
+    if let Some(store) = status.cloned() {
         let q = queue("status")?;
         let envs = jobs(&q, args.messages)?;
         let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();

@@ -57,11 +57,8 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
         DeadCommand::Replay { id, all, queue } => {
             let selection = selection(id, all, None)?;
             let queue = super::queue_arg(queue.as_deref())?;
-            let t = switchyard::connect_existing(config).await?;
-            let n = t.dead_replay(queue.as_ref(), &selection).await?;
-            if let DeadSelection::Id(id) = &selection {
-                super::serve::reset_status(config, &t, id, n).await;
-            }
+            let jobs = switchyard::connect_existing_jobs(config).await?;
+            let n = jobs.replay_dead(queue.as_ref(), &selection).await?;
             report(json, "replayed", n)
         }
         DeadCommand::Purge {

@@ -12,8 +12,8 @@ pub(crate) async fn run(config: &Config, id: &str, json: bool) -> Result<()> {
             "a job's id: a UUID such as 0195e2c4-7d1a-7b8e-9c55-3f1d2a6b8e90 (publish prints it)",
         )
     })?;
-    let transport = switchyard::connect_existing(config).await?;
-    let store = switchyard::status_store(config, &transport).await?;
+    let jobs = switchyard::connect_existing_jobs(config).await?;
+    let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
     let Some(view) = job_view::find(&transport, store.as_ref(), id).await? else {
         crate::output::set_exit_code(1);
         return Err(Error::InvalidInput(format!(

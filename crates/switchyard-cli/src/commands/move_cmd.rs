@@ -9,6 +9,7 @@ use std::collections::HashSet;
 
 use switchyard::{
     BackendKind, Capabilities, ConfigError, DeadSelection, Error, QueueName, Result, Transport,
+    TransportExt,
 };
 
 use crate::cli::MoveArgs;

@@ -13,12 +13,11 @@ const EVERY: Duration = Duration::from_secs(3600);
 
 pub(crate) async fn run(config: &Config, args: PruneArgs, json: bool) -> Result<()> {
     let older_than = parse_duration("--older-than", &args.older_than)?;
-    let transport = switchyard::connect_existing(config).await?;
     // Only a status store that already exists: the transport's own, or on RabbitMQ the
-    // SQL store of DATABASE_URL that connect_existing attached when it could open it
-    // without creating anything. (`switchyard::status_store` would create that one
-    // when missing, and a store that does not exist has nothing to prune.)
-    let store = transport.status_store().filter(|_| config.status);
+    // SQL store of DATABASE_URL when it can be opened without creating anything (a
+    // store that does not exist has nothing to prune).
+    let jobs = switchyard::connect_existing_jobs(config).await?;
+    let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
     let (results, dead) = prune(&transport, store.as_ref(), older_than).await?;
     if json {
         crate::output::json_line(&serde_json::json!({

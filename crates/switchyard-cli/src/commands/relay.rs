@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use switchyard::{BackendKind, CancellationToken, Config, QueueName, Result, Transport};
+use switchyard::{
+    BackendKind, CancellationToken, Config, QueueName, Result, Transport, TransportExt,
+};
 
 use crate::cli::RelayArgs;
 
@@ -56,7 +58,7 @@ async fn relay(
     drain: bool,
     shutdown: &CancellationToken,
 ) -> Result<u64> {
-    let waker = outbox.waker(queue);
+    let waker = outbox.wake_signal(queue);
     let mut relayed = 0u64;
     let mut idle = Duration::from_millis(20);
     while !shutdown.is_cancelled() {

@@ -76,8 +76,8 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
         tracing::warn!(%addr, "serving beyond this machine with no SWITCHYARD_ADMIN_TOKEN: anyone who reaches it can replay and purge dead letters");
     }
     let metrics = install_recorder()?;
-    let transport = switchyard::connect(config).await?;
-    let store = switchyard::status_store(config, &transport).await?;
+    let jobs = switchyard::connect_jobs(config).await?;
+    let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
     let app = Arc::new(App {
         transport,
         store,
@@ -309,7 +309,7 @@ async fn dashboard_css() -> Response {
 async fn healthz(State(app): Shared) -> Answer {
     // RabbitMQ cannot list queues it has not used, so its check is the connection made
     // at start; the SQL stores answer a query.
-    if app.transport.status_store().is_some() {
+    if app.transport.name() != "amqp" {
         app.transport.stats(None).await?;
     }
     Ok(
@@ -624,13 +624,10 @@ const MAX_SELECTED: usize = 1000;
 async fn dead_replay(State(app): Shared, headers: HeaderMap, body: axum::body::Bytes) -> Answer {
     check_mutation(&app, &headers)?;
     let (queue, selections) = dead_request(&body)?.selections(false)?;
+    let jobs = switchyard::Jobs::new(app.transport.clone(), app.store.clone());
     let mut total = 0;
     for selection in &selections {
-        let n = app.transport.dead_replay(queue.as_ref(), selection).await?;
-        if let (DeadSelection::Id(id), Some(store)) = (selection, &app.store) {
-            reset(store, id, n).await;
-        }
-        total += n;
+        total += jobs.replay_dead(queue.as_ref(), selection).await?;
     }
     Ok(Json(serde_json::json!({ "replayed": total })).into_response())
 }
@@ -643,32 +640,6 @@ async fn dead_purge(State(app): Shared, headers: HeaderMap, body: axum::body::By
         total += app.transport.dead_purge(queue.as_ref(), selection).await?;
     }
     Ok(Json(serde_json::json!({ "purged": total })).into_response())
-}
-
-/// A replayed job is `pending` again (its status said `dead`).
-async fn reset(store: &Arc<dyn StatusStore>, id: &str, replayed: u64) {
-    if replayed == 0 {
-        return;
-    }
-    if let Ok(id) = Uuid::parse_str(id) {
-        if let Err(err) = store.reset(&[id]).await {
-            tracing::warn!(error = %err, %id, "replayed, but its status still says dead");
-        }
-    }
-}
-
-/// The same for `switchyard dead replay --id`.
-pub(crate) async fn reset_status(
-    config: &Config,
-    transport: &Arc<dyn Transport>,
-    id: &str,
-    replayed: u64,
-) {
-    match switchyard::status_store(config, transport).await {
-        Ok(Some(store)) => reset(&store, id, replayed).await,
-        Ok(None) => {}
-        Err(err) => tracing::warn!(error = %err, "replayed, but the status store is unreachable"),
-    }
 }
 
 #[cfg(test)]

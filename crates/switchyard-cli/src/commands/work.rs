@@ -56,8 +56,8 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .as_deref()
         .map(|addr| super::serve::parse_listen("--metrics-listen", addr))
         .transpose()?;
-    let transport = switchyard::connect(config).await?;
-    let status = switchyard::status_store(config, &transport).await?;
+    let jobs = switchyard::connect_jobs(config).await?;
+    let (transport, status) = (jobs.transport().clone(), jobs.store().cloned());
     let mut worker = Worker::new(transport.clone(), queue, options).handle_any(ExecHandler {
         command: args.exec.clone(),
     });
