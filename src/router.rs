@@ -191,6 +191,8 @@ impl Transport for Router {
         caps.priorities = false;
         caps.exact_delays = a.exact_delays && b.exact_delays;
         caps.lease_extension = a.lease_extension && b.lease_extension;
+        caps.lease_expiry = a.lease_expiry && b.lease_expiry;
+        caps.exact_claims = a.exact_claims && b.exact_claims;
         caps.idempotent_publish = a.idempotent_publish && b.idempotent_publish;
         caps.expiry = a.expiry && b.expiry;
         caps.table_isolation = a.table_isolation && b.table_isolation;

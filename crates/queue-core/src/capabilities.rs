@@ -17,6 +17,13 @@ pub struct Capabilities {
     pub exact_delays: bool,
     /// `extend` renews a lease.
     pub lease_extension: bool,
+    /// A lease runs out by the store's clock, and the message is then claimable again
+    /// (counting an attempt if it was started). RabbitMQ holds a delivery until it is
+    /// acked or its channel closes: no lease runs out there.
+    pub lease_expiry: bool,
+    /// A claim holds exactly what it returns, nothing ahead of it. A RabbitMQ consumer
+    /// holds up to its prefetch (`basic.qos`) by design.
+    pub exact_claims: bool,
     /// Publishing an id that is already stored stores nothing new.
     pub idempotent_publish: bool,
     /// The transport itself never delivers a message past its `expires_at` (by its own
@@ -55,6 +62,8 @@ impl Default for Capabilities {
             priorities: false,
             exact_delays: false,
             lease_extension: false,
+            lease_expiry: false,
+            exact_claims: false,
             idempotent_publish: false,
             expiry: false,
             table_isolation: false,

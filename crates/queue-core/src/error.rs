@@ -28,6 +28,16 @@ pub enum Error {
     #[error("{0}")]
     Conflict(String),
 
+    /// A local I/O operation failed (a file, a socket, a signal handler).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, and with what.
+        what: String,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The reservation's lease is gone: it expired and another worker reserved the message,
     /// or the message was already acknowledged. Nothing was changed.
     #[error("lease lost for message {message_id}: it was re-reserved by another worker or is already gone")]
@@ -63,6 +73,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// An I/O error while doing `what`.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
     /// A backend error from a driver error.
     pub fn backend(
         transport: &'static str,

@@ -447,6 +447,11 @@ pub fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// A row count for a `LIMIT` parameter, saturating.
+pub fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
 pub fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
     (to - from)
@@ -590,6 +595,8 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         priorities: true,
         exact_delays: true,
         lease_extension: true,
+        lease_expiry: true,
+        exact_claims: true,
         idempotent_publish: true,
         expiry: true,
         table_isolation: true,

@@ -384,10 +384,7 @@ where
     }
 }
 
-/// `d` in whole microseconds, for binding (saturating).
-pub fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
+pub use crate::sql::micros;
 
 /// Where job status lives. Implemented by the SQL transports.
 #[async_trait]

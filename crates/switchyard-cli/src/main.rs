@@ -4,6 +4,8 @@
 mod output;
 mod cli;
 mod commands;
+mod listen;
+mod signals;
 
 use std::process::ExitCode;
 

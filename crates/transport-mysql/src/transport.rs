@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
-    PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
+    attempts_u32, fenced, limit, lossy, micros, micros_between, pair_report, replay_refused,
+    reserve_rows, row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow,
+    KeptConnections, PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
 use queue_core::{
     reason, text, AckReport, Capabilities, Claim, ClaimStrategy, ConfigError, DeadLetter,
@@ -131,10 +131,6 @@ fn claimed_row(row: &MySqlRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
         envelope: row.try_get(6)?,
         started: row.try_get::<i8, _>(7)? != 0,
     })
-}
-
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Session settings every connection gets: UTC, a strict `sql_mode` without

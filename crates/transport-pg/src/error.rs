@@ -44,9 +44,9 @@ pub(crate) fn is_conflict(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "40P01" || c == "40001"))
 }
 
-/// Whether the error is a unique violation (SQLSTATE 23505).
+/// Whether the error is a unique violation.
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "23505"))
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
 /// Shorthand for mapping sqlx results.

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    attempts_u32, fenced, micros, micros_between, pair_report, replay_refused, reserve_rows,
+    attempts_u32, fenced, limit, micros, micros_between, pair_report, replay_refused, reserve_rows,
     row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
     PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
 };
@@ -125,10 +125,6 @@ fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
 
 fn attempts_of(n: i32) -> u32 {
     attempts_u32(i64::from(n))
-}
-
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// The rows of one publish statement as parallel arrays, validated and encoded.

@@ -306,7 +306,7 @@ impl StatusStore for SqliteStatusStore {
 
     async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
         let rows = sqlx::query(&self.recent)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(queue_core::sql::limit(limit))
             .fetch_all(&self.reader)
             .await
             .backend()?;

@@ -659,7 +659,7 @@ impl DeadLetters for SqliteTransport {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(queue.map(QueueName::as_str))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(queue_core::sql::limit(limit))
             .fetch_all(&self.reader)
             .await
             .backend()?;

@@ -7,6 +7,19 @@ use uuid::Uuid;
 use super::{Harness, OpenOptions, Store};
 use crate::{Envelope, QueueName, QueueStats, Reservation, Result, Transport, TransportExt};
 
+/// Whether a case applies to `t`, which lacks the capability `name` when `has` is false:
+/// then it says so and the case ends there. Capabilities are the one place that says
+/// what a backend cannot do, so no backend keeps a list of cases it skips.
+pub(super) fn applies(t: &dyn Transport, name: &str, has: bool) -> bool {
+    if !has {
+        eprintln!(
+            "not applicable to {}: it lacks the capability `{name}`",
+            t.name()
+        );
+    }
+    has
+}
+
 pub(super) fn fresh_queue() -> QueueName {
     QueueName::new(format!("q-{}", Uuid::new_v4().simple())).expect("a valid queue name")
 }

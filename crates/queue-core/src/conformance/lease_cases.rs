@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::case_support::{fresh_queue, message, reserve_within, stats_of, with_lease};
+use super::case_support::{applies, fresh_queue, message, reserve_within, stats_of, with_lease};
 use super::Harness;
 use crate::{reason, Claim, Error, Result, TransportExt};
 
@@ -11,6 +11,9 @@ use crate::{reason, Claim, Error, Result, TransportExt};
 pub async fn expired_lease_is_reclaimed_and_counts_an_attempt(h: Arc<dyn Harness>) -> Result<()> {
     let store = h.store().await?;
     let t = store.open(with_lease(Duration::from_secs(1))).await?;
+    if !applies(t.as_ref(), "lease_expiry", t.capabilities().lease_expiry) {
+        return Ok(());
+    }
     let q = fresh_queue();
     t.publish(message(&q, "crashy")).await?;
     let first = t.reserve(&q).await?.expect("a message");
@@ -38,6 +41,9 @@ pub async fn claims_start_only_fresh_messages_and_prefetches_none(
 ) -> Result<()> {
     let store = h.store().await?;
     let t = store.open(with_lease(Duration::from_secs(1))).await?;
+    if !applies(t.as_ref(), "exact_claims", t.capabilities().exact_claims) {
+        return Ok(());
+    }
     let q = fresh_queue();
     let one = message(&q, "one");
     let two = message(&q, "two");
@@ -114,6 +120,9 @@ pub async fn claims_start_only_fresh_messages_and_prefetches_none(
 pub async fn stale_token_is_fenced_with_lease_lost(h: Arc<dyn Harness>) -> Result<()> {
     let store = h.store().await?;
     let t = store.open(with_lease(Duration::from_secs(1))).await?;
+    if !applies(t.as_ref(), "lease_expiry", t.capabilities().lease_expiry) {
+        return Ok(());
+    }
     let q = fresh_queue();
     t.publish(message(&q, "fenced")).await?;
     let stale = t.reserve(&q).await?.expect("a message");
@@ -190,7 +199,10 @@ pub async fn extending_a_lapsed_lease_before_a_reclaim_holds_it_again(
 ) -> Result<()> {
     let store = h.store().await?;
     let t = store.open(with_lease(Duration::from_secs(1))).await?;
-    if !t.capabilities().lease_extension {
+    let caps = t.capabilities();
+    if !applies(t.as_ref(), "lease_expiry", caps.lease_expiry)
+        || !applies(t.as_ref(), "lease_extension", caps.lease_extension)
+    {
         return Ok(());
     }
     let q = fresh_queue();

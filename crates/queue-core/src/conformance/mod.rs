@@ -123,67 +123,11 @@ where
     }
 }
 
-/// The names of every case [`conformance_tests!`](crate::conformance_tests) runs, in its
-/// order: a transport that runs only some of them (through the macro's `@cases` and
-/// `@worker` arms) checks against this list that it left none out unexplained. Keep it
-/// in step with the macro.
-pub const CASE_NAMES: &[&str] = &[
-    "round_trip_preserves_payload_headers_and_trace_id",
-    "empty_reserve_returns_promptly",
-    "fifo_within_a_priority_and_higher_priority_first",
-    "delayed_message_is_invisible_until_due",
-    "expired_message_is_never_delivered",
-    "ack_removes_the_message",
-    "release_increments_attempts_and_delays",
-    "dead_letter_then_list_replay_and_purge",
-    "expired_lease_is_reclaimed_and_counts_an_attempt",
-    "claims_start_only_fresh_messages_and_prefetches_none",
-    "stale_token_is_fenced_with_lease_lost",
-    "extend_keeps_a_long_job_leased",
-    "extending_a_lapsed_lease_before_a_reclaim_holds_it_again",
-    "concurrent_workers_claim_each_message_exactly_once",
-    "queues_are_isolated",
-    "queues_stay_isolated_under_concurrent_churn",
-    "tables_are_isolated",
-    "publishing_the_same_id_twice_stores_one_message",
-    "batch_publish_and_batch_reserve",
-    "ack_batch_reports_lost_leases_and_acks_the_rest",
-    "one_mib_payload_round_trips",
-    "over_limit_payload_is_rejected_and_nothing_is_stored",
-    "malformed_row_is_quarantined_and_the_next_message_served",
-    "outside_text_with_nuls_and_any_length_is_stored",
-    "an_envelope_naming_another_queue_never_wedges_its_queue",
-    "invalid_identifiers_are_rejected_before_any_sql_runs",
-    "stats_count_ready_delayed_reserved_and_dead",
-    "worker_handles_every_message_once_and_coalesces_acks",
-    "worker_retries_with_backoff_then_dead_letters",
-    "worker_honours_max_attempts_retry_after_and_fail",
-    "worker_dead_letters_or_releases_unknown_kinds",
-    "worker_never_handles_expired_messages",
-    "worker_checks_expiry_where_the_backend_does_not",
-    "heartbeat_keeps_a_long_job_from_being_reclaimed",
-    "lost_lease_cancels_the_handler_at_once",
-    "handler_timeout_cancels_and_counts_a_failure",
-    "handler_panic_is_isolated_and_recorded",
-    "shutdown_finishes_quick_jobs_and_releases_the_rest",
-    "shutdown_is_prompt_at_any_moment",
-    "idle_worker_wakes_on_publish",
-    "a_suspect_runs_alone_after_every_finished_ack_has_committed",
-];
-
-/// The case names listed one per line in `source` (a slice of a `conformance_tests!`
-/// invocation), for a harness that runs only some cases to check its list against
-/// [`CASE_NAMES`].
-pub fn case_names_in(source: &str) -> Vec<&str> {
-    source
-        .lines()
-        .map(|l| l.trim().trim_end_matches(',').trim_end_matches(");"))
-        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-        .collect()
-}
-
 /// Expands to one `#[test]` per conformance case, each running against a harness made
 /// by `$harness` (an expression evaluated per test that yields `Arc<dyn Harness>`).
+/// Every backend runs every case: a case that needs a capability the transport lacks
+/// ends at once, saying which ([`Capabilities`](crate::Capabilities) is the one list of
+/// what a backend cannot do).
 ///
 /// ```ignore
 /// mod skip_locked {
@@ -293,23 +237,4 @@ pub fn skip_unless_reachable(backend: &str, url: &str, default_port: u16) -> Opt
         "{why}; under CI=true an unreachable backend is a failure"
     );
     Some(why)
-}
-
-#[cfg(test)]
-mod tests {
-    /// The list names exactly the cases of the macro, in its order.
-    #[test]
-    fn case_names_match_the_macro() {
-        let source = include_str!("mod.rs");
-        let start = source
-            .find("(@cases $harness;")
-            .expect("the macro's case list");
-        let end = source[start..]
-            .find("(@worker $harness:expr;")
-            .expect("the macro's end");
-        assert_eq!(
-            super::case_names_in(&source[start..start + end]),
-            super::CASE_NAMES
-        );
-    }
 }

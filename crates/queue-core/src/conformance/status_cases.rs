@@ -473,7 +473,7 @@ pub async fn publish_and_wait_returns_result_failure_or_timeout(h: Arc<dyn Harne
         .publish_and_wait(job(&q, "add"), Duration::from_secs(1))
         .await
     {
-        Err(WaitError::Queue(Error::InvalidInput(m))) => assert!(m.contains("status"), "{m}"),
+        Err(WaitError::Queue(Error::NotSupported(m))) => assert!(m.contains("status"), "{m}"),
         other => panic!("expected a clear error without a store, got {other:?}"),
     }
     Ok(())

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::case_support::applies;
 pub use super::shutdown_cases::*;
 pub use super::suspect_cases::*;
 use super::worker_support::{
@@ -303,6 +304,13 @@ pub async fn heartbeat_keeps_a_long_job_from_being_reclaimed(h: Arc<dyn Harness>
 /// and the worker neither acks nor releases the message.
 pub async fn lost_lease_cancels_the_handler_at_once(h: Arc<dyn Harness>) -> Result<()> {
     let (_store, inner) = open(&h, Duration::from_millis(600)).await?;
+    if !applies(
+        inner.as_ref(),
+        "lease_expiry",
+        inner.capabilities().lease_expiry,
+    ) {
+        return Ok(());
+    }
     let t = Arc::new(Faulty::new(inner));
     t.extend_lost.store(true, Ordering::SeqCst);
     let q = fresh_queue();

@@ -350,9 +350,8 @@ impl Target {
             _ if config.backend == BackendKind::RabbitMq => {}
             "sqlite" => {
                 // A fresh file per run: the user's database is never touched.
-                let d = tempfile::tempdir().map_err(|e| {
-                    Error::InvalidInput(format!("cannot create a temporary directory: {e}"))
-                })?;
+                let d = tempfile::tempdir()
+                    .map_err(|e| Error::io("cannot create a temporary directory", e))?;
                 let url = format!("sqlite://{}", d.path().join("bench.db").display());
                 let lookup_url = url.clone();
                 let fresh =

@@ -243,8 +243,7 @@ fn read_stdin(template: &Template) -> Result<Vec<Envelope>> {
     let stdin = std::io::stdin();
     let mut out = Vec::new();
     for (n, line) in stdin.lock().lines().enumerate() {
-        let line = line
-            .map_err(|e| Error::InvalidInput(format!("cannot read stdin line {}: {e}", n + 1)))?;
+        let line = line.map_err(|e| Error::io(format!("cannot read stdin line {}", n + 1), e))?;
         if line.trim().is_empty() {
             continue;
         }

@@ -21,7 +21,7 @@ pub(crate) async fn run(config: &Config, args: RelayArgs, json: bool) -> Result<
     let outbox = switchyard::connect_backend(config, BackendKind::Exec, false).await?;
     let broker = switchyard::connect_backend(config, BackendKind::RabbitMq, true).await?;
     let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
-    super::work::spawn_signal_handler(shutdown.clone(), abort)?;
+    crate::signals::spawn_signal_handler(shutdown.clone(), abort)?;
     let started = Instant::now();
     let relayed = relay(
         outbox.as_ref(),

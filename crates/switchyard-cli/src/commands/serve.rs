@@ -55,20 +55,8 @@ const MAX_STREAMS: usize = 256;
 
 type Shared = State<Arc<App>>;
 
-/// Parses a listen address (`HOST:PORT`; port 0 picks a free one).
-pub(crate) fn parse_listen(flag: &str, addr: &str) -> Result<SocketAddr> {
-    addr.parse().map_err(|_| {
-        ConfigError::new(
-            flag,
-            Some(addr.to_owned()),
-            "an address such as 127.0.0.1:8080 or 0.0.0.0:8080 (IP:PORT)",
-        )
-        .into()
-    })
-}
-
 pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
-    let addr = parse_listen("--listen", &args.listen)?;
+    let addr = crate::listen::parse_listen("--listen", &args.listen)?;
     let token = std::env::var("SWITCHYARD_ADMIN_TOKEN")
         .ok()
         .filter(|t| !t.trim().is_empty());
@@ -86,24 +74,16 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
         loopback: addr.ip().is_loopback(),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
     });
-    let listener = bind(addr).await?;
+    let listener = crate::listen::bind(addr).await?;
     let local = listener.local_addr().unwrap_or(addr);
     // The first line says where it listens (with port 0, the port it got).
     outln!("switchyard serve: listening on http://{local}/");
     let shutdown = CancellationToken::new();
-    super::work::spawn_signal_handler(shutdown.clone(), CancellationToken::new())?;
+    crate::signals::spawn_signal_handler(shutdown.clone(), CancellationToken::new())?;
     axum::serve(listener, router(app))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
-        .map_err(|e| Error::InvalidInput(format!("the admin server stopped: {e}")))
-}
-
-async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        Error::InvalidInput(format!(
-            "cannot listen on {addr}: {e} (choose another with --listen IP:PORT)"
-        ))
-    })
+        .map_err(|e| Error::io("the admin server stopped", e))
 }
 
 /// Installs the Prometheus recorder for this process's metrics.
@@ -136,7 +116,7 @@ pub(crate) async fn spawn_metrics_server(
         loopback: addr.ip().is_loopback(),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
     });
-    let listener = bind(addr).await?;
+    let listener = crate::listen::bind(addr).await?;
     tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics");
     let routes = Router::new()
         .route("/metrics", get(metrics))
@@ -674,12 +654,5 @@ mod tests {
         ] {
             assert!(!is_loopback_host(bad), "{bad}");
         }
-    }
-
-    #[test]
-    fn listen_addresses_are_checked() {
-        assert!(parse_listen("--listen", "127.0.0.1:0").is_ok());
-        let err = parse_listen("--listen", "localhost").expect_err("not an IP:PORT");
-        assert!(err.to_string().contains("IP:PORT"), "{err}");
     }
 }

@@ -54,7 +54,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     let metrics = args
         .metrics_listen
         .as_deref()
-        .map(|addr| super::serve::parse_listen("--metrics-listen", addr))
+        .map(|addr| crate::listen::parse_listen("--metrics-listen", addr))
         .transpose()?;
     let jobs = switchyard::connect_jobs(config).await?;
     let (transport, status) = (jobs.transport().clone(), jobs.store().cloned());
@@ -65,7 +65,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         worker = worker.with_status(store.clone());
     }
     let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
-    spawn_signal_handler(shutdown.clone(), abort.clone())?;
+    crate::signals::spawn_signal_handler(shutdown.clone(), abort.clone())?;
     if let Some(addr) = metrics {
         super::serve::spawn_metrics_server(addr, transport.clone(), shutdown.clone()).await?;
     }
@@ -86,30 +86,6 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         );
         Ok(())
     }
-}
-
-/// The first SIGTERM or SIGINT starts a graceful shutdown; a second one cuts the grace
-/// period short.
-pub(crate) fn spawn_signal_handler(
-    shutdown: CancellationToken,
-    abort: CancellationToken,
-) -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let io = |e: std::io::Error| {
-        switchyard::Error::InvalidInput(format!("cannot listen for signals: {e}"))
-    };
-    let mut term = signal(SignalKind::terminate()).map_err(io)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
-    tokio::spawn(async move {
-        for token in [shutdown, abort] {
-            tokio::select! {
-                _ = term.recv() => tracing::warn!("SIGTERM: stopping"),
-                _ = int.recv() => tracing::warn!("SIGINT: stopping"),
-            }
-            token.cancel();
-        }
-    });
-    Ok(())
 }
 
 /// Runs `sh -c CMD` per message.
