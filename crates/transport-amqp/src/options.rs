@@ -61,7 +61,9 @@ pub struct AmqpOptions {
     /// `DATABASE_URL`), where each start is marked before its handler runs. With it, a
     /// delivery that comes back from a dead consumer is charged an attempt only when
     /// its mark says it was started; without it, the broker's count charges every
-    /// delivery the consumer held, started or merely prefetched.
+    /// delivery the consumer held, started or merely prefetched. A worker over the
+    /// transport must record job status in this same store (`Worker::with_status`), or
+    /// it refuses to start.
     pub control_store: Option<Arc<dyn StatusStore>>,
 }
 
