@@ -1,28 +1,24 @@
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    attempts_u32, fenced, limit, lossy, micros, micros_between, pair_report, replay_refused,
-    reserve_rows, row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow,
-    KeptConnections, PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
+    limit, lossy, micros, micros_between, pair_report, ClaimedRow, DeadRow, EngineState,
+    KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend, StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
-    reason, text, AckReport, Capabilities, Claim, ClaimStrategy, ConfigError, DeadLetter,
-    DeadLetters, DeadSelection, Envelope, Error, GiveBack, LeaseToken, QueueName, QueueStats,
-    Reservation, Result, Transport,
+    text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, LeaseToken, QueueName,
+    Reservation, Result,
 };
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Executor, MySql, MySqlConnection, MySqlPool, Row};
-use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
@@ -39,8 +35,6 @@ use crate::watch::{watch_publishes, WatchSql};
 const PUBLISH_CHUNK: usize = 500;
 /// The most values one `IN` list carries.
 const MAX_LIST: usize = 4_096;
-/// How often a transport moves expired messages to the dead-letter store.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// The server a transport talks to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +73,7 @@ impl ServerInfo {
     }
 }
 
-/// A [`Transport`] over a MySQL or MariaDB (InnoDB) table.
+/// A [`Transport`](queue_core::Transport) over a MySQL or MariaDB (InnoDB) table.
 ///
 /// Sessions run at `READ COMMITTED`, so a claim's scan takes no gap locks and never
 /// blocks publishers; deadlocks and lock-wait timeouts are retried with a bounded
@@ -91,9 +85,9 @@ pub struct MySqlTransport {
     schema: Option<String>,
     table: String,
     server: ServerInfo,
-    last_sweep: Mutex<Option<Instant>>,
-    pacer: PromotePacer,
-    wakers: Arc<Wakers>,
+    /// Wake-ups of this process's idle workers (fed by publishes of this transport and
+    /// by the publish watch) and the engine's pacing.
+    engine: EngineState,
     /// How the publish watch connects, and whether it runs.
     connect: MySqlConnectOptions,
     watching: Mutex<bool>,
@@ -227,9 +221,7 @@ impl MySqlTransport {
             table,
             server,
             options,
-            last_sweep: Mutex::new(None),
-            pacer: PromotePacer::default(),
-            wakers: Arc::default(),
+            engine: EngineState::default(),
             connect,
             watching: Mutex::new(false),
             _stop_on_drop: stop.clone().drop_guard(),
@@ -291,7 +283,7 @@ impl MySqlTransport {
     ) -> Result<()> {
         let rows = self.encode(envelopes)?;
         for chunk in rows.chunks(PUBLISH_CHUNK) {
-            self.insert(tx, chunk).await.backend()?;
+            self.insert_rows(tx, chunk).await.backend()?;
         }
         for (env, _) in &rows {
             self.cursors
@@ -337,7 +329,7 @@ impl MySqlTransport {
         Ok(rows)
     }
 
-    async fn insert(
+    async fn insert_rows(
         &self,
         conn: &mut MySqlConnection,
         rows: &[(Envelope, String)],
@@ -387,25 +379,14 @@ impl MySqlTransport {
                     queues_between: self.sql.queues_between.clone(),
                 },
                 every,
-                self.wakers.clone(),
+                self.engine.wakers.clone(),
                 self.stop.clone(),
             ));
             *watching = true;
         }
     }
 
-    async fn reserve_inner(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
-        if claim.max == 0 {
-            return Ok(Vec::new());
-        }
-        if let Err(err) = self.sweep_expired().await {
-            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
-        }
-        reserve_rows(self, queue, claim, self.options.visibility_timeout).await
-    }
-
-    async fn promote_due(&self) -> Result<u64> {
-        self.pacer.mark();
+    async fn promote(&self) -> Result<u64> {
         let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
         let any: i64 = sqlx::query_scalar(&self.sql.any_due)
             .fetch_one(&mut *conn)
@@ -430,45 +411,9 @@ impl MySqlTransport {
         Ok(promoted)
     }
 
-    async fn claim_ready(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let lease = micros(self.options.visibility_timeout);
-        if start == StartMode::Move {
-            let rows = self
-                .retrying("claim", || {
-                    self.claim_for_move_locked(queue, max, token, lease)
-                })
-                .await?;
-            return rows
-                .iter()
-                .map(claimed_row)
-                .collect::<std::result::Result<_, _>>()
-                .backend();
-        }
-        let rows = match self.options.claim {
-            // One transaction: a lost deadlock rolls it back whole, so it simply runs again.
-            ClaimStrategy::SkipLocked => {
-                self.retrying("claim", || {
-                    self.claim_locked(queue, max, token, start, lease)
-                })
-                .await?
-            }
-            _ => return self.claim_optimistic(queue, max, token, start, lease).await,
-        };
-        rows.iter()
-            .map(claimed_row)
-            .collect::<std::result::Result<_, _>>()
-            .backend()
-    }
-
     /// Locks up to `max` ready rows, skipping rows other claims hold, claims them and
     /// reads them back, in one transaction.
-    async fn claim_locked(
+    async fn lock_and_claim(
         &self,
         queue: &QueueName,
         max: usize,
@@ -572,83 +517,9 @@ impl MySqlTransport {
         q.fetch_all(conn).await
     }
 
-    /// Reads candidates without locks, then claims up to `max` of those still ready with
-    /// one compare-and-set, a few rounds at most while competitors take some. Each
-    /// statement commits on its own, so what earlier rounds claimed is returned even when
-    /// a later round fails.
-    async fn claim_optimistic(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-        lease: i64,
-    ) -> Result<Vec<ClaimedRow>> {
-        let mut claimed = Vec::new();
-        for _ in 0..4 {
-            let want = max - claimed.len();
-            let window = want.saturating_mul(8).clamp(64, 4096);
-            let round = async {
-                let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-                    .bind(queue.as_str())
-                    .bind(limit(window))
-                    .fetch_all(&self.pool)
-                    .await
-                    .backend()?;
-                if candidates.is_empty() {
-                    return Ok((Vec::new(), 0));
-                }
-                let update = with_list(&self.sql.claim_optimistic, candidates.len());
-                let took = self
-                    .retrying("claim", || async {
-                        let mut q = sqlx::query(&update)
-                            .bind(start as i64)
-                            .bind(start as i64)
-                            .bind(token.to_string())
-                            .bind(lease)
-                            .bind(queue.as_str());
-                        for s in padded(&candidates) {
-                            q = q.bind(s);
-                        }
-                        Ok(q.bind(limit(want))
-                            .execute(&self.pool)
-                            .await?
-                            .rows_affected())
-                    })
-                    .await?;
-                let mut rows = Vec::new();
-                if took > 0 {
-                    let mut conn = self.pool.acquire().await.backend()?;
-                    for row in self
-                        .read_claimed(&mut conn, token, &candidates)
-                        .await
-                        .backend()?
-                    {
-                        rows.push(claimed_row(&row).backend()?);
-                    }
-                }
-                Ok::<_, Error>((rows, candidates.len()))
-            };
-            match round.await {
-                Ok((rows, candidates)) => {
-                    claimed.extend(rows);
-                    if claimed.len() >= max || candidates < window {
-                        break;
-                    }
-                }
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
-            }
-        }
-        Ok(claimed)
-    }
-
     /// Moves the row `seq` held under `token` to the dead-letter store, byte for byte, in
     /// one transaction. `false` when the lease is gone.
-    async fn move_to_dead(
+    async fn move_leased_to_dead(
         &self,
         seq: i64,
         token: LeaseToken,
@@ -698,55 +569,9 @@ impl MySqlTransport {
         .await
     }
 
-    /// Moves unleased expired rows to the dead-letter store, at most once per second.
-    async fn sweep_expired(&self) -> Result<()> {
-        {
-            let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
-                return Ok(());
-            }
-            *last = Some(Instant::now());
-        }
-        let any: i64 = sqlx::query_scalar(&self.sql.any_expired)
-            .fetch_one(&self.pool)
-            .await
-            .backend()?;
-        if any == 0 {
-            return Ok(());
-        }
-        let moved = self
-            .retrying("expire", || async {
-                let mut tx = self.pool.begin().await?;
-                let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.lock_expired)
-                    .fetch_all(&mut *tx)
-                    .await?;
-                if !seqs.is_empty() {
-                    let copy = with_list(&self.sql.copy_expired, seqs.len());
-                    let bury = with_list(&self.sql.bury_by_seqs, seqs.len());
-                    for sql in [&copy, &bury] {
-                        let mut q = sqlx::query(sql);
-                        for s in padded(&seqs) {
-                            q = q.bind(s);
-                        }
-                        q.execute(&mut *tx).await?;
-                    }
-                }
-                tx.commit().await?;
-                Ok(seqs.len())
-            })
-            .await?;
-        if moved > 0 {
-            tracing::info!(
-                count = moved,
-                "expired messages moved to the dead-letter store"
-            );
-        }
-        Ok(())
-    }
-
     /// Locks the rows of a batch, keeps those still held under their tokens, and runs
     /// `sql` (a statement over their seqs, with `lease` first when given) on them.
-    async fn by_pairs(
+    async fn pairs(
         &self,
         what: &str,
         sql: &str,
@@ -818,14 +643,14 @@ impl MySqlTransport {
         Ok(pair_report(reservations, &touched))
     }
 
-    async fn on_lease(
+    async fn fenced_update(
         &self,
         what: &str,
         sql: &str,
         reservation: &Reservation,
         binds: &[Option<i64>],
         text: Option<&str>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let id = reservation.id().to_string();
         let token = reservation.token().to_string();
         let done = self
@@ -844,7 +669,7 @@ impl MySqlTransport {
                     .rows_affected())
             })
             .await?;
-        fenced(done == 1, reservation)
+        Ok(done == 1)
     }
 
     async fn now(&self) -> Result<i64> {
@@ -868,62 +693,51 @@ macro_rules! bind_selection {
     };
 }
 
-#[async_trait]
-impl RowClaims for MySqlTransport {
-    async fn claim_ready(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        self.claim_ready(queue, max, token, start).await
-    }
-
-    async fn promote_due(&self) -> Result<u64> {
-        self.promote_due().await
-    }
-
-    fn promote_pacer(&self) -> &PromotePacer {
-        &self.pacer
-    }
-
-    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
-        self.move_to_dead(seq, token, reason::MALFORMED, Some(why))
-            .await
+impl MySqlTransport {
+    /// The store of job status and results beside this transport's messages.
+    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
+        self.status.clone()
     }
 }
 
 #[async_trait]
-impl Transport for MySqlTransport {
+impl SqlBackend for MySqlTransport {
     fn name(&self) -> &'static str {
         TRANSPORT
     }
 
-    fn capabilities(&self) -> Capabilities {
-        sql_capabilities(self.options.max_payload_bytes)
+    fn max_payload_bytes(&self) -> usize {
+        self.options.max_payload_bytes
     }
 
-    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+    fn lease(&self) -> Duration {
+        self.options.visibility_timeout
+    }
+
+    fn claim_strategy(&self) -> ClaimStrategy {
+        self.options.claim
+    }
+
+    fn engine(&self) -> &EngineState {
+        &self.engine
+    }
+
+    fn watch_publishes(&self) {
         self.ensure_watching();
-        Some(self.wakers.get(queue.as_str()))
     }
 
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        if envelopes.is_empty() {
-            return Ok(());
-        }
+    async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
         let rows = self.encode(envelopes)?;
         self.retrying("publish", || async {
             if rows.len() <= PUBLISH_CHUNK {
                 let mut conn = self.kept.take_or(self.pool.acquire()).await?;
-                self.insert(&mut conn, &rows).await?;
+                self.insert_rows(&mut conn, &rows).await?;
                 self.kept.keep(conn);
                 Ok(())
             } else {
                 let mut tx = self.pool.begin().await?;
                 for chunk in rows.chunks(PUBLISH_CHUNK) {
-                    self.insert(&mut tx, chunk).await?;
+                    self.insert_rows(&mut tx, chunk).await?;
                 }
                 tx.commit().await
             }
@@ -933,132 +747,220 @@ impl Transport for MySqlTransport {
             self.cursors
                 .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
         }
-        self.wakers
-            .wake_each(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
     }
 
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, claim).await
+    async fn claim_locked(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
+        // One transaction each: a lost deadlock rolls it back whole, so it simply runs
+        // again.
+        let rows = if start == StartMode::Move {
+            self.retrying("claim", || {
+                self.claim_for_move_locked(queue, max, token, lease)
+            })
+            .await?
+        } else {
+            self.retrying("claim", || {
+                self.lock_and_claim(queue, max, token, start, lease)
+            })
+            .await?
+        };
+        rows.iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<_, _>>()
+            .backend()
     }
 
-    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        self.by_pairs("ack", &self.sql.delete_by_seqs, reservations, None)
+    async fn optimistic_round(
+        &self,
+        queue: &QueueName,
+        want: usize,
+        window: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<(Vec<ClaimedRow>, usize)> {
+        let lease = micros(self.options.visibility_timeout);
+        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+            .bind(queue.as_str())
+            .bind(limit(window))
+            .fetch_all(&self.pool)
             .await
+            .backend()?;
+        if candidates.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let update = with_list(&self.sql.claim_optimistic, candidates.len());
+        let took = self
+            .retrying("claim", || async {
+                let mut q = sqlx::query(&update)
+                    .bind(start as i64)
+                    .bind(start as i64)
+                    .bind(token.to_string())
+                    .bind(lease)
+                    .bind(queue.as_str());
+                for s in padded(&candidates) {
+                    q = q.bind(s);
+                }
+                Ok(q.bind(limit(want))
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            })
+            .await?;
+        let mut rows = Vec::new();
+        if took > 0 {
+            let mut conn = self.pool.acquire().await.backend()?;
+            for row in self
+                .read_claimed(&mut conn, token, &candidates)
+                .await
+                .backend()?
+            {
+                rows.push(claimed_row(&row).backend()?);
+            }
+        }
+        Ok((rows, candidates.len()))
     }
 
-    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
-        match how {
-            GiveBack::Retry { delay, error } => {
-                let d = micros(delay);
-                let error = error.map(text::error_text);
-                self.on_lease(
-                    "release",
-                    &self.sql.release,
-                    reservation,
-                    &[Some(d), Some(d), Some(d)],
-                    error.as_deref(),
-                )
-                .await?;
-                if delay.is_zero() {
-                    self.wakers.wake(reservation.envelope.queue.as_str());
+    async fn promote_due(&self) -> Result<u64> {
+        self.promote().await
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        let any: i64 = sqlx::query_scalar(&self.sql.any_expired)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        if any == 0 {
+            return Ok(0);
+        }
+        let moved = self
+            .retrying("expire", || async {
+                let mut tx = self.pool.begin().await?;
+                let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.lock_expired)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if !seqs.is_empty() {
+                    let copy = with_list(&self.sql.copy_expired, seqs.len());
+                    let bury = with_list(&self.sql.bury_by_seqs, seqs.len());
+                    for sql in [&copy, &bury] {
+                        let mut q = sqlx::query(sql);
+                        for s in padded(&seqs) {
+                            q = q.bind(s);
+                        }
+                        q.execute(&mut *tx).await?;
+                    }
                 }
-                Ok(())
+                tx.commit().await?;
+                Ok(seqs.len())
+            })
+            .await?;
+        Ok(moved as u64)
+    }
+
+    async fn move_to_dead(
+        &self,
+        seq: i64,
+        token: LeaseToken,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        self.move_leased_to_dead(seq, token, reason, error).await
+    }
+
+    async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
+        match op {
+            PairOp::Ack => {
+                self.pairs("ack", &self.sql.delete_by_seqs, reservations, None)
+                    .await
             }
-            GiveBack::Unstarted => {
-                self.on_lease("abandon", &self.sql.abandon, reservation, &[], None)
+            PairOp::Start(lease) => {
+                self.pairs("start", &self.sql.start_by_seqs, reservations, Some(lease))
                     .await
             }
         }
     }
 
-    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        let lease = micros(self.options.visibility_timeout);
-        self.by_pairs("start", &self.sql.start_by_seqs, reservations, Some(lease))
-            .await
-    }
-
-    async fn dead_letter(
-        &self,
-        reservation: &Reservation,
-        reason: &str,
-        error: Option<&str>,
-    ) -> Result<()> {
-        let seq = row_seq(reservation);
-        let moved = self
-            .move_to_dead(seq, reservation.token(), reason, error)
-            .await?;
-        if moved {
-            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
+    async fn on_lease(&self, op: LeaseOp<'_>, reservation: &Reservation) -> Result<bool> {
+        match op {
+            LeaseOp::Release(d, error) => {
+                self.fenced_update(
+                    "release",
+                    &self.sql.release,
+                    reservation,
+                    &[Some(d), Some(d), Some(d)],
+                    error,
+                )
+                .await
+            }
+            LeaseOp::Abandon => {
+                self.fenced_update("abandon", &self.sql.abandon, reservation, &[], None)
+                    .await
+            }
+            LeaseOp::Extend(lease) => {
+                self.fenced_update(
+                    "extend",
+                    &self.sql.extend,
+                    reservation,
+                    &[Some(lease)],
+                    None,
+                )
+                .await
+            }
         }
-        fenced(moved, reservation)
     }
 
-    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
-        self.on_lease(
-            "extend",
-            &self.sql.extend,
-            reservation,
-            &[Some(micros(lease))],
-            None,
-        )
-        .await
-    }
-
-    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
-        let now = self.now().await?;
-        let q = queue.map(QueueName::as_str);
-        let mut by_queue: HashMap<String, QueueStats> = HashMap::new();
-        let rows = sqlx::query(&self.sql.stats_jobs)
-            .bind(now)
-            .bind(now)
-            .bind(now)
-            .bind(now)
-            .bind(now)
-            .bind(q)
-            .bind(q)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        let count = |n: Option<i64>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
-        for row in rows {
-            let name = lossy(row.try_get(0).backend()?);
-            let oldest: Option<i64> = row.try_get(4).backend()?;
-            let s = by_queue
-                .entry(name.clone())
-                .or_insert_with(|| QueueStats::new(name));
-            s.ready = count(row.try_get(1).backend()?);
-            s.delayed = count(row.try_get(2).backend()?);
-            s.reserved = count(row.try_get(3).backend()?);
-            s.oldest_ready_age = oldest
-                .map(|t| Duration::from_micros(u64::try_from(now.saturating_sub(t)).unwrap_or(0)));
-        }
-        let rows = sqlx::query(&self.sql.stats_dead)
-            .bind(q)
-            .bind(q)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        for row in rows {
-            let name = lossy(row.try_get(0).backend()?);
-            by_queue
-                .entry(name.clone())
-                .or_insert_with(|| QueueStats::new(name))
-                .dead = count(row.try_get(1).backend()?);
-        }
-        let mut out: Vec<QueueStats> = by_queue.into_values().collect();
-        out.sort_by(|a, b| a.queue.cmp(&b.queue));
-        Ok(out)
-    }
-}
-
-#[async_trait]
-impl DeadLetters for MySqlTransport {
-    async fn dead_list(
+    async fn stats_rows(
         &self,
         queue: Option<&QueueName>,
-        limit_n: usize,
-    ) -> Result<Vec<DeadLetter>> {
+    ) -> Result<(Vec<StatsRow>, Vec<(String, u64)>)> {
+        let now = self.now().await?;
+        let q = queue.map(QueueName::as_str);
+        let count = |n: Option<i64>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+        let mut waiting = Vec::new();
+        for row in sqlx::query(&self.sql.stats_jobs)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(q)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?
+        {
+            let oldest: Option<i64> = row.try_get(4).backend()?;
+            waiting.push(StatsRow {
+                queue: lossy(row.try_get(0).backend()?),
+                ready: count(row.try_get(1).backend()?),
+                delayed: count(row.try_get(2).backend()?),
+                reserved: count(row.try_get(3).backend()?),
+                oldest_ready_us: oldest.map(|t| now.saturating_sub(t)),
+            });
+        }
+        let mut dead = Vec::new();
+        for row in sqlx::query(&self.sql.stats_dead)
+            .bind(q)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?
+        {
+            dead.push((
+                lossy(row.try_get(0).backend()?),
+                count(row.try_get(1).backend()?),
+            ));
+        }
+        Ok((waiting, dead))
+    }
+
+    async fn dead_rows(&self, queue: Option<&QueueName>, limit_n: usize) -> Result<Vec<DeadRow>> {
         let q = queue.map(QueueName::as_str);
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(q)
@@ -1076,54 +978,44 @@ impl DeadLetters for MySqlTransport {
                         .unwrap_or_default(),
                 ))
             };
-            let mut d = DeadLetter::new(
-                text(0)?,
-                text(1)?,
-                text(4)?,
-                time_from_micros(row.try_get(6).backend()?),
-            );
-            d.kind = text(2)?;
-            d.attempts = attempts_u32(i64::from(row.try_get::<i32, _>(3).backend()?));
-            d.last_error = row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy);
-            let body = text(7)?;
-            match Envelope::from_json(&body) {
-                Ok(mut env) => {
-                    env.attempts = d.attempts;
-                    env.last_error.clone_from(&d.last_error);
-                    d.envelope = Some(env);
-                }
-                Err(_) => d.raw = Some(body),
-            }
-            out.push(d);
+            out.push(DeadRow {
+                id: text(0)?,
+                queue: text(1)?,
+                kind: text(2)?,
+                attempts: i64::from(row.try_get::<i32, _>(3).backend()?),
+                reason: text(4)?,
+                last_error: row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy),
+                dead_at_us: row.try_get(6).backend()?,
+                body: text(7)?,
+            });
         }
         Ok(out)
     }
 
-    async fn dead_replay(
+    async fn replay_dead(
         &self,
         queue: Option<&QueueName>,
-        selection: &DeadSelection,
-    ) -> Result<u64> {
-        let (id, age) = selection_parts(selection)?;
-        let now = self.now().await?;
-        let before = age.map(|a| now.saturating_sub(a));
+        id: Option<&str>,
+        age_us: Option<i64>,
+    ) -> Result<Replayed> {
+        let before = self.cutoff(age_us).await?;
         let q = queue.map(QueueName::as_str);
         let moved = self
             .retrying("replay", || async {
                 let mut tx = self.pool.begin().await?;
-                bind_selection!(sqlx::query(&self.sql.unbury), q, id.as_deref(), before)
+                bind_selection!(sqlx::query(&self.sql.unbury), q, id, before)
                     .execute(&mut *tx)
                     .await?;
                 let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
                     .fetch_one(&mut *tx)
                     .await?;
-                bind_selection!(sqlx::query(&self.sql.replay_dead), q, id.as_deref(), before)
+                bind_selection!(sqlx::query(&self.sql.replay_dead), q, id, before)
                     .execute(&mut *tx)
                     .await?;
                 let moved = bind_selection!(
                     sqlx::query(&self.sql.delete_replayed).bind(max_seq),
                     q,
-                    id.as_deref(),
+                    id,
                     before
                 )
                 .execute(&mut *tx)
@@ -1133,73 +1025,41 @@ impl DeadLetters for MySqlTransport {
                 Ok(moved)
             })
             .await?;
-        if moved == 0 {
-            if let DeadSelection::Id(id) = selection {
-                let exists: bool = sqlx::query_scalar(&self.sql.dead_exists)
-                    .bind(id)
-                    .fetch_one(&self.pool)
-                    .await
-                    .backend()?;
-                return Err(replay_refused(id, exists));
-            }
-        }
         if moved > 0 {
             // Replayed messages may outrank a claim cursor.
             self.cursors.clear();
-            self.wakers.wake_all();
         }
-        tracing::info!(count = moved, "dead letters replayed");
-        Ok(moved)
+        Ok(Replayed {
+            count: moved,
+            queues: None,
+        })
     }
 
-    async fn dead_purge(
+    async fn dead_exists(&self, id: &str) -> Result<bool> {
+        sqlx::query_scalar(&self.sql.dead_exists)
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .backend()
+    }
+
+    async fn purge_dead(
         &self,
         queue: Option<&QueueName>,
-        selection: &DeadSelection,
+        id: Option<&str>,
+        age_us: Option<i64>,
     ) -> Result<u64> {
-        let (id, age) = selection_parts(selection)?;
-        let now = self.now().await?;
-        let before = age.map(|a| now.saturating_sub(a));
+        let before = self.cutoff(age_us).await?;
         let q = queue.map(QueueName::as_str);
         let mut purged = 0;
         loop {
-            let n = self
-                .retrying("purge", || async {
-                    let mut tx = self.pool.begin().await?;
-                    let lock = sqlx::query_scalar::<_, Vec<u8>>(&self.sql.lock_dead);
-                    let ids: Vec<String> = bind_selection!(lock, q, id.as_deref(), before)
-                        .fetch_all(&mut *tx)
-                        .await?
-                        .into_iter()
-                        .map(lossy)
-                        .collect();
-                    if ids.is_empty() {
-                        tx.commit().await?;
-                        return Ok(0);
-                    }
-                    let mut deleted = 0;
-                    for sql in [
-                        &self.sql.delete_tombstones_by_ids,
-                        &self.sql.delete_dead_by_ids,
-                    ] {
-                        let sql = with_list(sql, ids.len());
-                        let mut q = sqlx::query(&sql);
-                        for id in padded(&ids) {
-                            q = q.bind(id);
-                        }
-                        deleted = q.execute(&mut *tx).await?.rows_affected();
-                    }
-                    tx.commit().await?;
-                    // The dead letters' count: the statement that ran last.
-                    Ok(deleted)
-                })
-                .await?;
+            let n = self.purge_slice(q, id, before).await?;
             purged += n;
             if n < 4_096 {
                 break;
             }
         }
-        if matches!(selection, DeadSelection::All) && q.is_none() {
+        if id.is_none() && before.is_none() && q.is_none() {
             // No dead letter is left, so a tombstone left (by a version-1 purge during an
             // upgrade) has none either: free its id. Cheap only here, with no
             // tombstones of live dead letters to step over.
@@ -1210,18 +1070,10 @@ impl DeadLetters for MySqlTransport {
             })
             .await?;
         }
-        if purged == 0 {
-            if let DeadSelection::Id(id) = selection {
-                return Err(Error::NotFound {
-                    what: "dead letter",
-                    id: id.clone(),
-                });
-            }
-        }
         Ok(purged)
     }
 
-    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+    async fn insert_dead(&self, letters: &[DeadLetter]) -> Result<()> {
         self.retrying("dead insert", || async {
             let mut tx = self.pool.begin().await?;
             for letter in letters {
@@ -1253,15 +1105,57 @@ impl DeadLetters for MySqlTransport {
             }
             tx.commit().await
         })
-        .await?;
-        Ok(letters.len() as u64)
+        .await
     }
 }
 
 impl MySqlTransport {
-    /// The store of job status and results beside this transport's messages.
-    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
-        self.status.clone()
+    /// The dead-before cutoff (server clock) of an age.
+    async fn cutoff(&self, age_us: Option<i64>) -> Result<Option<i64>> {
+        match age_us {
+            Some(age) => Ok(Some(self.now().await?.saturating_sub(age))),
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes up to one `IN` list of the selected dead letters and their tombstones, in
+    /// one transaction; how many dead letters.
+    async fn purge_slice(
+        &self,
+        q: Option<&str>,
+        id: Option<&str>,
+        before: Option<i64>,
+    ) -> Result<u64> {
+        self.retrying("purge", || async {
+            let mut tx = self.pool.begin().await?;
+            let lock = sqlx::query_scalar::<_, Vec<u8>>(&self.sql.lock_dead);
+            let ids: Vec<String> = bind_selection!(lock, q, id, before)
+                .fetch_all(&mut *tx)
+                .await?
+                .into_iter()
+                .map(lossy)
+                .collect();
+            if ids.is_empty() {
+                tx.commit().await?;
+                return Ok(0);
+            }
+            let mut deleted = 0;
+            for sql in [
+                &self.sql.delete_tombstones_by_ids,
+                &self.sql.delete_dead_by_ids,
+            ] {
+                let sql = with_list(sql, ids.len());
+                let mut q = sqlx::query(&sql);
+                for id in padded(&ids) {
+                    q = q.bind(id);
+                }
+                deleted = q.execute(&mut *tx).await?.rows_affected();
+            }
+            tx.commit().await?;
+            // The dead letters' count: the statement that ran last.
+            Ok(deleted)
+        })
+        .await
     }
 }
 

@@ -2,7 +2,7 @@ use queue_core::Error;
 
 use crate::standby;
 
-pub(crate) const TRANSPORT: &str = "postgres";
+pub(crate) use crate::TRANSPORT;
 
 /// SQLSTATEs worth retrying (besides 25006, see `standby`): the connection broke or the server is restarting
 /// (class 08, 57P01-57P03), too many connections (53300), and the losers of a lock

@@ -23,3 +23,6 @@ pub use options::PgOptions;
 pub use sqlx;
 pub use status::PgStatusStore;
 pub use transport::{ClaimCounters, PgTransport};
+
+/// The backend's name in errors and logs.
+const TRANSPORT: &str = "postgres";

@@ -18,7 +18,7 @@ use queue_core::{Error, Result};
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::PgConnection;
 
-use crate::error::TRANSPORT;
+use crate::TRANSPORT;
 
 /// SQLSTATE of a write on a read-only server.
 pub(crate) const READ_ONLY: &str = "25006";

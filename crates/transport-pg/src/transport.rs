@@ -1,27 +1,24 @@
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    attempts_u32, fenced, limit, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    row_seq, selection_parts, sql_capabilities, time_from_micros, ClaimedRow, KeptConnections,
-    PromotePacer, RowClaims, StartMode, StoreSettings, Wakers,
+    limit, micros, micros_between, pair_report, row_seq, ClaimedRow, DeadRow, EngineState,
+    KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend, StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
-    reason, text, AckReport, Capabilities, Claim, ClaimStrategy, ConfigError, DeadLetter,
-    DeadLetters, DeadSelection, Envelope, Error, GiveBack, LeaseToken, QueueName, QueueStats,
-    Reservation, Result, Transport,
+    text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, LeaseToken, QueueName,
+    Reservation, Result,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Row};
-use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use uuid::Uuid;
 
@@ -36,12 +33,11 @@ use crate::status::PgStatusStore;
 
 /// Rows per publish statement: bounds the size of one statement's arrays.
 const PUBLISH_CHUNK: usize = 1_000;
-/// How often a transport moves expired messages to the dead-letter store.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How often an optimistic claim that lost a deadlock runs again.
 const CONFLICT_RETRIES: usize = 5;
 
-/// A [`Transport`] over a PostgreSQL table.
+/// A [`Transport`](queue_core::Transport) over a PostgreSQL table (through the SQL engine
+/// of [`queue_core::sql`]).
 ///
 /// Claims are one statement each: `FOR UPDATE SKIP LOCKED` (the default) or an
 /// optimistic compare-and-set; acks, start marks and publishes are batched into one
@@ -55,9 +51,9 @@ pub struct PgTransport {
     schema: Option<String>,
     table: String,
     channel: String,
-    last_sweep: Mutex<Option<Instant>>,
-    pacer: PromotePacer,
-    wakers: Arc<Wakers>,
+    /// Wake-ups of this process's idle workers (fed by publishes of this transport and
+    /// by the `LISTEN` task) and the engine's pacing.
+    engine: EngineState,
     listening: Mutex<bool>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -121,10 +117,6 @@ fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
         envelope: row.try_get::<String, _>(6)?.into_bytes(),
         started: row.try_get(7)?,
     })
-}
-
-fn attempts_of(n: i32) -> u32 {
-    attempts_u32(i64::from(n))
 }
 
 /// The rows of one publish statement as parallel arrays, validated and encoded.
@@ -210,9 +202,7 @@ impl PgTransport {
             schema,
             table,
             options,
-            last_sweep: Mutex::new(None),
-            pacer: PromotePacer::default(),
-            wakers: Arc::default(),
+            engine: EngineState::default(),
             listening: Mutex::new(false),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
@@ -286,7 +276,7 @@ impl PgTransport {
     ) -> Result<()> {
         let chunks = self.encode(envelopes)?;
         for chunk in &chunks {
-            self.insert(tx, chunk).await?;
+            self.insert_rows(tx, chunk).await?;
         }
         Ok(())
     }
@@ -345,7 +335,7 @@ impl PgTransport {
         Ok(chunks)
     }
 
-    async fn insert(&self, conn: &mut PgConnection, rows: &PublishArrays) -> Result<()> {
+    async fn insert_rows(&self, conn: &mut PgConnection, rows: &PublishArrays) -> Result<()> {
         self.insert_with(&self.sql.publish, conn, rows)
             .await
             .backend()
@@ -410,28 +400,16 @@ impl PgTransport {
             handle.spawn(listener::listen(
                 self.connect.clone(),
                 self.channel.clone(),
-                self.wakers.clone(),
+                self.engine.wakers.clone(),
                 self.stop.clone(),
             ));
             *listening = true;
         }
     }
 
-    /// Claims up to `max` messages, marking started as `start` says.
-    async fn reserve_inner(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
-        if claim.max == 0 {
-            return Ok(Vec::new());
-        }
-        if let Err(err) = self.sweep_expired().await {
-            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
-        }
-        reserve_rows(self, queue, claim, self.options.visibility_timeout).await
-    }
-
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
     /// index, returning how many. An idle poll only reads.
-    async fn promote_due(&self) -> Result<u64> {
-        self.pacer.mark();
+    async fn promote(&self) -> Result<u64> {
         // These statements have no parameters, so PostgreSQL would plan them once per
         // connection and keep that plan: made on a new, empty table it is a sequential
         // scan for ever. Unnamed statements are planned afresh (and cheaply) each time.
@@ -453,99 +431,18 @@ impl PgTransport {
             .rows_affected())
     }
 
-    async fn claim_ready(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let lease = micros(self.options.visibility_timeout);
-        let strategy = if start == StartMode::Move {
-            None
-        } else {
-            Some(self.options.claim)
-        };
-        match strategy {
-            None | Some(ClaimStrategy::SkipLocked) => {
-                let (sql, start) = match strategy {
-                    None => (&self.sql.claim_for_move, StartMode::None),
-                    _ => (&self.sql.claim_skip_locked, start),
-                };
-                let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
-                let rows = sqlx::query(sql)
-                    .bind(token.0)
-                    .bind(lease)
-                    .bind(queue.as_str())
-                    .bind(limit(max))
-                    .bind(start as i32)
-                    .fetch_all(&mut *conn)
-                    .await
-                    .backend()?;
-                self.kept.keep(conn);
-                rows.iter()
-                    .map(claimed_row)
-                    .collect::<std::result::Result<_, _>>()
-                    .backend()
-            }
-            // Optimistic claims are the portable fallback; the type is matched
-            // exhaustively in queue-core, so a new strategy lands here until handled.
-            _ => self.claim_optimistic(queue, max, token, lease, start).await,
-        }
-    }
-
-    /// Reads several times as many candidates as wanted without any lock, then claims up
-    /// to `max` of those still ready with one compare-and-set. When competitors took
-    /// some in between, fresh candidates are read (a few times at most), so a reserve
-    /// does not come back short while rows are ready.
-    async fn claim_optimistic(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        lease: i64,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let mut claimed = Vec::new();
-        for _ in 0..4 {
-            let want = max - claimed.len();
-            // A wide window lets competitors that read the same candidates each find
-            // rows still free; the claim itself still takes the oldest ones.
-            let window = want.saturating_mul(8).clamp(64, 4096);
-            match self
-                .optimistic_round(queue, want, window, token, lease, start)
-                .await
-            {
-                Ok((rows, candidates)) => {
-                    claimed.extend(rows);
-                    // Done when we got what we asked for, or the queue had no more.
-                    if claimed.len() >= max || candidates < window {
-                        break;
-                    }
-                }
-                Err(err) if claimed.is_empty() => return Err(err),
-                // Rows of earlier rounds are committed: return them, never drop them.
-                Err(err) => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
-            }
-        }
-        Ok(claimed)
-    }
-
     /// One optimistic round: up to `window` candidates, then one compare-and-set that
     /// claims up to `want` of them. Returns the claimed rows and how many candidates
     /// there were.
-    async fn optimistic_round(
+    async fn round(
         &self,
         queue: &QueueName,
         want: usize,
         window: usize,
         token: LeaseToken,
-        lease: i64,
         start: StartMode,
     ) -> Result<(Vec<ClaimedRow>, usize)> {
+        let lease = micros(self.options.visibility_timeout);
         let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
             .bind(queue.as_str())
             .bind(limit(window))
@@ -593,7 +490,7 @@ impl PgTransport {
 
     /// Moves the row `seq` that this transport holds under `token` to the dead-letter
     /// store, byte for byte, in one statement. `false` when the lease is gone.
-    async fn move_to_dead(
+    async fn move_leased_to_dead(
         &self,
         seq: i64,
         token: LeaseToken,
@@ -612,49 +509,14 @@ impl PgTransport {
         Ok(moved == 1)
     }
 
-    /// Moves unleased expired rows to the dead-letter store, at most once per second.
-    async fn sweep_expired(&self) -> Result<()> {
-        {
-            let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
-                return Ok(());
-            }
-            *last = Some(Instant::now());
-        }
-        let any: bool = sqlx::query_scalar(&self.sql.any_expired)
-            .persistent(false)
-            .fetch_one(&self.pool)
-            .await
-            .backend()?;
-        if !any {
-            return Ok(());
-        }
-        let moved = sqlx::query(&self.sql.move_expired)
-            .persistent(false)
-            .execute(&self.pool)
-            .await
-            .backend()?
-            .rows_affected();
-        if moved > 0 {
-            tracing::info!(
-                count = moved,
-                "expired messages moved to the dead-letter store"
-            );
-        }
-        Ok(())
-    }
-
     /// Runs a batch statement over (id, token) pairs (and an optional lease) that returns
     /// the pairs it touched; the others lost their lease.
-    async fn by_pairs(
+    async fn pairs(
         &self,
         sql: &str,
         reservations: &[Reservation],
         lease: Option<i64>,
     ) -> Result<AckReport> {
-        if reservations.is_empty() {
-            return Ok(AckReport::default());
-        }
         let seqs: Vec<i64> = reservations.iter().map(row_seq).collect();
         let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
         let mut query = sqlx::query_as(sql).bind(&seqs).bind(&tokens);
@@ -669,193 +531,188 @@ impl PgTransport {
         let touched: HashSet<(String, Uuid)> = touched.into_iter().collect();
         Ok(pair_report(reservations, &touched))
     }
-
-    /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
-    /// nothing.
-    async fn on_lease(
-        &self,
-        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
-        reservation: &Reservation,
-    ) -> Result<()> {
-        let done = query.execute(&self.pool).await.backend()?.rows_affected();
-        fenced(done == 1, reservation)
-    }
 }
 
 fn count(n: Option<i64>) -> u64 {
     u64::try_from(n.unwrap_or(0)).unwrap_or(0)
 }
 
+impl PgTransport {
+    /// The store of job status and results beside this transport's messages.
+    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
+        self.status.clone()
+    }
+}
+
 #[async_trait]
-impl RowClaims for PgTransport {
-    async fn claim_ready(
+impl SqlBackend for PgTransport {
+    fn name(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        self.options.max_payload_bytes
+    }
+
+    fn lease(&self) -> Duration {
+        self.options.visibility_timeout
+    }
+
+    fn claim_strategy(&self) -> ClaimStrategy {
+        self.options.claim
+    }
+
+    fn engine(&self) -> &EngineState {
+        &self.engine
+    }
+
+    fn watch_publishes(&self) {
+        self.ensure_listening();
+    }
+
+    async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        let chunks = self.encode(envelopes)?;
+        match self.store(&self.sql.publish_fresh, &chunks).await {
+            // An id was stored already (or twice in this batch): nothing of the failed
+            // statement was kept, so store it again, skipping what is stored.
+            Err(err) if is_unique_violation(&err) => {
+                self.store(&self.sql.publish, &chunks).await.backend()
+            }
+            stored => stored.backend(),
+        }
+    }
+
+    async fn claim_locked(
         &self,
         queue: &QueueName,
         max: usize,
         token: LeaseToken,
         start: StartMode,
     ) -> Result<Vec<ClaimedRow>> {
-        self.claim_ready(queue, max, token, start).await
+        let (sql, start) = match start {
+            StartMode::Move => (&self.sql.claim_for_move, StartMode::None),
+            start => (&self.sql.claim_skip_locked, start),
+        };
+        let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
+        let rows = sqlx::query(sql)
+            .bind(token.0)
+            .bind(micros(self.options.visibility_timeout))
+            .bind(queue.as_str())
+            .bind(limit(max))
+            .bind(start as i32)
+            .fetch_all(&mut *conn)
+            .await
+            .backend()?;
+        self.kept.keep(conn);
+        rows.iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<_, _>>()
+            .backend()
+    }
+
+    async fn optimistic_round(
+        &self,
+        queue: &QueueName,
+        want: usize,
+        window: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<(Vec<ClaimedRow>, usize)> {
+        self.round(queue, want, window, token, start).await
     }
 
     async fn promote_due(&self) -> Result<u64> {
-        self.promote_due().await
+        self.promote().await
     }
 
-    fn promote_pacer(&self) -> &PromotePacer {
-        &self.pacer
-    }
-
-    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
-        self.move_to_dead(seq, token, reason::MALFORMED, Some(why))
+    async fn sweep_expired(&self) -> Result<u64> {
+        let any: bool = sqlx::query_scalar(&self.sql.any_expired)
+            .persistent(false)
+            .fetch_one(&self.pool)
             .await
-    }
-}
-
-#[async_trait]
-impl Transport for PgTransport {
-    fn name(&self) -> &'static str {
-        TRANSPORT
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        sql_capabilities(self.options.max_payload_bytes)
-    }
-
-    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
-        self.ensure_listening();
-        Some(self.wakers.get(queue.as_str()))
-    }
-
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        if envelopes.is_empty() {
-            return Ok(());
+            .backend()?;
+        if !any {
+            return Ok(0);
         }
-        let chunks = self.encode(envelopes)?;
-        match self.store(&self.sql.publish_fresh, &chunks).await {
-            // An id was stored already (or twice in this batch): nothing of the failed
-            // statement was kept, so store it again, skipping what is stored.
-            Err(err) if is_unique_violation(&err) => {
-                self.store(&self.sql.publish, &chunks).await.backend()?;
-            }
-            stored => stored.backend()?,
-        }
-        // Workers of this transport need not wait for the round trip of the NOTIFY.
-        self.wakers.wake_each(
-            chunks
-                .iter()
-                .flat_map(|c| c.queues.iter().map(String::as_str)),
-        );
-        Ok(())
-    }
-
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, claim).await
-    }
-
-    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        self.by_pairs(&self.sql.ack_batch, reservations, None).await
-    }
-
-    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
-        match how {
-            GiveBack::Retry { delay, error } => {
-                let query = sqlx::query(&self.sql.release)
-                    .bind(micros(delay))
-                    .bind(error.map(text::error_text))
-                    .bind(reservation.id().to_string())
-                    .bind(reservation.token().0);
-                self.on_lease(query, reservation).await?;
-                if delay.is_zero() {
-                    self.wakers.wake(reservation.envelope.queue.as_str());
-                }
-                Ok(())
-            }
-            GiveBack::Unstarted => {
-                let query = sqlx::query(&self.sql.abandon)
-                    .bind(reservation.id().to_string())
-                    .bind(reservation.token().0);
-                self.on_lease(query, reservation).await
-            }
-        }
-    }
-
-    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        let lease = micros(self.options.visibility_timeout);
-        self.by_pairs(&self.sql.start_batch, reservations, Some(lease))
+        Ok(sqlx::query(&self.sql.move_expired)
+            .persistent(false)
+            .execute(&self.pool)
             .await
+            .backend()?
+            .rows_affected())
     }
 
-    async fn dead_letter(
+    async fn move_to_dead(
         &self,
-        reservation: &Reservation,
+        seq: i64,
+        token: LeaseToken,
         reason: &str,
         error: Option<&str>,
-    ) -> Result<()> {
-        // The receipt's tag is the row's seq; a replayed message gets a new row.
-        let seq = row_seq(reservation);
-        let moved = self
-            .move_to_dead(seq, reservation.token(), reason, error)
-            .await?;
-        if moved {
-            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
-        }
-        fenced(moved, reservation)
+    ) -> Result<bool> {
+        self.move_leased_to_dead(seq, token, reason, error).await
     }
 
-    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
-        let query = sqlx::query(&self.sql.extend)
-            .bind(micros(lease))
+    async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
+        match op {
+            PairOp::Ack => self.pairs(&self.sql.ack_batch, reservations, None).await,
+            PairOp::Start(lease) => {
+                self.pairs(&self.sql.start_batch, reservations, Some(lease))
+                    .await
+            }
+        }
+    }
+
+    async fn on_lease(&self, op: LeaseOp<'_>, reservation: &Reservation) -> Result<bool> {
+        let query = match op {
+            LeaseOp::Release(delay, error) => {
+                sqlx::query(&self.sql.release).bind(delay).bind(error)
+            }
+            LeaseOp::Abandon => sqlx::query(&self.sql.abandon),
+            LeaseOp::Extend(lease) => sqlx::query(&self.sql.extend).bind(lease),
+        };
+        let done = query
             .bind(reservation.id().to_string())
-            .bind(reservation.token().0);
-        self.on_lease(query, reservation).await
+            .bind(reservation.token().0)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected();
+        Ok(done == 1)
     }
 
-    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
-        let q = queue.map(QueueName::as_str);
-        let mut by_queue: HashMap<String, QueueStats> = HashMap::new();
-        let rows = sqlx::query(&self.sql.stats_jobs)
-            .bind(q)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        for row in rows {
-            let name: String = row.try_get(0).backend()?;
-            let oldest: Option<i64> = row.try_get(4).backend()?;
-            let s = by_queue
-                .entry(name.clone())
-                .or_insert_with(|| QueueStats::new(name));
-            s.ready = count(row.try_get(1).backend()?);
-            s.delayed = count(row.try_get(2).backend()?);
-            s.reserved = count(row.try_get(3).backend()?);
-            s.oldest_ready_age =
-                oldest.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
-        }
-        let rows = sqlx::query(&self.sql.stats_dead)
-            .bind(q)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        for row in rows {
-            let name: String = row.try_get(0).backend()?;
-            by_queue
-                .entry(name.clone())
-                .or_insert_with(|| QueueStats::new(name))
-                .dead = count(row.try_get(1).backend()?);
-        }
-        let mut out: Vec<QueueStats> = by_queue.into_values().collect();
-        out.sort_by(|a, b| a.queue.cmp(&b.queue));
-        Ok(out)
-    }
-}
-
-#[async_trait]
-impl DeadLetters for PgTransport {
-    async fn dead_list(
+    async fn stats_rows(
         &self,
         queue: Option<&QueueName>,
-        limit_n: usize,
-    ) -> Result<Vec<DeadLetter>> {
+    ) -> Result<(Vec<StatsRow>, Vec<(String, u64)>)> {
+        let q = queue.map(QueueName::as_str);
+        let mut waiting = Vec::new();
+        for row in sqlx::query(&self.sql.stats_jobs)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?
+        {
+            waiting.push(StatsRow {
+                queue: row.try_get(0).backend()?,
+                ready: count(row.try_get(1).backend()?),
+                delayed: count(row.try_get(2).backend()?),
+                reserved: count(row.try_get(3).backend()?),
+                oldest_ready_us: row.try_get(4).backend()?,
+            });
+        }
+        let mut dead = Vec::new();
+        for row in sqlx::query(&self.sql.stats_dead)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?
+        {
+            dead.push((row.try_get(0).backend()?, count(row.try_get(1).backend()?)));
+        }
+        Ok((waiting, dead))
+    }
+
+    async fn dead_rows(&self, queue: Option<&QueueName>, limit_n: usize) -> Result<Vec<DeadRow>> {
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(queue.map(QueueName::as_str))
             .bind(limit(limit_n))
@@ -864,44 +721,35 @@ impl DeadLetters for PgTransport {
             .backend()?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
-            let mut d = DeadLetter::new(
-                row.try_get::<String, _>(0).backend()?,
-                row.try_get::<String, _>(1).backend()?,
-                row.try_get::<String, _>(4).backend()?,
-                time_from_micros(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
-            );
-            d.kind = row.try_get(2).backend()?;
-            d.attempts = attempts_of(row.try_get(3).backend()?);
-            d.last_error = row.try_get(5).backend()?;
-            let body: String = row.try_get(7).backend()?;
-            match Envelope::from_json(&body) {
-                Ok(mut env) => {
-                    env.attempts = d.attempts;
-                    env.last_error.clone_from(&d.last_error);
-                    d.envelope = Some(env);
-                }
-                Err(_) => d.raw = Some(body),
-            }
-            out.push(d);
+            out.push(DeadRow {
+                id: row.try_get(0).backend()?,
+                queue: row.try_get(1).backend()?,
+                kind: row.try_get(2).backend()?,
+                attempts: i64::from(row.try_get::<i32, _>(3).backend()?),
+                reason: row.try_get(4).backend()?,
+                last_error: row.try_get(5).backend()?,
+                dead_at_us: row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0),
+                body: row.try_get(7).backend()?,
+            });
         }
         Ok(out)
     }
 
-    async fn dead_replay(
+    async fn replay_dead(
         &self,
         queue: Option<&QueueName>,
-        selection: &DeadSelection,
-    ) -> Result<u64> {
-        let (id, age) = selection_parts(selection)?;
+        id: Option<&str>,
+        age_us: Option<i64>,
+    ) -> Result<Replayed> {
         let mut tx = self.pool.begin().await.backend()?;
         let moved: Vec<(String, i64)> = sqlx::query_as(&self.sql.replay_dead)
             .bind(queue.map(QueueName::as_str))
-            .bind(id.as_deref())
-            .bind(age)
+            .bind(id)
+            .bind(age_us)
             .fetch_all(&mut *tx)
             .await
             .backend()?;
-        let queues: Vec<&str> = moved.iter().map(|(q, _)| q.as_str()).collect();
+        let queues: Vec<String> = moved.iter().map(|(q, _)| q.clone()).collect();
         if self.options.notify && !queues.is_empty() {
             sqlx::query(&self.sql.notify_queues)
                 .bind(&self.channel)
@@ -911,49 +759,38 @@ impl DeadLetters for PgTransport {
                 .backend()?;
         }
         tx.commit().await.backend()?;
-        let total: i64 = moved.iter().map(|(_, n)| n).sum();
-        let total = u64::try_from(total).unwrap_or(0);
-        if total == 0 {
-            if let DeadSelection::Id(id) = selection {
-                let exists: bool = sqlx::query_scalar(&self.sql.dead_exists)
-                    .bind(id)
-                    .fetch_one(&self.pool)
-                    .await
-                    .backend()?;
-                return Err(replay_refused(id, exists));
-            }
-        }
-        queues.iter().for_each(|q| self.wakers.wake(q));
-        tracing::info!(count = total, "dead letters replayed");
-        Ok(total)
+        let count: i64 = moved.iter().map(|(_, n)| n).sum();
+        Ok(Replayed {
+            count: u64::try_from(count).unwrap_or(0),
+            queues: Some(queues),
+        })
     }
 
-    async fn dead_purge(
+    async fn dead_exists(&self, id: &str) -> Result<bool> {
+        sqlx::query_scalar(&self.sql.dead_exists)
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .backend()
+    }
+
+    async fn purge_dead(
         &self,
         queue: Option<&QueueName>,
-        selection: &DeadSelection,
+        id: Option<&str>,
+        age_us: Option<i64>,
     ) -> Result<u64> {
-        let (id, age) = selection_parts(selection)?;
-        let purged = sqlx::query(&self.sql.purge_dead)
+        Ok(sqlx::query(&self.sql.purge_dead)
             .bind(queue.map(QueueName::as_str))
-            .bind(id.as_deref())
-            .bind(age)
+            .bind(id)
+            .bind(age_us)
             .execute(&self.pool)
             .await
             .backend()?
-            .rows_affected();
-        if purged == 0 {
-            if let DeadSelection::Id(id) = selection {
-                return Err(Error::NotFound {
-                    what: "dead letter",
-                    id: id.clone(),
-                });
-            }
-        }
-        Ok(purged)
+            .rows_affected())
     }
 
-    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+    async fn insert_dead(&self, letters: &[DeadLetter]) -> Result<()> {
         let mut tx = self.pool.begin().await.backend()?;
         for letter in letters {
             let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
@@ -977,14 +814,6 @@ impl DeadLetters for PgTransport {
                 .await
                 .backend()?;
         }
-        tx.commit().await.backend()?;
-        Ok(letters.len() as u64)
-    }
-}
-
-impl PgTransport {
-    /// The store of job status and results beside this transport's messages.
-    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
-        self.status.clone()
+        tx.commit().await.backend()
     }
 }

@@ -1,27 +1,23 @@
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
-    attempts_u32, fenced, lossy, micros, micros_between, pair_report, replay_refused, reserve_rows,
-    row_seq, sql_capabilities, time_from_micros, ClaimedRow, PromotePacer, RowClaims, StartMode,
-    Wakers,
+    lossy, micros, micros_between, pair_report, ClaimedRow, DeadRow, EngineState, LeaseOp, PairOp,
+    Replayed, SqlBackend, StartMode, StatsRow,
 };
 use queue_core::{
-    reason, text, AckReport, Capabilities, Claim, ConfigError, DeadLetter, DeadLetters,
-    DeadSelection, Envelope, Error, GiveBack, Identifier, LeaseToken, QueueName, QueueStats,
-    Reservation, Result, Transport,
+    text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, Error, Identifier,
+    LeaseToken, QueueName, Reservation, Result,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous as SqlxSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
-use tokio::sync::{Mutex, Notify};
 
 use crate::error::{SqlxResultExt, TRANSPORT};
 use crate::migrate::{check_existing, migrate};
@@ -31,10 +27,9 @@ use crate::status::SqliteStatusStore;
 
 /// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
 const INSERT_CHUNK: usize = 500;
-/// How often a transport moves expired messages to the dead-letter store.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// A [`Transport`] over one SQLite database file.
+/// A [`Transport`](queue_core::Transport) over one SQLite database file (through the
+/// SQL engine of [`queue_core::sql`]).
 ///
 /// All writes of one transport go through one connection, so a process never fights
 /// itself for SQLite's write lock; other processes wait on it through the busy timeout.
@@ -44,10 +39,9 @@ pub struct SqliteTransport {
     reader: SqlitePool,
     sql: Arc<Statements>,
     options: SqliteOptions,
-    last_sweep: Mutex<Option<Instant>>,
-    pacer: PromotePacer,
-    /// Wakes this process's idle workers of a queue when this transport publishes to it.
-    wakers: Wakers,
+    /// Wake-ups of this process's idle workers (SQLite tells of no other process's
+    /// publishes: those are seen by polling) and the engine's pacing.
+    engine: EngineState,
     status: Arc<SqliteStatusStore>,
 }
 
@@ -164,64 +158,8 @@ impl SqliteTransport {
             reader,
             sql: Arc::new(Statements::new(table.as_str())),
             options,
-            last_sweep: Mutex::new(None),
-            pacer: PromotePacer::default(),
-            wakers: Wakers::default(),
+            engine: EngineState::default(),
         })
-    }
-
-    /// Claims up to `max` messages, marking started as `start` says.
-    async fn reserve_inner(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
-        if claim.max == 0 {
-            return Ok(Vec::new());
-        }
-        if let Err(err) = self.sweep_expired().await {
-            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
-        }
-        reserve_rows(self, queue, claim, self.options.visibility_timeout).await
-    }
-
-    /// Runs a batch statement over `[id, token]` pairs (and an optional second
-    /// parameter) that returns the ids it touched; the others lost their lease.
-    async fn by_pairs(
-        &self,
-        sql: &str,
-        reservations: &[Reservation],
-        second: Option<i64>,
-    ) -> Result<AckReport> {
-        if reservations.is_empty() {
-            return Ok(AckReport::default());
-        }
-        let pairs: Vec<[String; 2]> = reservations
-            .iter()
-            .map(|r| [r.id().to_string(), r.token().to_string()])
-            .collect();
-        let pairs =
-            serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
-        let mut query = sqlx::query_as(sql).bind(pairs);
-        if let Some(second) = second {
-            query = query.bind(second);
-        }
-        // Matched on (seq, token): a batch may hold a stale copy of a message beside the
-        // current one.
-        let touched: Vec<(String, String)> = query.fetch_all(&self.writer).await.backend()?;
-        // A token this transport wrote always parses; anything else matches nothing.
-        let touched: std::collections::HashSet<(String, uuid::Uuid)> = touched
-            .into_iter()
-            .filter_map(|(id, token)| Some((id, uuid::Uuid::parse_str(&token).ok()?)))
-            .collect();
-        Ok(pair_report(reservations, &touched))
-    }
-
-    /// Runs a statement fenced by the reservation's token: `LeaseLost` when it touched
-    /// nothing.
-    async fn on_lease<'q>(
-        &self,
-        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-        reservation: &Reservation,
-    ) -> Result<()> {
-        let done = query.execute(&self.writer).await.backend()?.rows_affected();
-        fenced(done == 1, reservation)
     }
 
     /// The options this transport runs with.
@@ -248,45 +186,10 @@ impl SqliteTransport {
             .backend()
     }
 
-    /// Moves unleased expired rows to the dead-letter store, at most once per second.
-    async fn sweep_expired(&self) -> Result<()> {
-        {
-            let mut last = self.last_sweep.lock().await;
-            if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
-                return Ok(());
-            }
-            *last = Some(Instant::now());
-        }
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        let cutoff: i64 = sqlx::query_scalar(&self.sql.select_now)
-            .fetch_one(&mut *tx)
-            .await
-            .backend()?;
-        let copied = sqlx::query(&self.sql.copy_expired)
-            .bind(cutoff)
-            .execute(&mut *tx)
-            .await
-            .backend()?
-            .rows_affected();
-        if copied > 0 {
-            sqlx::query(&self.sql.delete_expired)
-                .bind(cutoff)
-                .execute(&mut *tx)
-                .await
-                .backend()?;
-            tracing::info!(
-                count = copied,
-                "expired messages moved to the dead-letter store"
-            );
-        }
-        tx.commit().await.backend()
-    }
-
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
     /// index, returning how many. Checks on the reader first, so an idle poll takes no
     /// write lock.
-    async fn promote_due(&self) -> Result<u64> {
-        self.pacer.mark();
+    async fn promote(&self) -> Result<u64> {
         let any: bool = sqlx::query_scalar(&self.sql.any_due)
             .fetch_one(&self.reader)
             .await
@@ -301,119 +204,49 @@ impl SqliteTransport {
             .rows_affected())
     }
 
-    async fn claim_ready(
+    /// Runs a statement of one claim on the write connection.
+    async fn claim_with(
         &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        let lease = micros(self.options.visibility_timeout);
-        let token = token.to_string();
-        if start == StartMode::Move {
-            let rows = sqlx::query(&self.sql.claim_for_move)
-                .bind(&token)
-                .bind(lease)
-                .bind(queue.as_str())
-                .bind(i64::try_from(max).unwrap_or(i64::MAX))
-                .fetch_all(&self.writer)
-                .await
-                .backend()?;
-            return rows
-                .iter()
-                .map(claimed_row)
-                .collect::<Result<_, _>>()
-                .backend();
-        }
-        match self.options.claim {
-            queue_core::ClaimStrategy::SkipLocked => {
-                let rows = sqlx::query(&self.sql.claim_skip_locked)
-                    .bind(&token)
-                    .bind(lease)
-                    .bind(queue.as_str())
-                    .bind(i64::try_from(max).unwrap_or(i64::MAX))
-                    .bind(start as i64)
-                    .fetch_all(&self.writer)
-                    .await
-                    .backend()?;
-                rows.iter()
-                    .map(claimed_row)
-                    .collect::<Result<_, _>>()
-                    .backend()
-            }
-            queue_core::ClaimStrategy::Optimistic => {
-                self.claim_optimistic(queue, max, &token, lease, start)
-                    .await
-            }
-        }
-    }
-
-    /// Reads eight times as many candidates as wanted without any lock, then claims up to `max`
-    /// of those that are still ready with one compare-and-set. When competitors took
-    /// some in between, fresh candidates are read (a few times at most), so a reserve
-    /// does not come back short while rows are ready.
-    async fn claim_optimistic(
-        &self,
+        sql: &str,
         queue: &QueueName,
         max: usize,
         token: &str,
-        lease: i64,
-        start: StartMode,
+        start: Option<StartMode>,
     ) -> Result<Vec<ClaimedRow>> {
-        let mut claimed = Vec::new();
-        for _ in 0..4 {
-            let want = max - claimed.len();
-            // A wide window lets competitors that read the same candidates each find
-            // rows still free; the claim itself still takes the oldest ones.
-            let window = want.saturating_mul(8).clamp(64, 4096);
-            let round = async {
-                let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-                    .bind(queue.as_str())
-                    .bind(i64::try_from(window).unwrap_or(i64::MAX))
-                    .fetch_all(&self.reader)
-                    .await
-                    .backend()?;
-                let list = serde_json::to_string(&candidates)
-                    .map_err(|e| Error::backend(TRANSPORT, false, e))?;
-                let rows = sqlx::query(&self.sql.claim_optimistic)
-                    .bind(token)
-                    .bind(lease)
-                    .bind(list)
-                    .bind(queue.as_str())
-                    .bind(i64::try_from(want).unwrap_or(i64::MAX))
-                    .bind(start as i64)
-                    .fetch_all(&self.writer)
-                    .await
-                    .backend()?;
-                let rows = rows
-                    .iter()
-                    .map(claimed_row)
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .backend()?;
-                Ok::<_, Error>((rows, candidates.len()))
-            };
-            match round.await {
-                Ok((rows, candidates)) => {
-                    claimed.extend(rows);
-                    // Done when we got what we asked for, or the queue had no more.
-                    if claimed.len() >= max || candidates < window {
-                        break;
-                    }
-                }
-                Err(err) if claimed.is_empty() => return Err(err),
-                // Rows of earlier rounds are committed: return them, never drop them.
-                Err(err) => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
-            }
+        let mut query = sqlx::query(sql)
+            .bind(token)
+            .bind(micros(self.options.visibility_timeout))
+            .bind(queue.as_str())
+            .bind(queue_core::sql::limit(max));
+        if let Some(start) = start {
+            query = query.bind(start as i64);
         }
-        Ok(claimed)
+        let rows = query.fetch_all(&self.writer).await.backend()?;
+        rows.iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<_, _>>()
+            .backend()
+    }
+
+    /// The dead-before cutoff (database clock) of an age.
+    async fn cutoff(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        age_us: Option<i64>,
+    ) -> Result<Option<i64>> {
+        let Some(age) = age_us else {
+            return Ok(None);
+        };
+        let now: i64 = sqlx::query_scalar(&self.sql.select_now)
+            .fetch_one(&mut *conn)
+            .await
+            .backend()?;
+        Ok(Some(now.saturating_sub(age)))
     }
 
     /// Moves the row `seq` that this transport holds under `token` to the dead-letter
     /// store, byte for byte, in one transaction. `false` when the lease is gone.
-    async fn move_to_dead(
+    async fn move_leased_to_dead(
         &self,
         seq: i64,
         token: LeaseToken,
@@ -481,52 +314,36 @@ impl SqliteTransport {
         }
         Ok(())
     }
-}
 
-#[async_trait]
-impl RowClaims for SqliteTransport {
-    async fn claim_ready(
-        &self,
-        queue: &QueueName,
-        max: usize,
-        token: LeaseToken,
-        start: StartMode,
-    ) -> Result<Vec<ClaimedRow>> {
-        self.claim_ready(queue, max, token, start).await
-    }
-
-    async fn promote_due(&self) -> Result<u64> {
-        self.promote_due().await
-    }
-
-    fn promote_pacer(&self) -> &PromotePacer {
-        &self.pacer
-    }
-
-    async fn quarantine_row(&self, seq: i64, token: LeaseToken, why: &str) -> Result<bool> {
-        self.move_to_dead(seq, token, reason::MALFORMED, Some(why))
-            .await
+    /// The store of job status and results beside this transport's messages.
+    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
+        self.status.clone()
     }
 }
 
 #[async_trait]
-impl Transport for SqliteTransport {
+impl SqlBackend for SqliteTransport {
     fn name(&self) -> &'static str {
         TRANSPORT
     }
 
-    fn capabilities(&self) -> Capabilities {
-        sql_capabilities(self.options.max_payload_bytes)
+    fn max_payload_bytes(&self) -> usize {
+        self.options.max_payload_bytes
     }
 
-    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
-        Some(self.wakers.get(queue.as_str()))
+    fn lease(&self) -> Duration {
+        self.options.visibility_timeout
     }
 
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        if envelopes.is_empty() {
-            return Ok(());
-        }
+    fn claim_strategy(&self) -> ClaimStrategy {
+        self.options.claim
+    }
+
+    fn engine(&self) -> &EngineState {
+        &self.engine
+    }
+
+    async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
         // Validate everything before storing anything.
         let mut rows = Vec::with_capacity(envelopes.len());
         for env in envelopes {
@@ -546,117 +363,185 @@ impl Transport for SqliteTransport {
             tx.commit().await.backend()?;
         }
         tracing::debug!(count = rows.len(), "published");
-        self.wakers
-            .wake_each(rows.iter().map(|(env, _)| env.queue.as_str()));
         Ok(())
     }
 
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
-        self.reserve_inner(queue, claim).await
-    }
-
-    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        self.by_pairs(&self.sql.ack_batch, reservations, None).await
-    }
-
-    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
-        match how {
-            GiveBack::Retry { delay, error } => {
-                let query = sqlx::query(&self.sql.release)
-                    .bind(micros(delay))
-                    .bind(error.map(text::error_text))
-                    .bind(reservation.id().to_string())
-                    .bind(reservation.token().to_string());
-                self.on_lease(query, reservation).await
-            }
-            GiveBack::Unstarted => {
-                let query = sqlx::query(&self.sql.abandon)
-                    .bind(reservation.id().to_string())
-                    .bind(reservation.token().to_string());
-                self.on_lease(query, reservation).await
-            }
+    async fn claim_locked(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        // One writer: a claim never meets another of this process's, and other
+        // processes wait for the write lock, so "skip locked" is simply the claim.
+        let token = token.to_string();
+        if start == StartMode::Move {
+            return self
+                .claim_with(&self.sql.claim_for_move, queue, max, &token, None)
+                .await;
         }
-    }
-
-    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        let lease = micros(self.options.visibility_timeout);
-        self.by_pairs(&self.sql.start_batch, reservations, Some(lease))
+        self.claim_with(&self.sql.claim_skip_locked, queue, max, &token, Some(start))
             .await
     }
 
-    async fn dead_letter(
+    async fn optimistic_round(
         &self,
-        reservation: &Reservation,
+        queue: &QueueName,
+        want: usize,
+        window: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<(Vec<ClaimedRow>, usize)> {
+        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+            .bind(queue.as_str())
+            .bind(queue_core::sql::limit(window))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        let list =
+            serde_json::to_string(&candidates).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+        let rows = sqlx::query(&self.sql.claim_optimistic)
+            .bind(token.to_string())
+            .bind(micros(self.options.visibility_timeout))
+            .bind(list)
+            .bind(queue.as_str())
+            .bind(queue_core::sql::limit(want))
+            .bind(start as i64)
+            .fetch_all(&self.writer)
+            .await
+            .backend()?;
+        let rows = rows
+            .iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .backend()?;
+        Ok((rows, candidates.len()))
+    }
+
+    async fn promote_due(&self) -> Result<u64> {
+        self.promote().await
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
+        let cutoff: i64 = sqlx::query_scalar(&self.sql.select_now)
+            .fetch_one(&mut *tx)
+            .await
+            .backend()?;
+        let copied = sqlx::query(&self.sql.copy_expired)
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await
+            .backend()?
+            .rows_affected();
+        if copied > 0 {
+            sqlx::query(&self.sql.delete_expired)
+                .bind(cutoff)
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        tx.commit().await.backend()?;
+        Ok(copied)
+    }
+
+    async fn move_to_dead(
+        &self,
+        seq: i64,
+        token: LeaseToken,
         reason: &str,
         error: Option<&str>,
-    ) -> Result<()> {
-        // The receipt's tag is the row's seq; a replayed message gets a new row.
-        let seq = row_seq(reservation);
-        let moved = self
-            .move_to_dead(seq, reservation.token(), reason, error)
-            .await?;
-        if moved {
-            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
-        }
-        fenced(moved, reservation)
+    ) -> Result<bool> {
+        self.move_leased_to_dead(seq, token, reason, error).await
     }
 
-    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
-        let query = sqlx::query(&self.sql.extend)
-            .bind(micros(lease))
-            .bind(reservation.id().to_string())
-            .bind(reservation.token().to_string());
-        self.on_lease(query, reservation).await
+    async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
+        let pairs: Vec<[String; 2]> = reservations
+            .iter()
+            .map(|r| [r.id().to_string(), r.token().to_string()])
+            .collect();
+        let pairs =
+            serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+        let query = match op {
+            PairOp::Ack => sqlx::query_as(&self.sql.ack_batch).bind(pairs),
+            PairOp::Start(lease) => sqlx::query_as(&self.sql.start_batch)
+                .bind(pairs)
+                .bind(lease),
+        };
+        // Matched on (id, token): a batch may hold a stale copy of a message beside the
+        // current one.
+        let touched: Vec<(String, String)> = query.fetch_all(&self.writer).await.backend()?;
+        // A token this transport wrote always parses; anything else matches nothing.
+        let touched: std::collections::HashSet<(String, uuid::Uuid)> = touched
+            .into_iter()
+            .filter_map(|(id, token)| Some((id, uuid::Uuid::parse_str(&token).ok()?)))
+            .collect();
+        Ok(pair_report(reservations, &touched))
     }
 
-    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
+    async fn on_lease(&self, op: LeaseOp<'_>, reservation: &Reservation) -> Result<bool> {
+        let (id, token) = (
+            reservation.id().to_string(),
+            reservation.token().to_string(),
+        );
+        let query = match op {
+            LeaseOp::Release(delay, error) => {
+                sqlx::query(&self.sql.release).bind(delay).bind(error)
+            }
+            LeaseOp::Abandon => sqlx::query(&self.sql.abandon),
+            LeaseOp::Extend(lease) => sqlx::query(&self.sql.extend).bind(lease),
+        };
+        let done = query
+            .bind(id)
+            .bind(token)
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected();
+        Ok(done == 1)
+    }
+
+    async fn stats_rows(
+        &self,
+        queue: Option<&QueueName>,
+    ) -> Result<(Vec<StatsRow>, Vec<(String, u64)>)> {
         let now = self.now().await?;
         let q = queue.map(QueueName::as_str);
-        let mut by_queue: HashMap<String, QueueStats> = HashMap::new();
-        let rows = sqlx::query(&self.sql.stats_jobs)
+        let count = |n: Option<i64>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+        let mut waiting = Vec::new();
+        for row in sqlx::query(&self.sql.stats_jobs)
             .bind(q)
             .bind(now)
             .fetch_all(&self.reader)
             .await
-            .backend()?;
-        for row in rows {
-            let name = lossy(row.try_get(0).backend()?);
-            let count = |i: usize| -> Result<u64> {
-                let n: Option<i64> = row.try_get(i).backend()?;
-                Ok(u64::try_from(n.unwrap_or(0)).unwrap_or(0))
-            };
+            .backend()?
+        {
             let oldest: Option<i64> = row.try_get(4).backend()?;
-            let s = by_queue
-                .entry(name.clone())
-                .or_insert_with(|| QueueStats::new(name));
-            s.ready = count(1)?;
-            s.delayed = count(2)?;
-            s.reserved = count(3)?;
-            s.oldest_ready_age = oldest
-                .map(|t| Duration::from_micros(u64::try_from(now.saturating_sub(t)).unwrap_or(0)));
+            waiting.push(StatsRow {
+                queue: lossy(row.try_get(0).backend()?),
+                ready: count(row.try_get(1).backend()?),
+                delayed: count(row.try_get(2).backend()?),
+                reserved: count(row.try_get(3).backend()?),
+                oldest_ready_us: oldest.map(|t| now.saturating_sub(t)),
+            });
         }
-        let rows = sqlx::query(&self.sql.stats_dead)
+        let mut dead = Vec::new();
+        for row in sqlx::query(&self.sql.stats_dead)
             .bind(q)
             .fetch_all(&self.reader)
             .await
-            .backend()?;
-        for row in rows {
-            let name = lossy(row.try_get(0).backend()?);
-            let n: i64 = row.try_get(1).backend()?;
-            by_queue
-                .entry(name.clone())
-                .or_insert_with(|| QueueStats::new(name))
-                .dead = u64::try_from(n).unwrap_or(0);
+            .backend()?
+        {
+            dead.push((
+                lossy(row.try_get(0).backend()?),
+                count(row.try_get(1).backend()?),
+            ));
         }
-        let mut out: Vec<QueueStats> = by_queue.into_values().collect();
-        out.sort_by(|a, b| a.queue.cmp(&b.queue));
-        Ok(out)
+        Ok((waiting, dead))
     }
-}
 
-#[async_trait]
-impl DeadLetters for SqliteTransport {
-    async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
+    async fn dead_rows(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadRow>> {
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(queue.map(QueueName::as_str))
             .bind(queue_core::sql::limit(limit))
@@ -672,36 +557,28 @@ impl DeadLetters for SqliteTransport {
                         .unwrap_or_default(),
                 ))
             };
-            let mut d = DeadLetter::new(
-                text(0)?,
-                text(1)?,
-                text(4)?,
-                time_from_micros(row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0)),
-            );
-            d.kind = text(2)?;
-            d.attempts = attempts_u32(row.try_get::<Option<i64>, _>(3).backend()?.unwrap_or(0));
-            d.last_error = row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy);
-            let body = text(7)?;
-            match Envelope::from_json(&body) {
-                Ok(mut env) => {
-                    env.attempts = d.attempts;
-                    env.last_error.clone_from(&d.last_error);
-                    d.envelope = Some(env);
-                }
-                Err(_) => d.raw = Some(body),
-            }
-            out.push(d);
+            out.push(DeadRow {
+                id: text(0)?,
+                queue: text(1)?,
+                kind: text(2)?,
+                attempts: row.try_get::<Option<i64>, _>(3).backend()?.unwrap_or(0),
+                reason: text(4)?,
+                last_error: row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy),
+                dead_at_us: row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0),
+                body: text(7)?,
+            });
         }
         Ok(out)
     }
 
-    async fn dead_replay(
+    async fn replay_dead(
         &self,
         queue: Option<&QueueName>,
-        selection: &DeadSelection,
-    ) -> Result<u64> {
+        id: Option<&str>,
+        age_us: Option<i64>,
+    ) -> Result<Replayed> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        let (id, before) = self.selection(&mut tx, selection).await?;
+        let before = self.cutoff(&mut tx, age_us).await?;
         let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
             .fetch_one(&mut *tx)
             .await
@@ -709,14 +586,14 @@ impl DeadLetters for SqliteTransport {
         let q = queue.map(QueueName::as_str);
         sqlx::query(&self.sql.replay_dead)
             .bind(q)
-            .bind(id.as_deref())
+            .bind(id)
             .bind(before)
             .execute(&mut *tx)
             .await
             .backend()?;
         let moved = sqlx::query(&self.sql.delete_replayed)
             .bind(q)
-            .bind(id.as_deref())
+            .bind(id)
             .bind(before)
             .bind(max_seq)
             .execute(&mut *tx)
@@ -724,51 +601,41 @@ impl DeadLetters for SqliteTransport {
             .backend()?
             .rows_affected();
         tx.commit().await.backend()?;
-        if moved == 0 {
-            if let DeadSelection::Id(id) = selection {
-                let exists: bool = sqlx::query_scalar(&self.sql.dead_exists)
-                    .bind(id)
-                    .fetch_one(&self.reader)
-                    .await
-                    .backend()?;
-                return Err(replay_refused(id, exists));
-            }
-        }
-        if moved > 0 {
-            self.wakers.wake_all();
-        }
-        tracing::info!(count = moved, "dead letters replayed");
-        Ok(moved)
+        Ok(Replayed {
+            count: moved,
+            queues: None,
+        })
     }
 
-    async fn dead_purge(
+    async fn dead_exists(&self, id: &str) -> Result<bool> {
+        sqlx::query_scalar(&self.sql.dead_exists)
+            .bind(id)
+            .fetch_one(&self.reader)
+            .await
+            .backend()
+    }
+
+    async fn purge_dead(
         &self,
         queue: Option<&QueueName>,
-        selection: &DeadSelection,
+        id: Option<&str>,
+        age_us: Option<i64>,
     ) -> Result<u64> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        let (id, before) = self.selection(&mut tx, selection).await?;
+        let before = self.cutoff(&mut tx, age_us).await?;
         let purged = sqlx::query(&self.sql.purge_dead)
             .bind(queue.map(QueueName::as_str))
-            .bind(id.as_deref())
+            .bind(id)
             .bind(before)
             .execute(&mut *tx)
             .await
             .backend()?
             .rows_affected();
         tx.commit().await.backend()?;
-        if purged == 0 {
-            if let DeadSelection::Id(id) = selection {
-                return Err(Error::NotFound {
-                    what: "dead letter",
-                    id: id.clone(),
-                });
-            }
-        }
         Ok(purged)
     }
 
-    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+    async fn insert_dead(&self, letters: &[DeadLetter]) -> Result<()> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
         for letter in letters {
             let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
@@ -792,41 +659,7 @@ impl DeadLetters for SqliteTransport {
                 .await
                 .backend()?;
         }
-        tx.commit().await.backend()?;
-        Ok(letters.len() as u64)
-    }
-}
-
-impl SqliteTransport {
-    /// The store of job status and results beside this transport's messages.
-    pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
-        self.status.clone()
-    }
-}
-
-impl SqliteTransport {
-    /// The id and the dead-before cutoff (database clock) of a selection.
-    async fn selection(
-        &self,
-        conn: &mut sqlx::SqliteConnection,
-        selection: &DeadSelection,
-    ) -> Result<(Option<String>, Option<i64>)> {
-        Ok(match selection {
-            DeadSelection::Id(id) => (Some(id.clone()), None),
-            DeadSelection::All => (None, None),
-            DeadSelection::OlderThan(age) => {
-                let now: i64 = sqlx::query_scalar(&self.sql.select_now)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .backend()?;
-                (None, Some(now - micros(*age)))
-            }
-            _ => {
-                return Err(Error::InvalidInput(format!(
-                    "unsupported dead-letter selection {selection:?}"
-                )))
-            }
-        })
+        tx.commit().await.backend()
     }
 }
 

@@ -1,0 +1,177 @@
+//! The SQL claim: pacing the promotion of due rows, the skip-locked or optimistic claim,
+//! decoding, and quarantine of malformed rows, for every SQL backend.
+
+use std::time::Duration;
+
+use super::backend::SqlBackend;
+use super::claimed::{ClaimedRow, StartMode};
+use crate::config::ClaimStrategy;
+use crate::names::QueueName;
+use crate::reservation::{LeaseToken, Receipt, Reservation};
+use crate::transport::Claim;
+use crate::{reason, Result};
+
+/// How many rounds one reserve spends skipping malformed rows before it returns.
+const QUARANTINE_ROUNDS: usize = 16;
+
+/// How many candidate rounds an optimistic claim runs at most.
+const OPTIMISTIC_ROUNDS: usize = 4;
+
+/// Claims up to `claim.max` messages under a lease of `lease`: claims rows, decodes
+/// them, quarantines the malformed ones (and claims again in their place, a bounded
+/// number of times), and returns the reservations in delivery order.
+pub(super) async fn reserve_rows<B: SqlBackend + ?Sized>(
+    claims: &B,
+    queue: &QueueName,
+    claim: Claim,
+    lease: Duration,
+) -> Result<Vec<Reservation>> {
+    let (max, start) = (claim.max, StartMode::of(claim));
+    let mut out = Vec::with_capacity(max.min(1024));
+    for _ in 0..QUARANTINE_ROUNDS {
+        if out.len() >= max {
+            break;
+        }
+        let token = LeaseToken::generate();
+        let mut rows = match claim_rows(claims, queue, max - out.len(), token, start).await {
+            Ok(rows) => rows,
+            // What was claimed in an earlier round is returned, never left leased.
+            Err(err) if !out.is_empty() => {
+                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                break;
+            }
+            Err(err) => return Err(err),
+        };
+        if rows.is_empty() {
+            break;
+        }
+        rows.sort_by_key(|r| (std::cmp::Reverse(r.priority), r.available_at, r.seq));
+        let mut quarantined = 0;
+        for row in rows {
+            match row.decode() {
+                Ok(envelope) => {
+                    let receipt =
+                        Receipt::new(envelope.id, token, u64::try_from(row.seq).unwrap_or(0));
+                    out.push(Reservation::new(envelope, receipt, lease, row.started));
+                }
+                Err(why) => {
+                    tracing::warn!(queue = %queue, message_id = %row.id, error = %why, "malformed message quarantined");
+                    // If the move fails the row stays leased and is quarantined again
+                    // when its lease runs out; the good rows are still returned.
+                    match claims
+                        .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
+                        .await
+                    {
+                        Ok(_) => quarantined += 1,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "quarantine failed; retrying after the lease")
+                        }
+                    }
+                }
+            }
+        }
+        if quarantined == 0 {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
+/// few milliseconds; then it runs only when the claim comes back short, so a busy drain
+/// does not pay for it on every batch and an idle queue still sees due rows at once.
+async fn claim_rows<B: SqlBackend + ?Sized>(
+    claims: &B,
+    queue: &QueueName,
+    max: usize,
+    token: LeaseToken,
+    start: StartMode,
+) -> Result<Vec<ClaimedRow>> {
+    let recent = claims.engine().pacer.recent();
+    if !recent {
+        promote(claims).await?;
+    }
+    let mut rows = claim_ready(claims, queue, max, token, start).await?;
+    if rows.len() < max && recent {
+        // The rows already claimed are committed: a failure from here on must not lose
+        // them, so it only ends this claim early.
+        let more = match promote(claims).await {
+            Ok(0) => Ok(Vec::new()),
+            Ok(_) => claim_ready(claims, queue, max - rows.len(), token, start).await,
+            Err(err) => Err(err),
+        };
+        match more {
+            Ok(more) => rows.extend(more),
+            Err(err) if rows.is_empty() => return Err(err),
+            Err(err) => {
+                tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Promotes due rows, noting the time first so that concurrent claims skip it.
+async fn promote<B: SqlBackend + ?Sized>(claims: &B) -> Result<u64> {
+    claims.engine().pacer.mark();
+    claims.promote_due().await
+}
+
+/// Claims up to `max` ready rows of `queue`: a move's claim and a skip-locked claim are
+/// one statement (or transaction) of the backend's; an optimistic claim runs rounds of
+/// candidates and compare-and-set here.
+async fn claim_ready<B: SqlBackend + ?Sized>(
+    claims: &B,
+    queue: &QueueName,
+    max: usize,
+    token: LeaseToken,
+    start: StartMode,
+) -> Result<Vec<ClaimedRow>> {
+    match (start, claims.claim_strategy()) {
+        (StartMode::Move, _) | (_, ClaimStrategy::SkipLocked) => {
+            claims.claim_locked(queue, max, token, start).await
+        }
+        // Optimistic claims are the portable fallback; the type is matched exhaustively
+        // in queue-core, so a new strategy lands here until handled.
+        _ => claim_optimistic(claims, queue, max, token, start).await,
+    }
+}
+
+/// Reads several times as many candidates as wanted without any lock, then claims up to
+/// `max` of those still ready with one compare-and-set. When competitors took some in
+/// between, fresh candidates are read (a few times at most), so a reserve does not come
+/// back short while rows are ready. Each round commits on its own.
+async fn claim_optimistic<B: SqlBackend + ?Sized>(
+    claims: &B,
+    queue: &QueueName,
+    max: usize,
+    token: LeaseToken,
+    start: StartMode,
+) -> Result<Vec<ClaimedRow>> {
+    let mut claimed = Vec::new();
+    for _ in 0..OPTIMISTIC_ROUNDS {
+        let want = max - claimed.len();
+        // A wide window lets competitors that read the same candidates each find rows
+        // still free; the claim itself still takes the oldest ones.
+        let window = want.saturating_mul(8).clamp(64, 4096);
+        match claims
+            .optimistic_round(queue, want, window, token, start)
+            .await
+        {
+            Ok((rows, candidates)) => {
+                claimed.extend(rows);
+                // Done when we got what we asked for, or the queue had no more.
+                if claimed.len() >= max || candidates < window {
+                    break;
+                }
+            }
+            Err(err) if claimed.is_empty() => return Err(err),
+            // Rows of earlier rounds are committed: return them, never drop them.
+            Err(err) => {
+                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                break;
+            }
+        }
+    }
+    Ok(claimed)
+}

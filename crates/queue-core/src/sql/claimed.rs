@@ -1,0 +1,98 @@
+//! A claim's mode and the rows it returns, as plainly as the backends read them.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::values::{attempts_u32, time_from_micros};
+use crate::envelope::Envelope;
+use crate::transport::{Claim, Scope, Start};
+
+/// Which claimed messages a claim marks started (the mode parameter of the claim SQL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartMode {
+    /// None: claimed ahead of use (a prefetch).
+    None = 0,
+    /// All (a plain reserve).
+    All = 1,
+    /// Those that come with no attempts (a fast worker's prefetch).
+    Fresh = 2,
+    /// None, and the claim takes any row no worker holds, due or not (a move to another
+    /// backend, [`Scope::Any`]).
+    Move = 3,
+}
+
+impl StartMode {
+    /// The mode of `claim`.
+    pub fn of(claim: Claim) -> Self {
+        match (claim.scope, claim.start) {
+            (Scope::Any, _) => StartMode::Move,
+            (Scope::Due, Start::All) => StartMode::All,
+            (Scope::Due, Start::None) => StartMode::None,
+            (Scope::Due, Start::Fresh) => StartMode::Fresh,
+        }
+    }
+}
+
+/// A claimed row, read as plainly as possible so that no stored value can fail a claim.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    /// The row number (publish order).
+    pub seq: i64,
+    /// The id column.
+    pub id: String,
+    /// The priority column.
+    pub priority: i64,
+    /// The attempts column, after the claim.
+    pub attempts: i64,
+    /// The due time, in microseconds since the epoch.
+    pub available_at: i64,
+    /// The last error column.
+    pub last_error: Option<String>,
+    /// The stored envelope text.
+    pub envelope: Vec<u8>,
+    /// Whether the claim marked the message started.
+    pub started: bool,
+}
+
+impl ClaimedRow {
+    /// The envelope, with the row's delivery state laid over it, or why the row is
+    /// malformed.
+    pub fn decode(&self) -> std::result::Result<Envelope, String> {
+        let text = std::str::from_utf8(&self.envelope)
+            .map_err(|e| format!("cannot decode envelope: not UTF-8 text ({e})"))?;
+        let mut env = Envelope::from_json(text).map_err(|e| e.to_string())?;
+        if env.id.to_string() != self.id {
+            return Err(format!(
+                "the envelope's id {} does not match the row's id {}",
+                env.id, self.id
+            ));
+        }
+        // The columns carry the delivery state; the JSON carries the message as published.
+        env.attempts = attempts_u32(self.attempts);
+        env.available_at = time_from_micros(self.available_at);
+        env.last_error.clone_from(&self.last_error);
+        Ok(env)
+    }
+}
+
+/// How long a promotion of due rows counts as fresh.
+const PROMOTE_EVERY: Duration = Duration::from_millis(50);
+
+/// Paces the promotion of due rows (delayed messages, lapsed leases) into the claim
+/// order, so that a busy drain does not pay for it on every batch.
+#[derive(Debug, Default)]
+pub struct PromotePacer(Mutex<Option<Instant>>);
+
+impl PromotePacer {
+    pub(super) fn recent(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| t.elapsed() < PROMOTE_EVERY)
+    }
+
+    /// Notes that a promotion runs now.
+    pub fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+}

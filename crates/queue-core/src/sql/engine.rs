@@ -1,0 +1,251 @@
+//! The one implementation of [`Transport`] and [`DeadLetters`] for every SQL backend:
+//! the logic of the contract over a backend's primitives ([`SqlBackend`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use super::backend::{LeaseOp, PairOp, SqlBackend};
+use super::claim::reserve_rows;
+use super::fence::{fenced, replay_refused};
+use super::store::sql_capabilities;
+use super::values::{attempts_u32, micros, row_seq, selection_parts, time_from_micros};
+use crate::capabilities::Capabilities;
+use crate::dead_letters::{DeadLetter, DeadLetters, DeadSelection};
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::names::QueueName;
+use crate::reservation::{AckReport, Reservation};
+use crate::transport::{Claim, GiveBack, QueueStats, Transport};
+
+/// How often a claim may sweep expired messages to the dead-letter store.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+#[async_trait]
+impl<B: SqlBackend> Transport for B {
+    fn name(&self) -> &'static str {
+        SqlBackend::name(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        sql_capabilities(self.max_payload_bytes())
+    }
+
+    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<Notify>> {
+        self.watch_publishes();
+        Some(self.engine().wakers.get(queue.as_str()))
+    }
+
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        let mut queues: Vec<QueueName> = Vec::new();
+        for env in &envelopes {
+            if queues.last() != Some(&env.queue) {
+                queues.push(env.queue.clone());
+            }
+        }
+        self.insert(envelopes).await?;
+        // Workers of this transport need not wait for another process's signal.
+        self.engine()
+            .wakers
+            .wake_each(queues.iter().map(QueueName::as_str));
+        Ok(())
+    }
+
+    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+        if claim.max == 0 {
+            return Ok(Vec::new());
+        }
+        if let Err(err) = sweep(self).await {
+            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+        }
+        reserve_rows(self, queue, claim, self.lease()).await
+    }
+
+    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        if reservations.is_empty() {
+            return Ok(AckReport::default());
+        }
+        self.by_pairs(PairOp::Start(micros(self.lease())), reservations)
+            .await
+    }
+
+    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        if reservations.is_empty() {
+            return Ok(AckReport::default());
+        }
+        self.by_pairs(PairOp::Ack, reservations).await
+    }
+
+    async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
+        match how {
+            GiveBack::Retry { delay, error } => {
+                let error = error.map(crate::text::error_text);
+                let op = LeaseOp::Release(micros(delay), error.as_deref());
+                fenced(self.on_lease(op, reservation).await?, reservation)?;
+                if delay.is_zero() {
+                    let queue = reservation.envelope.queue.as_str();
+                    self.engine().wakers.wake(queue);
+                }
+                Ok(())
+            }
+            GiveBack::Unstarted => {
+                let touched = self.on_lease(LeaseOp::Abandon, reservation).await?;
+                fenced(touched, reservation)
+            }
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        reservation: &Reservation,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<()> {
+        // The receipt's tag is the row's seq; a replayed message gets a new row.
+        let moved = self
+            .move_to_dead(row_seq(reservation), reservation.token(), reason, error)
+            .await?;
+        if moved {
+            tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
+        }
+        fenced(moved, reservation)
+    }
+
+    async fn extend(&self, reservation: &Reservation, lease: Duration) -> Result<()> {
+        let touched = self
+            .on_lease(LeaseOp::Extend(micros(lease)), reservation)
+            .await?;
+        fenced(touched, reservation)
+    }
+
+    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
+        let (waiting, dead) = self.stats_rows(queue).await?;
+        let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();
+        for row in waiting {
+            let s = by_queue
+                .entry(row.queue.clone())
+                .or_insert_with(|| QueueStats::new(row.queue));
+            s.ready = row.ready;
+            s.delayed = row.delayed;
+            s.reserved = row.reserved;
+            s.oldest_ready_age = row
+                .oldest_ready_us
+                .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+        }
+        for (name, n) in dead {
+            by_queue
+                .entry(name.clone())
+                .or_insert_with(|| QueueStats::new(name))
+                .dead = n;
+        }
+        Ok(by_queue.into_values().collect())
+    }
+}
+
+/// Moves unleased expired rows to the dead-letter store, at most once per second.
+async fn sweep<B: SqlBackend + ?Sized>(backend: &B) -> Result<()> {
+    {
+        let mut last = backend
+            .engine()
+            .last_sweep
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+            return Ok(());
+        }
+        *last = Some(Instant::now());
+    }
+    let moved = backend.sweep_expired().await?;
+    if moved > 0 {
+        tracing::info!(
+            count = moved,
+            "expired messages moved to the dead-letter store"
+        );
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl<B: SqlBackend> DeadLetters for B {
+    async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
+        let rows = self.dead_rows(queue, limit).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut d = DeadLetter::new(
+                row.id,
+                row.queue,
+                row.reason,
+                time_from_micros(row.dead_at_us),
+            );
+            d.kind = row.kind;
+            d.attempts = attempts_u32(row.attempts);
+            d.last_error = row.last_error;
+            match Envelope::from_json(&row.body) {
+                Ok(mut env) => {
+                    // The columns carry the delivery state; the JSON the message as
+                    // published.
+                    env.attempts = d.attempts;
+                    env.last_error.clone_from(&d.last_error);
+                    d.envelope = Some(env);
+                }
+                Err(_) => d.raw = Some(row.body),
+            }
+            out.push(d);
+        }
+        Ok(out)
+    }
+
+    async fn dead_replay(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = selection_parts(selection)?;
+        let replayed = self.replay_dead(queue, id.as_deref(), age).await?;
+        if replayed.count == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(replay_refused(id, self.dead_exists(id).await?));
+            }
+        }
+        let wakers = &self.engine().wakers;
+        match &replayed.queues {
+            Some(queues) => queues.iter().for_each(|q| wakers.wake(q)),
+            None if replayed.count > 0 => wakers.wake_all(),
+            None => {}
+        }
+        tracing::info!(count = replayed.count, "dead letters replayed");
+        Ok(replayed.count)
+    }
+
+    async fn dead_purge(
+        &self,
+        queue: Option<&QueueName>,
+        selection: &DeadSelection,
+    ) -> Result<u64> {
+        let (id, age) = selection_parts(selection)?;
+        let purged = self.purge_dead(queue, id.as_deref(), age).await?;
+        if purged == 0 {
+            if let DeadSelection::Id(id) = selection {
+                return Err(Error::NotFound {
+                    what: "dead letter",
+                    id: id.clone(),
+                });
+            }
+        }
+        Ok(purged)
+    }
+
+    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
+        if letters.is_empty() {
+            return Ok(0);
+        }
+        self.insert_dead(letters).await?;
+        Ok(letters.len() as u64)
+    }
+}

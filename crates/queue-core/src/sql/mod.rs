@@ -1,0 +1,29 @@
+//! The SQL engine: one implementation of [`Transport`](crate::Transport) and
+//! [`DeadLetters`](crate::DeadLetters) for every SQL backend, over the small set of
+//! primitives a backend provides ([`SqlBackend`]), and the building blocks they share.
+//! For transport crates; not semver-stable.
+
+mod backend;
+mod claim;
+mod claimed;
+mod connections;
+mod engine;
+mod fence;
+mod store;
+mod values;
+mod wakers;
+
+pub use backend::{DeadRow, EngineState, LeaseOp, PairOp, Replayed, SqlBackend, StatsRow};
+pub use claimed::{ClaimedRow, PromotePacer, StartMode};
+pub use connections::{KeptConnections, KEPT_CONNECTIONS};
+pub use fence::{fenced, pair_report, replay_refused};
+pub use store::{
+    check_existing_version, check_schema_version, missing_store, sql_capabilities, StoreSettings,
+};
+pub use values::{
+    attempts_u32, dead_row, limit, micros, micros_between, row_seq, selection_parts,
+    time_from_micros,
+};
+pub use wakers::Wakers;
+
+pub use crate::text::lossy;

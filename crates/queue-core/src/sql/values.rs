@@ -1,0 +1,61 @@
+//! Conversions between rows and values: times in microseconds, counts, dead-letter rows,
+//! a reservation's row.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::dead_letters::{DeadLetter, DeadSelection};
+use crate::error::Result;
+use crate::reservation::Reservation;
+
+/// What a SQL dead-letter row holds for a moved dead letter: the stored text (the
+/// envelope, or the raw text of a malformed one), the priority and the expiry.
+pub fn dead_row(letter: &DeadLetter) -> (String, i16, Option<DateTime<Utc>>) {
+    match &letter.envelope {
+        Some(env) => (env.to_json(), env.priority, env.expires_at),
+        None => (letter.raw.clone().unwrap_or_default(), 0, None),
+    }
+}
+
+/// The row a SQL transport's reservation came from: its receipt's tag is the row's
+/// `seq` (the claim sets it); -1, which matches no row, if it is out of range.
+pub fn row_seq(reservation: &Reservation) -> i64 {
+    i64::try_from(reservation.receipt.tag()).unwrap_or(-1)
+}
+
+/// The id of a dead-letter selection, and its age cutoff in microseconds.
+pub fn selection_parts(selection: &DeadSelection) -> Result<(Option<String>, Option<i64>)> {
+    Ok(match selection {
+        DeadSelection::Id(id) => (Some(id.clone()), None),
+        DeadSelection::All => (None, None),
+        DeadSelection::OlderThan(age) => (None, Some(micros(*age))),
+    })
+}
+
+/// A duration in whole microseconds, saturating.
+pub fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A row count for a `LIMIT` parameter, saturating.
+pub fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
+pub fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
+    (to - from)
+        .num_microseconds()
+        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
+}
+
+/// A time from microseconds since the epoch (the earliest time when out of range).
+pub fn time_from_micros(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// An attempts column as a count (negative reads as 0).
+pub fn attempts_u32(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
