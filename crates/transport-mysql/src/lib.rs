@@ -13,11 +13,13 @@ mod cursor;
 mod error;
 mod migrate;
 mod options;
+mod server;
 mod sql;
 mod status;
 mod transport;
 mod watch;
 
 pub use options::MySqlOptions;
+pub use server::ServerInfo;
 pub use status::MySqlStatusStore;
-pub use transport::{MySqlTransport, ServerInfo};
+pub use transport::MySqlTransport;

@@ -271,109 +271,133 @@ fn ids(updates: &[StatusUpdate]) -> Vec<String> {
     updates.iter().map(|u| u.id.to_string()).collect()
 }
 
+/// One column of a batch of updates.
+fn column(f: fn(&StatusUpdate) -> String, of: &[StatusUpdate]) -> Vec<String> {
+    of.iter().map(f).collect()
+}
+
+/// The attempts of a batch of updates.
+fn attempts(of: &[StatusUpdate]) -> Vec<i32> {
+    of.iter()
+        .map(|u| i32::try_from(u.attempts).unwrap_or(i32::MAX))
+        .collect()
+}
+
+impl PgStatusStore {
+    /// Creates the records of jobs seen for the first time.
+    async fn create_rows(&self, creates: &[StatusUpdate]) -> Result<()> {
+        sqlx::query(&self.create)
+            .bind(&self.channel)
+            .bind(ids(creates))
+            .bind(column(|u| u.queue.clone(), creates))
+            .bind(column(|u| u.kind.clone(), creates))
+            .bind(column(|u| u.state.as_str().to_owned(), creates))
+            .bind(attempts(creates))
+            .bind(
+                creates
+                    .iter()
+                    .map(|u| u.payload.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    /// Applies changes to existing records.
+    async fn change_rows(&self, changes: &[StatusUpdate]) -> Result<()> {
+        sqlx::query(&self.change)
+            .bind(&self.channel)
+            .bind(ids(changes))
+            .bind(column(|u| u.queue.clone(), changes))
+            .bind(column(|u| u.kind.clone(), changes))
+            .bind(column(|u| u.state.as_str().to_owned(), changes))
+            .bind(attempts(changes))
+            .bind(
+                changes
+                    .iter()
+                    .map(|u| u.progress_percent().map(|p| p as i16))
+                    .collect::<Vec<Option<i16>>>(),
+            )
+            .bind(
+                changes
+                    .iter()
+                    .map(|u| u.progress_note().map(str::to_owned))
+                    .collect::<Vec<Option<String>>>(),
+            )
+            .bind(
+                changes
+                    .iter()
+                    .map(StatusUpdate::result_text)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(changes.iter().map(|u| u.error.clone()).collect::<Vec<_>>())
+            .bind(
+                changes
+                    .iter()
+                    .map(|u| u.state.is_final())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                changes
+                    .iter()
+                    .map(|u| i32::from(u.starts_run))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                changes
+                    .iter()
+                    .map(|u| u.payload.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(changes.iter().map(|u| u.worker.clone()).collect::<Vec<_>>())
+            .bind(
+                changes
+                    .iter()
+                    .map(StatusUpdate::started_ago_micros)
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+
+    /// Keeps failed attempts.
+    async fn try_rows(&self, tries: &[StatusUpdate]) -> Result<()> {
+        sqlx::query(&self.tries)
+            .bind(ids(tries))
+            .bind(attempts(tries))
+            .bind(column(|u| u.state.as_str().to_owned(), tries))
+            .bind(tries.iter().map(|u| u.error.clone()).collect::<Vec<_>>())
+            .bind(tries.iter().map(|u| u.worker.clone()).collect::<Vec<_>>())
+            .bind(
+                tries
+                    .iter()
+                    .map(|u| u.ran_for.map(micros))
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl StatusStore for PgStatusStore {
     async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
         let (creates, changes) = fold_updates(updates);
-        let column = |f: fn(&StatusUpdate) -> String, of: &[StatusUpdate]| -> Vec<String> {
-            of.iter().map(f).collect()
-        };
-        let attempts = |of: &[StatusUpdate]| -> Vec<i32> {
-            of.iter()
-                .map(|u| i32::try_from(u.attempts).unwrap_or(i32::MAX))
-                .collect()
-        };
         if !creates.is_empty() {
-            sqlx::query(&self.create)
-                .bind(&self.channel)
-                .bind(ids(&creates))
-                .bind(column(|u| u.queue.clone(), &creates))
-                .bind(column(|u| u.kind.clone(), &creates))
-                .bind(column(|u| u.state.as_str().to_owned(), &creates))
-                .bind(attempts(&creates))
-                .bind(
-                    creates
-                        .iter()
-                        .map(|u| u.payload.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .execute(&self.pool)
-                .await
-                .backend()?;
+            self.create_rows(&creates).await?;
         }
         if !changes.is_empty() {
-            sqlx::query(&self.change)
-                .bind(&self.channel)
-                .bind(ids(&changes))
-                .bind(column(|u| u.queue.clone(), &changes))
-                .bind(column(|u| u.kind.clone(), &changes))
-                .bind(column(|u| u.state.as_str().to_owned(), &changes))
-                .bind(attempts(&changes))
-                .bind(
-                    changes
-                        .iter()
-                        .map(|u| u.progress_percent().map(|p| p as i16))
-                        .collect::<Vec<Option<i16>>>(),
-                )
-                .bind(
-                    changes
-                        .iter()
-                        .map(|u| u.progress_note().map(str::to_owned))
-                        .collect::<Vec<Option<String>>>(),
-                )
-                .bind(
-                    changes
-                        .iter()
-                        .map(StatusUpdate::result_text)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(changes.iter().map(|u| u.error.clone()).collect::<Vec<_>>())
-                .bind(
-                    changes
-                        .iter()
-                        .map(|u| u.state.is_final())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    changes
-                        .iter()
-                        .map(|u| i32::from(u.starts_run))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    changes
-                        .iter()
-                        .map(|u| u.payload.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .bind(changes.iter().map(|u| u.worker.clone()).collect::<Vec<_>>())
-                .bind(
-                    changes
-                        .iter()
-                        .map(StatusUpdate::started_ago_micros)
-                        .collect::<Vec<_>>(),
-                )
-                .execute(&self.pool)
-                .await
-                .backend()?;
+            self.change_rows(&changes).await?;
         }
         let tries = failed_attempts(updates);
         if !tries.is_empty() {
-            sqlx::query(&self.tries)
-                .bind(ids(&tries))
-                .bind(attempts(&tries))
-                .bind(column(|u| u.state.as_str().to_owned(), &tries))
-                .bind(tries.iter().map(|u| u.error.clone()).collect::<Vec<_>>())
-                .bind(tries.iter().map(|u| u.worker.clone()).collect::<Vec<_>>())
-                .bind(
-                    tries
-                        .iter()
-                        .map(|u| u.ran_for.map(micros))
-                        .collect::<Vec<_>>(),
-                )
-                .execute(&self.pool)
-                .await
-                .backend()?;
+            self.try_rows(&tries).await?;
         }
         Ok(())
     }

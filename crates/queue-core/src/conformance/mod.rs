@@ -22,6 +22,8 @@ pub mod cases;
 mod lease_cases;
 mod shutdown_cases;
 pub mod status_cases;
+mod status_support;
+mod status_view_cases;
 mod suspect_cases;
 pub mod unreachable;
 pub mod worker_cases;

@@ -1,0 +1,412 @@
+//! The SQL engine's primitives over this backend's statements.
+
+use super::*;
+
+#[async_trait]
+impl SqlBackend for MySqlTransport {
+    fn name(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        self.options.max_payload_bytes
+    }
+
+    fn lease(&self) -> Duration {
+        self.options.visibility_timeout
+    }
+
+    fn claim_strategy(&self) -> ClaimStrategy {
+        self.options.claim
+    }
+
+    fn engine(&self) -> &EngineState {
+        &self.engine
+    }
+
+    fn watch_publishes(&self) {
+        self.ensure_watching();
+    }
+
+    async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
+        let rows = self.encode(envelopes)?;
+        self.retrying("publish", || async {
+            if rows.len() <= PUBLISH_CHUNK {
+                let mut conn = self.kept.take_or(self.pool.acquire()).await?;
+                self.insert_rows(&mut conn, &rows).await?;
+                self.kept.keep(conn);
+                Ok(())
+            } else {
+                let mut tx = self.pool.begin().await?;
+                for chunk in rows.chunks(PUBLISH_CHUNK) {
+                    self.insert_rows(&mut tx, chunk).await?;
+                }
+                tx.commit().await
+            }
+        })
+        .await?;
+        for (env, _) in &rows {
+            self.cursors
+                .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
+        }
+        Ok(())
+    }
+
+    async fn claim_locked(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
+        // One transaction each: a lost deadlock rolls it back whole, so it simply runs
+        // again.
+        let rows = if start == StartMode::Move {
+            self.retrying("claim", || {
+                self.claim_for_move_locked(queue, max, token, lease)
+            })
+            .await?
+        } else {
+            self.retrying("claim", || {
+                self.lock_and_claim(queue, max, token, start, lease)
+            })
+            .await?
+        };
+        rows.iter()
+            .map(claimed_row)
+            .collect::<std::result::Result<_, _>>()
+            .backend()
+    }
+
+    async fn optimistic_round(
+        &self,
+        queue: &QueueName,
+        want: usize,
+        window: usize,
+        token: LeaseToken,
+        start: StartMode,
+    ) -> Result<(Vec<ClaimedRow>, usize)> {
+        let lease = micros(self.options.visibility_timeout);
+        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
+            .bind(queue.as_str())
+            .bind(limit(window))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        if candidates.is_empty() {
+            return Ok((Vec::new(), 0));
+        }
+        let update = with_list(&self.sql.claim_optimistic, candidates.len());
+        let took = self
+            .retrying("claim", || async {
+                let mut q = sqlx::query(&update)
+                    .bind(start as i64)
+                    .bind(start as i64)
+                    .bind(token.to_string())
+                    .bind(lease)
+                    .bind(queue.as_str());
+                for s in padded(&candidates) {
+                    q = q.bind(s);
+                }
+                Ok(q.bind(limit(want))
+                    .execute(&self.pool)
+                    .await?
+                    .rows_affected())
+            })
+            .await?;
+        let mut rows = Vec::new();
+        if took > 0 {
+            let mut conn = self.pool.acquire().await.backend()?;
+            for row in self
+                .read_claimed(&mut conn, token, &candidates)
+                .await
+                .backend()?
+            {
+                rows.push(claimed_row(&row).backend()?);
+            }
+        }
+        Ok((rows, candidates.len()))
+    }
+
+    async fn promote_due(&self) -> Result<u64> {
+        self.promote().await
+    }
+
+    async fn sweep_expired(&self) -> Result<u64> {
+        let any: i64 = sqlx::query_scalar(&self.sql.any_expired)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        if any == 0 {
+            return Ok(0);
+        }
+        let moved = self
+            .retrying("expire", || async {
+                let mut tx = self.pool.begin().await?;
+                let seqs: Vec<i64> = sqlx::query_scalar(&self.sql.lock_expired)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if !seqs.is_empty() {
+                    let copy = with_list(&self.sql.copy_expired, seqs.len());
+                    let bury = with_list(&self.sql.bury_by_seqs, seqs.len());
+                    for sql in [&copy, &bury] {
+                        let mut q = sqlx::query(sql);
+                        for s in padded(&seqs) {
+                            q = q.bind(s);
+                        }
+                        q.execute(&mut *tx).await?;
+                    }
+                }
+                tx.commit().await?;
+                Ok(seqs.len())
+            })
+            .await?;
+        Ok(moved as u64)
+    }
+
+    async fn move_to_dead(
+        &self,
+        seq: i64,
+        token: LeaseToken,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        self.move_leased_to_dead(seq, token, reason, error).await
+    }
+
+    async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
+        match op {
+            PairOp::Ack => {
+                self.pairs("ack", &self.sql.delete_by_seqs, reservations, None)
+                    .await
+            }
+            PairOp::Start(lease) => {
+                self.pairs("start", &self.sql.start_by_seqs, reservations, Some(lease))
+                    .await
+            }
+        }
+    }
+
+    async fn on_lease(&self, op: LeaseOp<'_>, reservation: &Reservation) -> Result<bool> {
+        match op {
+            LeaseOp::Release(d, error) => {
+                self.fenced_update(
+                    "release",
+                    &self.sql.release,
+                    reservation,
+                    &[Some(d), Some(d), Some(d)],
+                    error,
+                )
+                .await
+            }
+            LeaseOp::Abandon => {
+                self.fenced_update("abandon", &self.sql.abandon, reservation, &[], None)
+                    .await
+            }
+            LeaseOp::Extend(lease) => {
+                self.fenced_update(
+                    "extend",
+                    &self.sql.extend,
+                    reservation,
+                    &[Some(lease)],
+                    None,
+                )
+                .await
+            }
+        }
+    }
+
+    async fn stats_rows(
+        &self,
+        queue: Option<&QueueName>,
+    ) -> Result<(Vec<StatsRow>, Vec<(String, u64)>)> {
+        let now = self.now().await?;
+        let q = queue.map(QueueName::as_str);
+        let count = |n: Option<i64>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+        let mut waiting = Vec::new();
+        for row in sqlx::query(&self.sql.stats_jobs)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(now)
+            .bind(q)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?
+        {
+            let oldest: Option<i64> = row.try_get(4).backend()?;
+            waiting.push(StatsRow {
+                queue: lossy(row.try_get(0).backend()?),
+                ready: count(row.try_get(1).backend()?),
+                delayed: count(row.try_get(2).backend()?),
+                reserved: count(row.try_get(3).backend()?),
+                oldest_ready_us: oldest.map(|t| now.saturating_sub(t)),
+            });
+        }
+        let mut dead = Vec::new();
+        for row in sqlx::query(&self.sql.stats_dead)
+            .bind(q)
+            .bind(q)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?
+        {
+            dead.push((
+                lossy(row.try_get(0).backend()?),
+                count(row.try_get(1).backend()?),
+            ));
+        }
+        Ok((waiting, dead))
+    }
+
+    async fn dead_rows(&self, queue: Option<&QueueName>, limit_n: usize) -> Result<Vec<DeadRow>> {
+        let q = queue.map(QueueName::as_str);
+        let rows = sqlx::query(&self.sql.list_dead)
+            .bind(q)
+            .bind(q)
+            .bind(limit(limit_n))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let text = |i: usize| -> Result<String> {
+                Ok(lossy(
+                    row.try_get::<Option<Vec<u8>>, _>(i)
+                        .backend()?
+                        .unwrap_or_default(),
+                ))
+            };
+            out.push(DeadRow {
+                id: text(0)?,
+                queue: text(1)?,
+                kind: text(2)?,
+                attempts: i64::from(row.try_get::<i32, _>(3).backend()?),
+                reason: text(4)?,
+                last_error: row.try_get::<Option<Vec<u8>>, _>(5).backend()?.map(lossy),
+                dead_at_us: row.try_get(6).backend()?,
+                body: text(7)?,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn replay_dead(
+        &self,
+        queue: Option<&QueueName>,
+        id: Option<&str>,
+        age_us: Option<i64>,
+    ) -> Result<Replayed> {
+        let before = self.cutoff(age_us).await?;
+        let q = queue.map(QueueName::as_str);
+        let moved = self
+            .retrying("replay", || async {
+                let mut tx = self.pool.begin().await?;
+                bind_selection!(sqlx::query(&self.sql.unbury), q, id, before)
+                    .execute(&mut *tx)
+                    .await?;
+                let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                bind_selection!(sqlx::query(&self.sql.replay_dead), q, id, before)
+                    .execute(&mut *tx)
+                    .await?;
+                let moved = bind_selection!(
+                    sqlx::query(&self.sql.delete_replayed).bind(max_seq),
+                    q,
+                    id,
+                    before
+                )
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                tx.commit().await?;
+                Ok(moved)
+            })
+            .await?;
+        if moved > 0 {
+            // Replayed messages may outrank a claim cursor.
+            self.cursors.clear();
+        }
+        Ok(Replayed {
+            count: moved,
+            queues: None,
+        })
+    }
+
+    async fn dead_exists(&self, id: &str) -> Result<bool> {
+        sqlx::query_scalar(&self.sql.dead_exists)
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .backend()
+    }
+
+    async fn purge_dead(
+        &self,
+        queue: Option<&QueueName>,
+        id: Option<&str>,
+        age_us: Option<i64>,
+    ) -> Result<u64> {
+        let before = self.cutoff(age_us).await?;
+        let q = queue.map(QueueName::as_str);
+        let mut purged = 0;
+        loop {
+            let n = self.purge_slice(q, id, before).await?;
+            purged += n;
+            if n < 4_096 {
+                break;
+            }
+        }
+        if id.is_none() && before.is_none() && q.is_none() {
+            // No dead letter is left, so a tombstone left (by a version-1 purge during an
+            // upgrade) has none either: free its id. Cheap only here, with no
+            // tombstones of live dead letters to step over.
+            self.retrying("purge", || async {
+                sqlx::query(&self.sql.delete_orphan_tombstones)
+                    .execute(&self.pool)
+                    .await
+            })
+            .await?;
+        }
+        Ok(purged)
+    }
+
+    async fn insert_dead(&self, letters: &[DeadLetter]) -> Result<()> {
+        self.retrying("dead insert", || async {
+            let mut tx = self.pool.begin().await?;
+            for letter in letters {
+                let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+                sqlx::query(&self.sql.insert_dead)
+                    .bind(&letter.id)
+                    .bind(&letter.queue)
+                    .bind(queue_core::text::kind_column(&letter.kind))
+                    .bind(i32::from(priority))
+                    .bind(i32::try_from(letter.attempts).unwrap_or(i32::MAX))
+                    .bind(expires_at.map(|t| t.timestamp_micros()))
+                    .bind(queue_core::text::reason_text(&letter.reason))
+                    .bind(
+                        letter
+                            .last_error
+                            .as_deref()
+                            .map(queue_core::text::error_text),
+                    )
+                    .bind(letter.dead_at.timestamp_micros())
+                    .bind(&text)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&self.sql.insert_tombstone)
+                    .bind(&letter.id)
+                    .bind(&letter.queue)
+                    .bind(queue_core::text::kind_column(&letter.kind))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await
+        })
+        .await
+    }
+}
