@@ -15,7 +15,7 @@ use lapin::{Connection, ConnectionProperties};
 use queue_core::connect::{io_cause, Endpoint, TlsParams};
 use queue_core::{split_url_list, ConfigError, Error, Result, SecretUrl};
 
-use crate::transport::TRANSPORT;
+use crate::error::TRANSPORT;
 
 /// The TLS parameters of an `amqps://` URL.
 const TLS: TlsParams<'static> = TlsParams {

@@ -9,10 +9,18 @@
 //!
 #![doc = include_str!("../README.md")]
 
+mod claim;
 mod codec;
 mod connect;
+mod consumer;
+mod consumers;
+mod dead;
+mod error;
+mod link;
 mod marks;
 mod options;
+mod publish;
+mod queues;
 mod topology;
 mod transport;
 

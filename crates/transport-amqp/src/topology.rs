@@ -1,4 +1,5 @@
-//! Names and routing of the broker objects the transport declares.
+//! Names and routing of the broker objects the transport declares, and the declaration of
+//! the delay chain that each new connection makes (below the link, which needs it).
 //!
 //! Delays use a fixed set of [`LEVELS`] TTL queues chained through dead-letter
 //! exchanges (the binary scheme of NServiceBus and Kombu), never one queue per delay
@@ -14,6 +15,16 @@
 //! longer one goes round the chain again when it arrives early.
 
 use std::time::Duration;
+
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{Channel, ExchangeKind};
+use queue_core::Result;
+
+use crate::codec::long_string;
+use crate::error::broker;
 
 /// Delay levels.
 pub(crate) const LEVELS: u32 = 25;
@@ -74,6 +85,90 @@ pub(crate) fn delivery_binding(queue: &str) -> String {
     let mut key = "*.".repeat(LEVELS as usize);
     key.push_str(queue);
     key
+}
+
+/// A declaration that only asks whether the queue exists (NOT_FOUND closes its channel).
+pub(crate) fn passive() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+pub(crate) fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+pub(crate) async fn declare_delay_chain(ch: &Channel) -> Result<()> {
+    let durable_exchange = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    ch.exchange_declare(
+        DELIVERY_EXCHANGE.into(),
+        ExchangeKind::Topic,
+        durable_exchange,
+        FieldTable::default(),
+    )
+    .await
+    .map_err(broker)?;
+    for k in 0..LEVELS {
+        ch.exchange_declare(
+            level_name(k).as_str().into(),
+            ExchangeKind::Topic,
+            durable_exchange,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(broker)?;
+    }
+    for k in 0..LEVELS {
+        let next = if k == 0 {
+            DELIVERY_EXCHANGE.to_owned()
+        } else {
+            level_name(k - 1)
+        };
+        let mut args = FieldTable::default();
+        let ttl = UNIT.as_millis() * (1u128 << k);
+        args.insert(
+            "x-message-ttl".into(),
+            AMQPValue::LongLongInt(i64::try_from(ttl).unwrap_or(i64::MAX)),
+        );
+        args.insert("x-dead-letter-exchange".into(), long_string(&next));
+        args.insert("x-queue-type".into(), long_string("quorum"));
+        // Never lose a message between levels: the broker confirms the hop.
+        args.insert(
+            "x-dead-letter-strategy".into(),
+            long_string("at-least-once"),
+        );
+        args.insert("x-overflow".into(), long_string("reject-publish"));
+        let name = level_name(k);
+        ch.queue_declare(name.as_str().into(), durable(), args)
+            .await
+            .map_err(broker)?;
+        ch.queue_bind(
+            name.as_str().into(),
+            name.as_str().into(),
+            level_binding(k, true).as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(broker)?;
+        ch.exchange_bind(
+            next.as_str().into(),
+            name.as_str().into(),
+            level_binding(k, false).as_str().into(),
+            ExchangeBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(broker)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
