@@ -146,7 +146,7 @@ async fn jobs(config: &Config, create: bool) -> Result<Jobs> {
 
 /// A worker for `queue` in one call: the transport `config` selects ([`connect`]) and,
 /// unless status is off (`QUEUE_STATUS=off`, [`Config::status`]), the store of
-/// [`status_store`], so that its jobs show on the dashboard and answer `publish --wait`.
+/// [`connect_jobs`], so that its jobs show on the dashboard and answer `publish --wait`.
 /// To publish from the same process over the same connections, use [`connect_jobs`] and
 /// [`Worker::for_jobs`](worker::Worker::for_jobs).
 ///

@@ -4,7 +4,7 @@
 //! request/reply on top of it ([`Jobs::publish_and_wait`]).
 //!
 //! The SQL transports keep it in a table beside their queue table
-//! ([`Transport::status_store`]). Workers write to it in batches, off the hot path
+//! (each SQL transport's `status_store()`; `switchyard::connect_jobs`). Workers write to it in batches, off the hot path
 //! ([`crate::worker::Worker::with_status`]); a job is recorded `completed` only once its
 //! ack has committed.
 

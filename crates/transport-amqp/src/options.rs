@@ -137,7 +137,8 @@ impl AmqpOptions {
     }
 
     /// Marks starts in `store` (see [`AmqpOptions::control_store`]); the transport's
-    /// [`status_store`](queue_core::Transport::status_store) is then this store.
+    /// [`control_store`](crate::AmqpTransport::control_store) is then this store, and a
+    /// worker over it must record job status there.
     pub fn with_control_store(mut self, store: Arc<dyn StatusStore>) -> Self {
         self.control_store = Some(store);
         self

@@ -127,7 +127,7 @@ impl Queues {
             None => {
                 let known = self.names();
                 if known.is_empty() {
-                    return Err(Error::InvalidInput(
+                    return Err(Error::NotSupported(
                         "RabbitMQ cannot list its queues over AMQP: name the queue (--queue Q); `rabbitmqctl list_queues` shows them".into(),
                     ));
                 }

@@ -37,7 +37,7 @@ pub fn fenced(touched: bool, reservation: &Reservation) -> Result<()> {
 /// message has it.
 pub fn replay_refused(id: &str, dead_exists: bool) -> Error {
     if dead_exists {
-        Error::InvalidInput(format!(
+        Error::Conflict(format!(
             "dead letter {id} was not replayed: a live message has the same id"
         ))
     } else {

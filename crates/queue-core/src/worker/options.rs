@@ -15,7 +15,7 @@ pub enum UnknownKind {
     Release(Duration),
 }
 
-/// Options of a [`Worker`].
+/// Options of a [`Worker`](crate::worker::Worker).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WorkerOptions {
@@ -24,7 +24,7 @@ pub struct WorkerOptions {
     /// Messages claimed ahead of free handlers while handlers are fast (under 10 ms on
     /// average, that is at most about 256 × 10 ms / concurrency of work), so that one
     /// commit claims many messages. Their claim marks fresh ones started (see
-    /// [`Transport::prefetch_batch_starting_fresh`]): if the worker dies, each is charged
+    /// [`Start::Fresh`](crate::Start::Fresh)): if the worker dies, each is charged
     /// one attempt, never more. While handlers are slow nothing is prefetched, leaving the
     /// rest to other workers. Default 256.
     pub prefetch: usize,

@@ -218,8 +218,11 @@ fn problem(status: StatusCode, message: impl Into<String>) -> ApiError {
 impl From<Error> for ApiError {
     fn from(err: Error) -> Self {
         let status = match &err {
-            Error::InvalidInput(_) | Error::Config(_) => StatusCode::BAD_REQUEST,
+            Error::InvalidInput(_) | Error::Config(_) | Error::NotSupported(_) => {
+                StatusCode::BAD_REQUEST
+            }
             Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::Conflict(_) => StatusCode::CONFLICT,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
         problem(status, crate::output::one_line(&err))
