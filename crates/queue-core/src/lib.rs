@@ -22,6 +22,7 @@ mod reservation;
 pub mod sql;
 pub mod status;
 pub mod text;
+mod time_units;
 mod transport;
 mod transport_ext;
 pub mod worker;

@@ -1,14 +1,11 @@
 //! Job status and results in `<table>_status` (see `queue_core::status`). MySQL has no
 //! notifications: followers poll.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use queue_core::status::{
-    failed_attempts, fold_updates, micros, prune_in_slices, Attempt, JobFilter, JobState,
-    JobStatus, RawAttempt, RawStatus, StateCount, StatusStore, StatusUpdate, Throughput,
-    WorkerInfo, GONE_AFTER,
+use queue_core::sql::{
+    micros, BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
 };
+use queue_core::status::{JobState, RawAttempt, RawStatus, StatusUpdate, WorkerInfo};
 use queue_core::Result;
 use sqlx::mysql::MySqlRow;
 use sqlx::{MySqlPool, Row};
@@ -238,68 +235,86 @@ fn rows(head: &str, row: &str, n: usize) -> String {
     sql
 }
 
+impl MySqlStatusStore {
+    /// Creates the records of jobs seen for the first time.
+    async fn create_rows(&self, creates: &[StatusUpdate]) -> Result<()> {
+        let sql = rows(&self.create_head, &self.create_row, creates.len());
+        // One statement per batch size: not worth a slot in the statement cache.
+        let mut q = sqlx::query(&sql).persistent(false);
+        for u in creates {
+            q = q
+                .bind(u.id.to_string())
+                .bind(u.queue.as_str())
+                .bind(u.kind.as_str())
+                .bind(u.state.as_str())
+                .bind(i64::from(u.attempts))
+                .bind(u.payload.as_deref());
+        }
+        q.execute(&self.pool).await.backend()?;
+        Ok(())
+    }
+
+    /// Applies changes to existing records.
+    async fn change_rows(&self, changes: &[StatusUpdate]) -> Result<()> {
+        let mut sql = rows(&self.change_head, &self.change_row, changes.len());
+        sql.push_str(&self.change_tail);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for u in changes {
+            q = q
+                .bind(u.id.to_string())
+                .bind(u.queue.as_str())
+                .bind(u.kind.as_str())
+                .bind(u.state.as_str())
+                .bind(i64::from(u.attempts))
+                .bind(u.progress_percent())
+                .bind(u.progress_note())
+                .bind(u.result_text())
+                .bind(u.error.as_deref())
+                .bind(i64::from(u.starts_run))
+                .bind(u.state.is_final())
+                .bind(u.payload.as_deref())
+                .bind(u.worker.as_deref())
+                .bind(u.started_ago_micros());
+        }
+        q.execute(&self.pool).await.backend()?;
+        Ok(())
+    }
+
+    /// Keeps failed attempts.
+    async fn try_rows(&self, tries: &[StatusUpdate]) -> Result<()> {
+        let mut sql = rows(&self.tries_head, &self.tries_row, tries.len());
+        sql.push_str(TRIES_TAIL);
+        let mut q = sqlx::query(&sql).persistent(false);
+        for u in tries {
+            q = q
+                .bind(u.id.to_string())
+                .bind(i64::from(u.attempts))
+                .bind(u.state.as_str())
+                .bind(u.error.as_deref())
+                .bind(u.worker.as_deref())
+                .bind(u.ran_for.map(micros));
+        }
+        q.execute(&self.pool).await.backend()?;
+        Ok(())
+    }
+}
+
 #[async_trait]
-impl StatusStore for MySqlStatusStore {
-    async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
-        let (creates, changes) = fold_updates(updates);
-        if !creates.is_empty() {
-            let sql = rows(&self.create_head, &self.create_row, creates.len());
-            // One statement per batch size: not worth a slot in the statement cache.
-            let mut q = sqlx::query(&sql).persistent(false);
-            for u in &creates {
-                q = q
-                    .bind(u.id.to_string())
-                    .bind(u.queue.as_str())
-                    .bind(u.kind.as_str())
-                    .bind(u.state.as_str())
-                    .bind(i64::from(u.attempts))
-                    .bind(u.payload.as_deref());
-            }
-            q.execute(&self.pool).await.backend()?;
+impl StatusBackend for MySqlStatusStore {
+    async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
+        if !batch.creates.is_empty() {
+            self.create_rows(batch.creates).await?;
         }
-        if !changes.is_empty() {
-            let mut sql = rows(&self.change_head, &self.change_row, changes.len());
-            sql.push_str(&self.change_tail);
-            let mut q = sqlx::query(&sql).persistent(false);
-            for u in &changes {
-                q = q
-                    .bind(u.id.to_string())
-                    .bind(u.queue.as_str())
-                    .bind(u.kind.as_str())
-                    .bind(u.state.as_str())
-                    .bind(i64::from(u.attempts))
-                    .bind(u.progress_percent())
-                    .bind(u.progress_note())
-                    .bind(u.result_text())
-                    .bind(u.error.as_deref())
-                    .bind(i64::from(u.starts_run))
-                    .bind(u.state.is_final())
-                    .bind(u.payload.as_deref())
-                    .bind(u.worker.as_deref())
-                    .bind(u.started_ago_micros());
-            }
-            q.execute(&self.pool).await.backend()?;
+        if !batch.changes.is_empty() {
+            self.change_rows(batch.changes).await?;
         }
-        let tries = failed_attempts(updates);
-        if !tries.is_empty() {
-            let mut sql = rows(&self.tries_head, &self.tries_row, tries.len());
-            sql.push_str(TRIES_TAIL);
-            let mut q = sqlx::query(&sql).persistent(false);
-            for u in &tries {
-                q = q
-                    .bind(u.id.to_string())
-                    .bind(i64::from(u.attempts))
-                    .bind(u.state.as_str())
-                    .bind(u.error.as_deref())
-                    .bind(u.worker.as_deref())
-                    .bind(u.ran_for.map(micros));
-            }
-            q.execute(&self.pool).await.backend()?;
+        if !batch.tries.is_empty() {
+            self.try_rows(batch.tries).await?;
         }
         Ok(())
     }
 
-    async fn reset(&self, ids: &[Uuid]) -> Result<u64> {
+    async fn reset_rows(&self, ids: &[Uuid]) -> Result<u64> {
         let mut known = 0;
         for id in ids {
             known += sqlx::query(&self.reset)
@@ -317,105 +332,34 @@ impl StatusStore for MySqlStatusStore {
         Ok(known)
     }
 
-    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>> {
-        let row = sqlx::query(&self.get)
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .backend()?;
-        row.map(|r| raw(&r).backend()?.decode()).transpose()
-    }
-
-    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
-        let rows = sqlx::query(&self.recent)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
-    }
-
-    async fn prune(&self, older_than: Duration) -> Result<u64> {
-        prune_in_slices(|| async {
-            Ok(sqlx::query(&self.prune_tries)
-                .bind(micros(older_than))
-                .execute(&self.pool)
-                .await
-                .backend()?
-                .rows_affected())
-        })
-        .await?;
-        prune_in_slices(|| async {
-            Ok(sqlx::query(&self.prune)
-                .bind(micros(older_than))
-                .execute(&self.pool)
-                .await
-                .backend()?
-                .rows_affected())
-        })
-        .await
-    }
-
-    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
-        let bucket = micros(bucket).max(1);
-        let rows = sqlx::query(&self.throughput)
-            .bind(bucket)
-            .bind(bucket)
-            .bind(micros(window))
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        rows.iter()
-            .map(|r| {
-                Ok(Throughput::from_row(
-                    text(r, "queue").backend()?,
-                    r.try_get("bucket").backend()?,
-                    r.try_get("completed").backend()?,
-                    r.try_get("failed").backend()?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>> {
-        let (limit, offset) = filter.page();
-        let state = filter.state.map(JobState::as_str);
-        let prefix = filter.id_prefix();
-        let rows = sqlx::query(&self.list)
-            .bind(filter.queue.as_deref())
-            .bind(filter.queue.as_deref())
-            .bind(state)
-            .bind(state)
-            .bind(prefix.as_deref())
-            .bind(prefix.as_deref())
-            .bind(filter.search.as_deref())
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
-    }
-
-    async fn counts(&self) -> Result<Vec<StateCount>> {
-        let rows = sqlx::query(&self.counts)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        let mut out = Vec::new();
-        for r in rows {
-            if let Some(c) = StateCount::from_row(
-                text(&r, "queue").backend()?,
-                &text(&r, "state").backend()?,
-                r.try_get("n").backend()?,
-            ) {
-                out.push(c);
+    async fn status_rows(&self, query: StatusQuery<'_>) -> Result<Vec<RawStatus>> {
+        let rows = match query {
+            StatusQuery::Get(id) => sqlx::query(&self.get).bind(id.to_string()),
+            StatusQuery::Recent(limit) => sqlx::query(&self.recent).bind(limit),
+            // MySQL has no numbered parameters: each one used twice is bound twice.
+            StatusQuery::List(filter) => {
+                let (limit, offset) = filter.page();
+                let state = filter.state.map(JobState::as_str);
+                let prefix = filter.id_prefix();
+                sqlx::query(&self.list)
+                    .bind(filter.queue.as_deref())
+                    .bind(filter.queue.as_deref())
+                    .bind(state)
+                    .bind(state)
+                    .bind(prefix.clone())
+                    .bind(prefix)
+                    .bind(filter.search.as_deref())
+                    .bind(limit)
+                    .bind(offset)
             }
         }
-        Ok(out)
+        .fetch_all(&self.pool)
+        .await
+        .backend()?;
+        rows.iter().map(|r| raw(r).backend()).collect()
     }
 
-    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+    async fn attempt_rows(&self, id: Uuid) -> Result<Vec<RawAttempt>> {
         let rows = sqlx::query(&self.attempts)
             .bind(id.to_string())
             .fetch_all(&self.pool)
@@ -423,7 +367,7 @@ impl StatusStore for MySqlStatusStore {
             .backend()?;
         rows.iter()
             .map(|r| {
-                RawAttempt {
+                Ok(RawAttempt {
                     id: text(r, "id").backend()?,
                     attempt: r.try_get("attempt").backend()?,
                     state: text(r, "state").backend()?,
@@ -431,15 +375,63 @@ impl StatusStore for MySqlStatusStore {
                     worker: opt_text(r, "worker").backend()?,
                     started_at: r.try_get("started_at").backend()?,
                     ended_at: r.try_get("ended_at").backend()?,
-                }
-                .decode()
+                })
             })
             .collect()
     }
 
-    async fn register_worker(&self, w: &WorkerInfo) -> Result<()> {
+    async fn count_rows(&self) -> Result<Vec<CountRow>> {
+        let rows = sqlx::query(&self.counts)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                Ok(CountRow {
+                    queue: text(r, "queue").backend()?,
+                    state: text(r, "state").backend()?,
+                    n: r.try_get("n").backend()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn bucket_rows(&self, window_us: i64, bucket_us: i64) -> Result<Vec<BucketRow>> {
+        let rows = sqlx::query(&self.throughput)
+            .bind(bucket_us)
+            .bind(bucket_us)
+            .bind(window_us)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                Ok(BucketRow {
+                    queue: text(r, "queue").backend()?,
+                    at_us: r.try_get("bucket").backend()?,
+                    completed: r.try_get("completed").backend()?,
+                    failed: r.try_get("failed").backend()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn prune_slice(&self, table: StatusTable, older_than_us: i64) -> Result<u64> {
+        let sql = match table {
+            StatusTable::Records => &self.prune,
+            StatusTable::Tries => &self.prune_tries,
+        };
+        Ok(sqlx::query(sql)
+            .bind(older_than_us)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected())
+    }
+
+    async fn register(&self, w: &WorkerInfo, gone_after_us: i64) -> Result<()> {
         sqlx::query(&self.forget_gone)
-            .bind(micros(GONE_AFTER))
+            .bind(gone_after_us)
             .execute(&self.pool)
             .await
             .backend()?;
@@ -455,9 +447,9 @@ impl StatusStore for MySqlStatusStore {
         Ok(())
     }
 
-    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool> {
+    async fn heartbeat(&self, id: Uuid, jobs_done: i64) -> Result<bool> {
         let n = sqlx::query(&self.heartbeat)
-            .bind(i64::try_from(jobs_done).unwrap_or(i64::MAX))
+            .bind(jobs_done)
             .bind(id.to_string())
             .execute(&self.pool)
             .await
@@ -476,7 +468,7 @@ impl StatusStore for MySqlStatusStore {
         Ok(known.is_some())
     }
 
-    async fn worker_stopped(&self, id: Uuid) -> Result<()> {
+    async fn stopped(&self, id: Uuid) -> Result<()> {
         sqlx::query(&self.stopped)
             .bind(id.to_string())
             .execute(&self.pool)
@@ -485,27 +477,25 @@ impl StatusStore for MySqlStatusStore {
         Ok(())
     }
 
-    async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+    async fn worker_rows(&self, gone_after_us: i64) -> Result<Vec<WorkerRow>> {
         let rows = sqlx::query(&self.workers)
-            .bind(micros(GONE_AFTER))
+            .bind(gone_after_us)
             .fetch_all(&self.pool)
             .await
             .backend()?;
-        let mut out = Vec::new();
-        for r in rows {
-            if let Some(w) = WorkerInfo::from_row(
-                &text(&r, "id").backend()?,
-                text(&r, "host").backend()?,
-                r.try_get("pid").backend()?,
-                text(&r, "queue").backend()?,
-                r.try_get("concurrency").backend()?,
-                r.try_get("started_at").backend()?,
-                r.try_get("heartbeat_at").backend()?,
-                r.try_get("jobs_done").backend()?,
-            ) {
-                out.push(w);
-            }
-        }
-        Ok(out)
+        rows.iter()
+            .map(|r| {
+                Ok(WorkerRow {
+                    id: text(r, "id").backend()?,
+                    host: text(r, "host").backend()?,
+                    pid: r.try_get("pid").backend()?,
+                    queue: text(r, "queue").backend()?,
+                    concurrency: r.try_get("concurrency").backend()?,
+                    started_at: r.try_get("started_at").backend()?,
+                    heartbeat_at: r.try_get("heartbeat_at").backend()?,
+                    jobs_done: r.try_get("jobs_done").backend()?,
+                })
+            })
+            .collect()
     }
 }

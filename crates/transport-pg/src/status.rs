@@ -2,14 +2,12 @@
 //! change announced by `NOTIFY` so that followers wake at once.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use queue_core::status::{
-    failed_attempts, fold_updates, micros, prune_in_slices, Attempt, JobFilter, JobState,
-    JobStatus, RawAttempt, RawStatus, StateCount, StatusStore, StatusUpdate, Throughput,
-    WorkerInfo, GONE_AFTER,
+use queue_core::sql::{
+    micros, BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
 };
+use queue_core::status::{JobState, RawAttempt, RawStatus, StatusUpdate, WorkerInfo};
 use queue_core::Result;
 use sqlx::postgres::{PgConnectOptions, PgRow};
 use sqlx::{PgPool, Row};
@@ -386,23 +384,21 @@ impl PgStatusStore {
 }
 
 #[async_trait]
-impl StatusStore for PgStatusStore {
-    async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
-        let (creates, changes) = fold_updates(updates);
-        if !creates.is_empty() {
-            self.create_rows(&creates).await?;
+impl StatusBackend for PgStatusStore {
+    async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
+        if !batch.creates.is_empty() {
+            self.create_rows(batch.creates).await?;
         }
-        if !changes.is_empty() {
-            self.change_rows(&changes).await?;
+        if !batch.changes.is_empty() {
+            self.change_rows(batch.changes).await?;
         }
-        let tries = failed_attempts(updates);
-        if !tries.is_empty() {
-            self.try_rows(&tries).await?;
+        if !batch.tries.is_empty() {
+            self.try_rows(batch.tries).await?;
         }
         Ok(())
     }
 
-    async fn reset(&self, ids: &[Uuid]) -> Result<u64> {
+    async fn reset_rows(&self, ids: &[Uuid]) -> Result<u64> {
         let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
         let row = sqlx::query(&self.reset)
             .bind(&self.channel)
@@ -419,99 +415,28 @@ impl StatusStore for PgStatusStore {
         Ok(u64::try_from(known).unwrap_or(0))
     }
 
-    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>> {
-        let row = sqlx::query(&self.get)
-            .bind(id.to_string())
-            .fetch_optional(&self.pool)
-            .await
-            .backend()?;
-        row.map(|r| raw(&r).backend()?.decode()).transpose()
-    }
-
-    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
-        let rows = sqlx::query(&self.recent)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
-    }
-
-    async fn prune(&self, older_than: Duration) -> Result<u64> {
-        prune_in_slices(|| async {
-            Ok(sqlx::query(&self.prune_tries)
-                .bind(micros(older_than))
-                .execute(&self.pool)
-                .await
-                .backend()?
-                .rows_affected())
-        })
-        .await?;
-        prune_in_slices(|| async {
-            Ok(sqlx::query(&self.prune)
-                .bind(micros(older_than))
-                .execute(&self.pool)
-                .await
-                .backend()?
-                .rows_affected())
-        })
-        .await
-    }
-
-    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
-        let rows = sqlx::query(&self.throughput)
-            .bind(micros(window))
-            .bind(micros(bucket).max(1))
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        rows.iter()
-            .map(|r| {
-                Ok(Throughput::from_row(
-                    r.try_get("queue").backend()?,
-                    r.try_get("bucket").backend()?,
-                    r.try_get("completed").backend()?,
-                    r.try_get("failed").backend()?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>> {
-        let (limit, offset) = filter.page();
-        let rows = sqlx::query(&self.list)
-            .bind(filter.queue.as_deref())
-            .bind(filter.state.map(JobState::as_str))
-            .bind(filter.id_prefix())
-            .bind(filter.search.as_deref())
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
-    }
-
-    async fn counts(&self) -> Result<Vec<StateCount>> {
-        let rows = sqlx::query(&self.counts)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
-        let mut out = Vec::new();
-        for r in rows {
-            let state: String = r.try_get("state").backend()?;
-            if let Some(c) = StateCount::from_row(
-                r.try_get("queue").backend()?,
-                &state,
-                r.try_get("n").backend()?,
-            ) {
-                out.push(c);
+    async fn status_rows(&self, query: StatusQuery<'_>) -> Result<Vec<RawStatus>> {
+        let rows = match query {
+            StatusQuery::Get(id) => sqlx::query(&self.get).bind(id.to_string()),
+            StatusQuery::Recent(limit) => sqlx::query(&self.recent).bind(limit),
+            StatusQuery::List(filter) => {
+                let (limit, offset) = filter.page();
+                sqlx::query(&self.list)
+                    .bind(filter.queue.as_deref())
+                    .bind(filter.state.map(JobState::as_str))
+                    .bind(filter.id_prefix())
+                    .bind(filter.search.as_deref())
+                    .bind(limit)
+                    .bind(offset)
             }
         }
-        Ok(out)
+        .fetch_all(&self.pool)
+        .await
+        .backend()?;
+        rows.iter().map(|r| raw(r).backend()).collect()
     }
 
-    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+    async fn attempt_rows(&self, id: Uuid) -> Result<Vec<RawAttempt>> {
         let rows = sqlx::query(&self.attempts)
             .bind(id.to_string())
             .fetch_all(&self.pool)
@@ -519,7 +444,7 @@ impl StatusStore for PgStatusStore {
             .backend()?;
         rows.iter()
             .map(|r| {
-                RawAttempt {
+                Ok(RawAttempt {
                     id: r.try_get("id").backend()?,
                     attempt: r.try_get("attempt").backend()?,
                     state: r.try_get("state").backend()?,
@@ -527,15 +452,62 @@ impl StatusStore for PgStatusStore {
                     worker: r.try_get("worker").backend()?,
                     started_at: r.try_get("started_at").backend()?,
                     ended_at: r.try_get("ended_at").backend()?,
-                }
-                .decode()
+                })
             })
             .collect()
     }
 
-    async fn register_worker(&self, w: &WorkerInfo) -> Result<()> {
+    async fn count_rows(&self) -> Result<Vec<CountRow>> {
+        let rows = sqlx::query(&self.counts)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                Ok(CountRow {
+                    queue: r.try_get("queue").backend()?,
+                    state: r.try_get("state").backend()?,
+                    n: r.try_get("n").backend()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn bucket_rows(&self, window_us: i64, bucket_us: i64) -> Result<Vec<BucketRow>> {
+        let rows = sqlx::query(&self.throughput)
+            .bind(window_us)
+            .bind(bucket_us)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                Ok(BucketRow {
+                    queue: r.try_get("queue").backend()?,
+                    at_us: r.try_get("bucket").backend()?,
+                    completed: r.try_get("completed").backend()?,
+                    failed: r.try_get("failed").backend()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn prune_slice(&self, table: StatusTable, older_than_us: i64) -> Result<u64> {
+        let sql = match table {
+            StatusTable::Records => &self.prune,
+            StatusTable::Tries => &self.prune_tries,
+        };
+        Ok(sqlx::query(sql)
+            .bind(older_than_us)
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected())
+    }
+
+    async fn register(&self, w: &WorkerInfo, gone_after_us: i64) -> Result<()> {
         sqlx::query(&self.forget_gone)
-            .bind(micros(GONE_AFTER))
+            .bind(gone_after_us)
             .execute(&self.pool)
             .await
             .backend()?;
@@ -551,10 +523,10 @@ impl StatusStore for PgStatusStore {
         Ok(())
     }
 
-    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool> {
+    async fn heartbeat(&self, id: Uuid, jobs_done: i64) -> Result<bool> {
         let n = sqlx::query(&self.heartbeat)
             .bind(id.to_string())
-            .bind(i64::try_from(jobs_done).unwrap_or(i64::MAX))
+            .bind(jobs_done)
             .execute(&self.pool)
             .await
             .backend()?
@@ -562,7 +534,7 @@ impl StatusStore for PgStatusStore {
         Ok(n > 0)
     }
 
-    async fn worker_stopped(&self, id: Uuid) -> Result<()> {
+    async fn stopped(&self, id: Uuid) -> Result<()> {
         sqlx::query(&self.stopped)
             .bind(id.to_string())
             .execute(&self.pool)
@@ -571,34 +543,31 @@ impl StatusStore for PgStatusStore {
         Ok(())
     }
 
-    async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+    async fn worker_rows(&self, gone_after_us: i64) -> Result<Vec<WorkerRow>> {
         let rows = sqlx::query(&self.workers)
-            .bind(micros(GONE_AFTER))
+            .bind(gone_after_us)
             .fetch_all(&self.pool)
             .await
             .backend()?;
-        let mut out = Vec::new();
-        for r in rows {
-            let id: String = r.try_get("id").backend()?;
-            if let Some(w) = WorkerInfo::from_row(
-                &id,
-                r.try_get("host").backend()?,
-                r.try_get("pid").backend()?,
-                r.try_get("queue").backend()?,
-                r.try_get("concurrency").backend()?,
-                r.try_get("started_at").backend()?,
-                r.try_get("heartbeat_at").backend()?,
-                r.try_get("jobs_done").backend()?,
-            ) {
-                out.push(w);
-            }
-        }
-        Ok(out)
+        rows.iter()
+            .map(|r| {
+                Ok(WorkerRow {
+                    id: r.try_get("id").backend()?,
+                    host: r.try_get("host").backend()?,
+                    pid: r.try_get("pid").backend()?,
+                    queue: r.try_get("queue").backend()?,
+                    concurrency: r.try_get("concurrency").backend()?,
+                    started_at: r.try_get("started_at").backend()?,
+                    heartbeat_at: r.try_get("heartbeat_at").backend()?,
+                    jobs_done: r.try_get("jobs_done").backend()?,
+                })
+            })
+            .collect()
     }
 
     /// Starts one `LISTEN` task per store on first use (inside a tokio runtime), and
     /// again if it ended (the runtime that ran it was shut down).
-    fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
+    fn watch_changes(&self) -> Option<broadcast::Receiver<Uuid>> {
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((tx, task)) = changes.as_ref() {
             if !task.is_finished() {

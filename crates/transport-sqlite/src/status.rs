@@ -1,13 +1,10 @@
 //! Job status and results in `<table>_status` (see `queue_core::status`).
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use queue_core::status::{
-    failed_attempts, fold_updates, micros, prune_in_slices, Attempt, JobFilter, JobState,
-    JobStatus, RawAttempt, RawStatus, StateCount, StatusStore, StatusUpdate, Throughput,
-    WorkerInfo, GONE_AFTER,
+use queue_core::sql::{
+    micros, BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
 };
+use queue_core::status::{JobState, RawAttempt, RawStatus, StatusUpdate, WorkerInfo};
 use queue_core::Result;
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
@@ -208,66 +205,67 @@ fn raw(row: &SqliteRow) -> std::result::Result<RawStatus, sqlx::Error> {
     })
 }
 
+/// A batch of records as one JSON array of arrays (see [`CREATE`]).
+fn record_rows(of: &[StatusUpdate]) -> String {
+    let rows: Vec<serde_json::Value> = of
+        .iter()
+        .map(|u| {
+            serde_json::json!([
+                u.id.to_string(),
+                u.queue,
+                u.kind,
+                u.state.as_str(),
+                u.attempts,
+                u.progress_percent(),
+                u.progress_note(),
+                u.result_text(),
+                u.error,
+                u.state.is_final(),
+                i64::from(u.starts_run),
+                u.payload,
+                u.worker,
+                u.started_ago_micros(),
+            ])
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// Failed attempts as one JSON array of arrays (see [`TRIES`]).
+fn try_rows(of: &[StatusUpdate]) -> String {
+    let rows: Vec<serde_json::Value> = of
+        .iter()
+        .map(|u| {
+            serde_json::json!([
+                u.id.to_string(),
+                u.attempts,
+                u.state.as_str(),
+                u.error,
+                u.worker,
+                u.ran_for.map(micros),
+            ])
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
 #[async_trait]
-impl StatusStore for SqliteStatusStore {
-    async fn record(&self, updates: &[StatusUpdate]) -> Result<()> {
-        let (creates, changes) = fold_updates(updates);
-        let rows = |of: &[StatusUpdate]| -> String {
-            let rows: Vec<serde_json::Value> = of
-                .iter()
-                .map(|u| {
-                    serde_json::json!([
-                        u.id.to_string(),
-                        u.queue,
-                        u.kind,
-                        u.state.as_str(),
-                        u.attempts,
-                        u.progress_percent(),
-                        u.progress_note(),
-                        u.result_text(),
-                        u.error,
-                        u.state.is_final(),
-                        i64::from(u.starts_run),
-                        u.payload,
-                        u.worker,
-                        u.started_ago_micros(),
-                    ])
-                })
-                .collect();
-            serde_json::Value::Array(rows).to_string()
-        };
+impl StatusBackend for SqliteStatusStore {
+    /// One transaction, so that the single writer takes its lock once.
+    async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
         let mut tx = self.writer.begin().await.backend()?;
-        if !creates.is_empty() {
-            sqlx::query(&self.create)
-                .bind(rows(&creates))
-                .execute(&mut *tx)
-                .await
-                .backend()?;
+        for (sql, rows) in [(&self.create, batch.creates), (&self.change, batch.changes)] {
+            if !rows.is_empty() {
+                sqlx::query(sql)
+                    .bind(record_rows(rows))
+                    .execute(&mut *tx)
+                    .await
+                    .backend()?;
+            }
         }
-        if !changes.is_empty() {
-            sqlx::query(&self.change)
-                .bind(rows(&changes))
-                .execute(&mut *tx)
-                .await
-                .backend()?;
-        }
-        let tries = failed_attempts(updates);
-        if !tries.is_empty() {
-            let rows: Vec<serde_json::Value> = tries
-                .iter()
-                .map(|u| {
-                    serde_json::json!([
-                        u.id.to_string(),
-                        u.attempts,
-                        u.state.as_str(),
-                        u.error,
-                        u.worker,
-                        u.ran_for.map(micros),
-                    ])
-                })
-                .collect();
+        if !batch.tries.is_empty() {
             sqlx::query(&self.tries)
-                .bind(serde_json::Value::Array(rows).to_string())
+                .bind(try_rows(batch.tries))
                 .execute(&mut *tx)
                 .await
                 .backend()?;
@@ -275,7 +273,7 @@ impl StatusStore for SqliteStatusStore {
         tx.commit().await.backend()
     }
 
-    async fn reset(&self, ids: &[Uuid]) -> Result<u64> {
+    async fn reset_rows(&self, ids: &[Uuid]) -> Result<u64> {
         let mut tx = self.writer.begin().await.backend()?;
         let mut known = 0;
         for id in ids {
@@ -295,99 +293,28 @@ impl StatusStore for SqliteStatusStore {
         Ok(known)
     }
 
-    async fn get(&self, id: Uuid) -> Result<Option<JobStatus>> {
-        let row = sqlx::query(&self.get)
-            .bind(id.to_string())
-            .fetch_optional(&self.reader)
-            .await
-            .backend()?;
-        row.map(|r| raw(&r).backend()?.decode()).transpose()
-    }
-
-    async fn recent(&self, limit: usize) -> Result<Vec<JobStatus>> {
-        let rows = sqlx::query(&self.recent)
-            .bind(queue_core::sql::limit(limit))
-            .fetch_all(&self.reader)
-            .await
-            .backend()?;
-        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
-    }
-
-    async fn prune(&self, older_than: Duration) -> Result<u64> {
-        prune_in_slices(|| async {
-            Ok(sqlx::query(&self.prune_tries)
-                .bind(micros(older_than))
-                .execute(&self.writer)
-                .await
-                .backend()?
-                .rows_affected())
-        })
-        .await?;
-        prune_in_slices(|| async {
-            Ok(sqlx::query(&self.prune)
-                .bind(micros(older_than))
-                .execute(&self.writer)
-                .await
-                .backend()?
-                .rows_affected())
-        })
-        .await
-    }
-
-    async fn throughput(&self, window: Duration, bucket: Duration) -> Result<Vec<Throughput>> {
-        let rows = sqlx::query(&self.throughput)
-            .bind(micros(window))
-            .bind(micros(bucket).max(1))
-            .fetch_all(&self.reader)
-            .await
-            .backend()?;
-        rows.iter()
-            .map(|r| {
-                Ok(Throughput::from_row(
-                    r.try_get("queue").backend()?,
-                    r.try_get("bucket").backend()?,
-                    r.try_get("completed").backend()?,
-                    r.try_get("failed").backend()?,
-                ))
-            })
-            .collect()
-    }
-
-    async fn list(&self, filter: &JobFilter) -> Result<Vec<JobStatus>> {
-        let (limit, offset) = filter.page();
-        let rows = sqlx::query(&self.list)
-            .bind(filter.queue.as_deref())
-            .bind(filter.state.map(JobState::as_str))
-            .bind(filter.id_prefix())
-            .bind(filter.search.as_deref())
-            .bind(limit)
-            .bind(offset)
-            .fetch_all(&self.reader)
-            .await
-            .backend()?;
-        rows.iter().map(|r| raw(r).backend()?.decode()).collect()
-    }
-
-    async fn counts(&self) -> Result<Vec<StateCount>> {
-        let rows = sqlx::query(&self.counts)
-            .fetch_all(&self.reader)
-            .await
-            .backend()?;
-        let mut out = Vec::new();
-        for r in rows {
-            let state: String = r.try_get("state").backend()?;
-            if let Some(c) = StateCount::from_row(
-                r.try_get("queue").backend()?,
-                &state,
-                r.try_get("n").backend()?,
-            ) {
-                out.push(c);
+    async fn status_rows(&self, query: StatusQuery<'_>) -> Result<Vec<RawStatus>> {
+        let rows = match query {
+            StatusQuery::Get(id) => sqlx::query(&self.get).bind(id.to_string()),
+            StatusQuery::Recent(limit) => sqlx::query(&self.recent).bind(limit),
+            StatusQuery::List(filter) => {
+                let (limit, offset) = filter.page();
+                sqlx::query(&self.list)
+                    .bind(filter.queue.as_deref())
+                    .bind(filter.state.map(JobState::as_str))
+                    .bind(filter.id_prefix())
+                    .bind(filter.search.as_deref())
+                    .bind(limit)
+                    .bind(offset)
             }
         }
-        Ok(out)
+        .fetch_all(&self.reader)
+        .await
+        .backend()?;
+        rows.iter().map(|r| raw(r).backend()).collect()
     }
 
-    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+    async fn attempt_rows(&self, id: Uuid) -> Result<Vec<RawAttempt>> {
         let rows = sqlx::query(&self.attempts)
             .bind(id.to_string())
             .fetch_all(&self.reader)
@@ -395,7 +322,7 @@ impl StatusStore for SqliteStatusStore {
             .backend()?;
         rows.iter()
             .map(|r| {
-                RawAttempt {
+                Ok(RawAttempt {
                     id: r.try_get("id").backend()?,
                     attempt: r.try_get("attempt").backend()?,
                     state: r.try_get("state").backend()?,
@@ -403,16 +330,63 @@ impl StatusStore for SqliteStatusStore {
                     worker: r.try_get("worker").backend()?,
                     started_at: r.try_get("started_at").backend()?,
                     ended_at: r.try_get("ended_at").backend()?,
-                }
-                .decode()
+                })
             })
             .collect()
     }
 
-    async fn register_worker(&self, w: &WorkerInfo) -> Result<()> {
+    async fn count_rows(&self) -> Result<Vec<CountRow>> {
+        let rows = sqlx::query(&self.counts)
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                Ok(CountRow {
+                    queue: r.try_get("queue").backend()?,
+                    state: r.try_get("state").backend()?,
+                    n: r.try_get("n").backend()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn bucket_rows(&self, window_us: i64, bucket_us: i64) -> Result<Vec<BucketRow>> {
+        let rows = sqlx::query(&self.throughput)
+            .bind(window_us)
+            .bind(bucket_us)
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                Ok(BucketRow {
+                    queue: r.try_get("queue").backend()?,
+                    at_us: r.try_get("bucket").backend()?,
+                    completed: r.try_get("completed").backend()?,
+                    failed: r.try_get("failed").backend()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn prune_slice(&self, table: StatusTable, older_than_us: i64) -> Result<u64> {
+        let sql = match table {
+            StatusTable::Records => &self.prune,
+            StatusTable::Tries => &self.prune_tries,
+        };
+        Ok(sqlx::query(sql)
+            .bind(older_than_us)
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected())
+    }
+
+    async fn register(&self, w: &WorkerInfo, gone_after_us: i64) -> Result<()> {
         let mut tx = self.writer.begin().await.backend()?;
         sqlx::query(&self.forget_gone)
-            .bind(micros(GONE_AFTER))
+            .bind(gone_after_us)
             .execute(&mut *tx)
             .await
             .backend()?;
@@ -428,10 +402,10 @@ impl StatusStore for SqliteStatusStore {
         tx.commit().await.backend()
     }
 
-    async fn worker_heartbeat(&self, id: Uuid, jobs_done: u64) -> Result<bool> {
+    async fn heartbeat(&self, id: Uuid, jobs_done: i64) -> Result<bool> {
         let n = sqlx::query(&self.heartbeat)
             .bind(id.to_string())
-            .bind(i64::try_from(jobs_done).unwrap_or(i64::MAX))
+            .bind(jobs_done)
             .execute(&self.writer)
             .await
             .backend()?
@@ -439,7 +413,7 @@ impl StatusStore for SqliteStatusStore {
         Ok(n > 0)
     }
 
-    async fn worker_stopped(&self, id: Uuid) -> Result<()> {
+    async fn stopped(&self, id: Uuid) -> Result<()> {
         sqlx::query(&self.stopped)
             .bind(id.to_string())
             .execute(&self.writer)
@@ -448,28 +422,25 @@ impl StatusStore for SqliteStatusStore {
         Ok(())
     }
 
-    async fn workers(&self) -> Result<Vec<WorkerInfo>> {
+    async fn worker_rows(&self, gone_after_us: i64) -> Result<Vec<WorkerRow>> {
         let rows = sqlx::query(&self.workers)
-            .bind(micros(GONE_AFTER))
+            .bind(gone_after_us)
             .fetch_all(&self.reader)
             .await
             .backend()?;
-        let mut out = Vec::new();
-        for r in rows {
-            let id: String = r.try_get("id").backend()?;
-            if let Some(w) = WorkerInfo::from_row(
-                &id,
-                r.try_get("host").backend()?,
-                r.try_get("pid").backend()?,
-                r.try_get("queue").backend()?,
-                r.try_get("concurrency").backend()?,
-                r.try_get("started_at").backend()?,
-                r.try_get("heartbeat_at").backend()?,
-                r.try_get("jobs_done").backend()?,
-            ) {
-                out.push(w);
-            }
-        }
-        Ok(out)
+        rows.iter()
+            .map(|r| {
+                Ok(WorkerRow {
+                    id: r.try_get("id").backend()?,
+                    host: r.try_get("host").backend()?,
+                    pid: r.try_get("pid").backend()?,
+                    queue: r.try_get("queue").backend()?,
+                    concurrency: r.try_get("concurrency").backend()?,
+                    started_at: r.try_get("started_at").backend()?,
+                    heartbeat_at: r.try_get("heartbeat_at").backend()?,
+                    jobs_done: r.try_get("jobs_done").backend()?,
+                })
+            })
+            .collect()
     }
 }

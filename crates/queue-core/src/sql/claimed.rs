@@ -3,8 +3,9 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::values::{attempts_u32, time_from_micros};
+use super::values::attempts_u32;
 use crate::envelope::Envelope;
+use crate::time_units::time_from_micros;
 use crate::transport::{Claim, Scope, Start};
 
 /// Which claimed messages a claim marks started (the mode parameter of the claim SQL).

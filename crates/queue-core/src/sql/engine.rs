@@ -12,13 +12,14 @@ use super::backend::{LeaseOp, PairOp, SqlBackend};
 use super::claim::reserve_rows;
 use super::fence::{fenced, replay_refused};
 use super::store::sql_capabilities;
-use super::values::{attempts_u32, micros, row_seq, selection_parts, time_from_micros};
+use super::values::{attempts_u32, row_seq, selection_parts};
 use crate::capabilities::Capabilities;
 use crate::dead_letters::{DeadLetter, DeadLetters, DeadSelection};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::names::QueueName;
 use crate::reservation::{AckReport, Reservation};
+use crate::time_units::{micros, time_from_micros};
 use crate::transport::{Claim, GiveBack, QueueStats, Transport};
 
 /// How often a claim may sweep expired messages to the dead-letter store.

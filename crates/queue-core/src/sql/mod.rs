@@ -1,6 +1,8 @@
 //! The SQL engine: one implementation of [`Transport`](crate::Transport) and
 //! [`DeadLetters`](crate::DeadLetters) for every SQL backend, over the small set of
-//! primitives a backend provides ([`SqlBackend`]), and the building blocks they share.
+//! primitives a backend provides ([`SqlBackend`]); one implementation of
+//! [`StatusStore`](crate::status::StatusStore) over [`StatusBackend`]; and the building
+//! blocks they share.
 //! For transport crates; not semver-stable.
 
 mod backend;
@@ -9,6 +11,7 @@ mod claimed;
 mod connections;
 mod engine;
 mod fence;
+mod status;
 mod store;
 mod values;
 mod wakers;
@@ -17,13 +20,14 @@ pub use backend::{DeadRow, EngineState, LeaseOp, PairOp, Replayed, SqlBackend, S
 pub use claimed::{ClaimedRow, PromotePacer, StartMode};
 pub use connections::{KeptConnections, KEPT_CONNECTIONS};
 pub use fence::{fenced, pair_report, replay_refused};
+pub use status::{
+    BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
+};
 pub use store::{
     check_existing_version, check_schema_version, missing_store, sql_capabilities, StoreSettings,
 };
-pub use values::{
-    attempts_u32, dead_row, limit, micros, micros_between, row_seq, selection_parts,
-    time_from_micros,
-};
+pub use values::{attempts_u32, dead_row, row_seq, selection_parts};
 pub use wakers::Wakers;
 
 pub use crate::text::lossy;
+pub use crate::time_units::{limit, micros, micros_between, time_from_micros};

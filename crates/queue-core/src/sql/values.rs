@@ -1,13 +1,12 @@
-//! Conversions between rows and values: times in microseconds, counts, dead-letter rows,
-//! a reservation's row.
-
-use std::time::Duration;
+//! Conversions between rows and values: dead-letter rows, a reservation's row, attempt
+//! counts.
 
 use chrono::{DateTime, Utc};
 
 use crate::dead_letters::{DeadLetter, DeadSelection};
 use crate::error::Result;
 use crate::reservation::Reservation;
+use crate::time_units::micros;
 
 /// What a SQL dead-letter row holds for a moved dead letter: the stored text (the
 /// envelope, or the raw text of a malformed one), the priority and the expiry.
@@ -31,28 +30,6 @@ pub fn selection_parts(selection: &DeadSelection) -> Result<(Option<String>, Opt
         DeadSelection::All => (None, None),
         DeadSelection::OlderThan(age) => (None, Some(micros(*age))),
     })
-}
-
-/// A duration in whole microseconds, saturating.
-pub fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A row count for a `LIMIT` parameter, saturating.
-pub fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// Microseconds from `from` to `to` (negative when `to` is earlier), saturating.
-pub fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
-    (to - from)
-        .num_microseconds()
-        .unwrap_or(if to > from { i64::MAX } else { i64::MIN })
-}
-
-/// A time from microseconds since the epoch (the earliest time when out of range).
-pub fn time_from_micros(us: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// An attempts column as a count (negative reads as 0).
