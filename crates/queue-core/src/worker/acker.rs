@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use serde_json::Value;
 
-use super::WorkerCounters;
+use super::counters::WorkerCounters;
 use crate::reservation::Reservation;
 use crate::status::{StatusUpdate, StatusWriter};
 use crate::transport::Transport;

@@ -11,8 +11,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::acker::Acker;
+use super::builder::Worker;
 use super::handler::Report;
-use super::{JobContext, JobError, JobResult, UnknownKind, Worker};
+use super::handler::{JobContext, JobError, JobResult};
+use super::options::UnknownKind;
 use crate::error::Error;
 use crate::reason;
 use crate::reservation::Reservation;
@@ -122,7 +124,6 @@ impl Worker {
         else {
             return;
         };
-
         let cancel = hard_stop.child_token();
         let attempt = env.attempts + 1;
         // A transport that marks starts in the status store has recorded this one.
@@ -145,9 +146,30 @@ impl Worker {
         };
         let started = std::time::Instant::now();
         // Its own task, so that a panic is caught as a JoinError.
-        let mut job = tokio::spawn(
+        let job = tokio::spawn(
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
         );
+        let ending = self.watch(&r, job, &cancel, &hard_stop).await;
+        let elapsed = started.elapsed();
+        self.counters.record_duration(elapsed);
+        crate::metrics::handler_duration(&env.queue, &env.kind, elapsed);
+        let result = match ending {
+            Ending::Finished(Ok(())) => result.lock().ok().and_then(|mut slot| slot.take()),
+            _ => None,
+        };
+        self.settle(r, ending, result, max_attempts, elapsed, acker)
+            .await;
+    }
+
+    /// Waits for the handler's end while renewing its lease every third of it; on a
+    /// timeout, a lost lease or shutdown, cancels it (aborting it after a grace).
+    async fn watch(
+        &self,
+        r: &Reservation,
+        mut job: tokio::task::JoinHandle<JobResult>,
+        cancel: &CancellationToken,
+        hard_stop: &CancellationToken,
+    ) -> Ending {
         let lease = r.lease;
         let every = (lease / 3).max(Duration::from_millis(10));
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -167,7 +189,7 @@ impl Worker {
                 _ = sleep_until(deadline) => break Ending::TimedOut(self.options.timeout.unwrap_or_default()),
                 _ = cancel.cancelled() => break Ending::ShutDown,
                 // The heartbeat: only jobs that outlive a third of the lease pay for it.
-                _ = beat.tick() => match self.transport.extend(&r, lease).await {
+                _ = beat.tick() => match self.transport.extend(r, lease).await {
                     Ok(()) => tracing::trace!("lease extended"),
                     Err(err) if err.is_lease_lost() => {
                         tracing::warn!("heartbeat found the lease lost; cancelling the handler");
@@ -195,13 +217,23 @@ impl Worker {
         {
             ending = Ending::ShutDown;
         }
-        let elapsed = started.elapsed();
-        self.counters.record_duration(elapsed);
-        crate::metrics::handler_duration(&env.queue, &env.kind, elapsed);
+        ending
+    }
+
+    /// Acks, releases or dead-letters the message by how its run ended.
+    async fn settle(
+        &self,
+        r: Reservation,
+        ending: Ending,
+        result: Option<serde_json::Value>,
+        max_attempts: u32,
+        elapsed: Duration,
+        acker: Acker,
+    ) {
+        let attempt = r.envelope.attempts + 1;
         match ending {
             Ending::Finished(Ok(())) => {
                 tracing::debug!(?elapsed, "handled");
-                let result = result.lock().ok().and_then(|mut slot| slot.take());
                 acker.ack(r, result, elapsed).await;
             }
             Ending::Finished(Err(JobError::Fail { message })) => {
@@ -227,25 +259,25 @@ impl Worker {
                     "lease lost while handling: another worker has the message; stopped"
                 );
             }
-            Ending::ShutDown => {
-                match self
-                    .transport
-                    .release(
-                        &r,
-                        Duration::ZERO,
-                        Some("the worker shut down before the job finished"),
-                    )
-                    .await
-                {
-                    Ok(()) => {
-                        self.counters
-                            .released_on_shutdown
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.record(|| StatusUpdate::ended(env, attempt, JobState::Pending, None));
-                    }
-                    Err(err) => self.log_settle_error("release at shutdown", &err),
-                }
+            Ending::ShutDown => self.release_at_shutdown(&r, attempt).await,
+        }
+    }
+
+    /// Gives back a job stopped by shutdown for immediate redelivery.
+    async fn release_at_shutdown(&self, r: &Reservation, attempt: u32) {
+        let release = self.transport.release(
+            r,
+            Duration::ZERO,
+            Some("the worker shut down before the job finished"),
+        );
+        match release.await {
+            Ok(()) => {
+                self.counters
+                    .released_on_shutdown
+                    .fetch_add(1, Ordering::Relaxed);
+                self.record(|| StatusUpdate::ended(&r.envelope, attempt, JobState::Pending, None));
             }
+            Err(err) => self.log_settle_error("release at shutdown", &err),
         }
     }
 

@@ -3,16 +3,19 @@
 //! the state the dispatcher shares with it.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::acker::Acker;
-use super::Worker;
+use super::builder::Worker;
+use crate::error::Error;
 use crate::error::Result;
 use crate::reservation::Reservation;
 use crate::transport::Claim;
@@ -75,6 +78,9 @@ pub(super) type ClaimOutcome = Result<Vec<(Reservation, bool)>>;
 /// A claimed message, with when its claim marked it started (`None`: not started yet).
 pub(super) type Claimed = (Reservation, Option<std::time::Instant>);
 
+/// Most claims in flight at once.
+const MAX_IN_FLIGHT: usize = 2;
+
 /// Claims batches into the buffer while there is room; backs off while the queue is
 /// empty and wakes at once on the transport's signal. Ends on shutdown, or in drain
 /// mode once the queue is empty and nothing is in flight.
@@ -82,202 +88,293 @@ pub(super) type Claimed = (Reservation, Option<std::time::Instant>);
 /// One claim is in flight at a time while the queue is idle; while it has a backlog (the
 /// last claim came back full) and handlers are fast, a second claim overlaps the first, so
 /// handlers do not wait out a whole round trip between batches.
-pub(super) async fn fetch_loop(
-    worker: Arc<Worker>,
-    tx: mpsc::Sender<Claimed>,
-    shutdown: CancellationToken,
-    slots: Arc<Semaphore>,
-    acker: Acker,
-    finished: Arc<tokio::sync::Notify>,
-    dispatch: Arc<DispatchState>,
-) {
-    const MAX_IN_FLIGHT: usize = 2;
-    let (waiting, marked) = (&dispatch.waiting, &dispatch.marked);
-    let opts = &worker.options;
-    let concurrency = opts.concurrency.max(1);
-    let waker = worker.transport.wake_signal(&worker.queue);
-    let mut pause = opts.poll_min;
-    // Claims in flight, each with how many messages it asked for.
-    let mut claims: JoinSet<(usize, bool, ClaimOutcome)> = JoinSet::new();
-    // How many each claim in flight asked for, and whether it starts what it claims, so
-    // that a claim task that panicked still gives its share of the buffer back.
-    let mut asked_by: HashMap<tokio::task::Id, (usize, bool)> = HashMap::new();
-    let mut asked = 0_usize;
-    let mut backlog = false;
-    let mut notified = None;
-    loop {
-        if shutdown.is_cancelled() || tx.is_closed() {
-            break;
+pub(super) struct Fetcher {
+    pub(super) links: Links,
+    pub(super) tx: mpsc::Sender<Claimed>,
+}
+
+/// What the fetcher and the dispatcher of one run share.
+#[derive(Clone)]
+pub(super) struct Links {
+    pub(super) worker: Arc<Worker>,
+    pub(super) shutdown: CancellationToken,
+    /// The handler slots.
+    pub(super) slots: Arc<Semaphore>,
+    pub(super) acker: Acker,
+    /// Told when a handler ends: room for a claim.
+    pub(super) finished: Arc<Notify>,
+    pub(super) dispatch: Arc<DispatchState>,
+}
+
+/// The claims in flight, and the pacing between them.
+struct Flight {
+    /// Each claim: how many it asked for, whether it starts what it claims, and what
+    /// it brought.
+    claims: JoinSet<(usize, bool, ClaimOutcome)>,
+    /// How many each claim in flight asked for, and whether it starts what it claims,
+    /// so that a claim task that panicked still gives its share of the buffer back.
+    asked_by: HashMap<tokio::task::Id, (usize, bool)>,
+    /// Asked for by the claims in flight: counted as buffered.
+    asked: usize,
+    /// The last claim came back full.
+    backlog: bool,
+    /// The wake-up registered before the first claim of an idle spell.
+    notified: Option<Pin<Box<OwnedNotified>>>,
+    /// The pause after an empty claim, doubling up to the poll maximum.
+    pause: Duration,
+}
+
+/// What the loop does after a claim came back.
+enum Next {
+    Claim,
+    Stop,
+}
+
+impl Fetcher {
+    /// Runs the loop until shutdown or, in drain mode, an empty queue.
+    pub(super) async fn run(self) {
+        let opts = &self.links.worker.options;
+        let waker = self
+            .links
+            .worker
+            .transport
+            .wake_signal(&self.links.worker.queue);
+        let mut flight = Flight {
+            claims: JoinSet::new(),
+            asked_by: HashMap::new(),
+            asked: 0,
+            backlog: false,
+            notified: None,
+            pause: opts.poll_min,
+        };
+        loop {
+            if self.links.shutdown.is_cancelled() || self.tx.is_closed() {
+                break;
+            }
+            let limit = self.limit(&flight);
+            if flight.claims.len() < limit {
+                if let Some(room) = self.room(&flight) {
+                    self.spawn_claim(&mut flight, room, waker.as_ref());
+                    continue;
+                }
+            }
+            let joined = tokio::select! {
+                biased;
+                _ = self.links.shutdown.cancelled() => break,
+                joined = flight.claims.join_next_with_id(), if !flight.claims.is_empty() => joined,
+                // Room for a claim: a job finished, or the buffer drained as jobs started.
+                _ = self.links.finished.notified(), if flight.claims.len() < limit => continue,
+                _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))), if flight.claims.len() < limit => continue,
+            };
+            let (n, starts, claimed) = match joined {
+                Some(Ok((id, done))) => {
+                    flight.asked_by.remove(&id);
+                    done
+                }
+                // What a panicked claim took stays leased until its lease runs out.
+                Some(Err(err)) => {
+                    tracing::error!(error = %err, "a claim task failed");
+                    let (n, starts) = flight.asked_by.remove(&err.id()).unwrap_or((0, false));
+                    flight.asked = flight.asked.saturating_sub(n);
+                    if starts {
+                        self.links.dispatch.starting.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    continue;
+                }
+                None => continue,
+            };
+            // Whatever this claim started is in the channel once this is released.
+            let _started_sent = StartingClaim {
+                dispatch: &self.links.dispatch,
+                starts,
+            };
+            flight.asked = flight.asked.saturating_sub(n);
+            let next = match claimed {
+                Ok(batch) if !batch.is_empty() => self.send(&mut flight, batch, n).await,
+                Ok(_) => self.idle(&mut flight).await,
+                Err(err) => self.failed(&mut flight, &err).await,
+            };
+            if let Next::Stop = next {
+                break;
+            }
         }
-        // How many to claim: while handlers are fast, a whole batch into the buffer;
-        // while they are slow, only what free handlers can start now. Claims in flight
-        // count as buffered.
-        let fast = worker.counters.handlers_are_fast();
-        // A single handler gets its messages strictly in order: no overlapping claims.
-        let limit = if backlog && fast && concurrency > 1 {
+        self.give_back_in_flight(&mut flight).await;
+    }
+
+    /// How many claims may be in flight: two while there is a backlog and handlers are
+    /// fast; one otherwise, and always for a single handler, which gets its messages
+    /// strictly in order.
+    fn limit(&self, flight: &Flight) -> usize {
+        let fast = self.links.worker.counters.handlers_are_fast();
+        if flight.backlog && fast && self.links.worker.options.concurrency.max(1) > 1 {
             MAX_IN_FLIGHT
         } else {
             1
-        };
-        if claims.len() < limit {
-            // While handlers are slow, messages marked and waiting in the dispatcher count
-            // too, so that a slow worker claims no more than its free slots.
-            let waiting_marked = if fast {
-                0
-            } else {
-                marked.load(Ordering::SeqCst)
-            };
-            let buffered = tx.max_capacity() - tx.capacity()
-                + waiting_marked
-                + dispatch.stashed.load(Ordering::SeqCst)
-                + asked;
-            let ahead = if fast { opts.prefetch } else { 0 };
-            let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
-            let room = (free + ahead)
-                .saturating_sub(buffered)
-                .min(tx.capacity().saturating_sub(asked));
-            // While handlers are fast, wait for half a batch of room so that one commit
-            // claims several messages; slow handlers get theirs at once.
-            let least = if fast { (concurrency / 2).max(1) } else { 1 };
-            if room >= least {
-                if claims.is_empty() {
-                    // Register for the wake-up before reserving, so a publish in between
-                    // is seen.
-                    let mut n = waker.as_ref().map(|n| Box::pin(n.clone().notified_owned()));
-                    if let Some(n) = n.as_mut() {
-                        n.as_mut().enable();
-                    }
-                    notified = n;
-                }
-                let (transport, queue) = (worker.transport.clone(), worker.queue.clone());
-                // Counted before `quiet` is read, so that a dispatcher that set `quiet`
-                // and then saw no starting claim can be sure none begins after.
-                let starts = fast && {
-                    dispatch.starting.fetch_add(1, Ordering::SeqCst);
-                    let quiet = dispatch.quiet.load(Ordering::SeqCst);
-                    if quiet {
-                        dispatch.starting.fetch_sub(1, Ordering::SeqCst);
-                    }
-                    !quiet
-                };
-                let handle = claims.spawn(async move {
-                    // While handlers keep up, messages start as they are claimed (one
-                    // round trip fewer per batch); a crash then charges them an attempt
-                    // each, at most once, because a message with attempts is never
-                    // started by its claim.
-                    let claim = if starts {
-                        Claim::prefetch_starting_fresh(room)
-                    } else {
-                        Claim::prefetch(room)
-                    };
-                    let claimed = transport.claim(&queue, claim).await.map(|batch| {
-                        batch
-                            .into_iter()
-                            .map(|r| {
-                                let started = starts && r.started;
-                                (r, started)
-                            })
-                            .collect()
-                    });
-                    (room, starts, claimed)
-                });
-                asked_by.insert(handle.id(), (room, starts));
-                asked += room;
-                continue;
-            }
-        }
-        let joined = tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => break,
-            joined = claims.join_next_with_id(), if !claims.is_empty() => joined,
-            // Room for a claim: a job finished, or the buffer drained as jobs started.
-            _ = finished.notified(), if claims.len() < limit => continue,
-            _ = tokio::time::sleep(opts.poll_min.max(Duration::from_millis(1))), if claims.len() < limit => continue,
-        };
-        let (n, starts, claimed) = match joined {
-            Some(Ok((id, done))) => {
-                asked_by.remove(&id);
-                done
-            }
-            // What a panicked claim took stays leased until its lease runs out.
-            Some(Err(err)) => {
-                tracing::error!(error = %err, "a claim task failed");
-                let (n, starts) = asked_by.remove(&err.id()).unwrap_or((0, false));
-                asked = asked.saturating_sub(n);
-                if starts {
-                    dispatch.starting.fetch_sub(1, Ordering::SeqCst);
-                }
-                continue;
-            }
-            None => continue,
-        };
-        // Whatever this claim started is in the channel once this is released.
-        let _started_sent = StartingClaim {
-            dispatch: &dispatch,
-            starts,
-        };
-        asked = asked.saturating_sub(n);
-        match claimed {
-            Ok(batch) if !batch.is_empty() => {
-                pause = opts.poll_min;
-                for (r, _) in &batch {
-                    let env = &r.envelope;
-                    crate::metrics::count(crate::metrics::RESERVED, &env.queue, &env.kind, 1);
-                }
-                backlog = batch.len() >= n;
-                let at = std::time::Instant::now();
-                for (reservation, started) in batch {
-                    if let Err(mpsc::error::SendError((r, _))) =
-                        tx.send((reservation, started.then_some(at))).await
-                    {
-                        // The dispatcher stopped: the worker is shutting down.
-                        give_back(&worker, &r).await;
-                    }
-                }
-            }
-            Ok(_) => {
-                backlog = false;
-                if !claims.is_empty() {
-                    continue;
-                }
-                let free = slots.available_permits() + usize::from(waiting.load(Ordering::SeqCst));
-                let idle = free == concurrency
-                    && tx.capacity() == tx.max_capacity()
-                    && dispatch.stashed.load(Ordering::SeqCst) == 0
-                    && acker.is_idle();
-                if opts.drain && idle && worker.queue_is_empty().await {
-                    break;
-                }
-                let wake = notified.take();
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = async { if let Some(n) = wake { n.await } else { std::future::pending().await } } => {}
-                }
-                pause = (pause * 2).min(opts.poll_max);
-            }
-            Err(err) => {
-                backlog = false;
-                tracing::warn!(queue = %worker.queue, error = %err, retry_in = ?pause, "reserve failed");
-                if claims.is_empty() {
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                }
-                pause = (pause * 2).min(opts.poll_max.max(Duration::from_secs(5)));
-            }
         }
     }
-    // What claims still in flight bring back goes back at once, uncharged.
-    while let Some(joined) = claims.join_next().await {
-        if let Ok((_, starts, outcome)) = joined {
-            if starts {
+
+    /// How many to claim now, if enough: while handlers are fast, a whole batch into the
+    /// buffer; while they are slow, only what free handlers can start now. Claims in
+    /// flight count as buffered.
+    fn room(&self, flight: &Flight) -> Option<usize> {
+        let opts = &self.links.worker.options;
+        let fast = self.links.worker.counters.handlers_are_fast();
+        // While handlers are slow, messages marked and waiting in the dispatcher count
+        // too, so that a slow worker claims no more than its free slots.
+        let waiting_marked = if fast {
+            0
+        } else {
+            self.links.dispatch.marked.load(Ordering::SeqCst)
+        };
+        let buffered = self.tx.max_capacity() - self.tx.capacity()
+            + waiting_marked
+            + self.links.dispatch.stashed.load(Ordering::SeqCst)
+            + flight.asked;
+        let ahead = if fast { opts.prefetch } else { 0 };
+        let room = (self.free_slots() + ahead)
+            .saturating_sub(buffered)
+            .min(self.tx.capacity().saturating_sub(flight.asked));
+        // While handlers are fast, wait for half a batch of room so that one commit
+        // claims several messages; slow handlers get theirs at once.
+        let least = if fast {
+            (opts.concurrency.max(1) / 2).max(1)
+        } else {
+            1
+        };
+        (room >= least).then_some(room)
+    }
+
+    /// Free handler slots, counting the one the dispatcher holds while it waits.
+    fn free_slots(&self) -> usize {
+        self.links.slots.available_permits()
+            + usize::from(self.links.dispatch.waiting.load(Ordering::SeqCst))
+    }
+
+    /// Starts a claim of `room` messages.
+    fn spawn_claim(&self, flight: &mut Flight, room: usize, waker: Option<&Arc<Notify>>) {
+        if flight.claims.is_empty() {
+            // Register for the wake-up before reserving, so a publish in between is seen.
+            let mut n = waker.map(|n| Box::pin(n.clone().notified_owned()));
+            if let Some(n) = n.as_mut() {
+                n.as_mut().enable();
+            }
+            flight.notified = n;
+        }
+        let (transport, queue) = (
+            self.links.worker.transport.clone(),
+            self.links.worker.queue.clone(),
+        );
+        let dispatch = &self.links.dispatch;
+        // Counted before `quiet` is read, so that a dispatcher that set `quiet` and then
+        // saw no starting claim can be sure none begins after.
+        let starts = self.links.worker.counters.handlers_are_fast() && {
+            dispatch.starting.fetch_add(1, Ordering::SeqCst);
+            let quiet = dispatch.quiet.load(Ordering::SeqCst);
+            if quiet {
                 dispatch.starting.fetch_sub(1, Ordering::SeqCst);
             }
-            let Ok(batch) = outcome else { continue };
-            for (r, _) in batch {
-                give_back(&worker, &r).await;
+            !quiet
+        };
+        let handle = flight.claims.spawn(async move {
+            // While handlers keep up, messages start as they are claimed (one round trip
+            // fewer per batch); a crash then charges them an attempt each, at most once,
+            // because a message with attempts is never started by its claim.
+            let claim = if starts {
+                Claim::prefetch_starting_fresh(room)
+            } else {
+                Claim::prefetch(room)
+            };
+            let claimed = transport.claim(&queue, claim).await.map(|batch| {
+                batch
+                    .into_iter()
+                    .map(|r| {
+                        let started = starts && r.started;
+                        (r, started)
+                    })
+                    .collect()
+            });
+            (room, starts, claimed)
+        });
+        flight.asked_by.insert(handle.id(), (room, starts));
+        flight.asked += room;
+    }
+
+    /// Sends a claimed batch to the dispatcher.
+    async fn send(
+        &self,
+        flight: &mut Flight,
+        batch: Vec<(Reservation, bool)>,
+        asked: usize,
+    ) -> Next {
+        flight.pause = self.links.worker.options.poll_min;
+        for (r, _) in &batch {
+            let env = &r.envelope;
+            crate::metrics::count(crate::metrics::RESERVED, &env.queue, &env.kind, 1);
+        }
+        flight.backlog = batch.len() >= asked;
+        let at = std::time::Instant::now();
+        for (reservation, started) in batch {
+            if let Err(mpsc::error::SendError((r, _))) =
+                self.tx.send((reservation, started.then_some(at))).await
+            {
+                // The dispatcher stopped: the worker is shutting down.
+                give_back(&self.links.worker, &r).await;
+            }
+        }
+        Next::Claim
+    }
+
+    /// An empty claim: in drain mode with nothing in flight, the end; else a pause that
+    /// the transport's wake-up cuts short.
+    async fn idle(&self, flight: &mut Flight) -> Next {
+        flight.backlog = false;
+        if !flight.claims.is_empty() {
+            return Next::Claim;
+        }
+        let opts = &self.links.worker.options;
+        let idle = self.free_slots() == opts.concurrency.max(1)
+            && self.tx.capacity() == self.tx.max_capacity()
+            && self.links.dispatch.stashed.load(Ordering::SeqCst) == 0
+            && self.links.acker.is_idle();
+        if opts.drain && idle && self.links.worker.queue_is_empty().await {
+            return Next::Stop;
+        }
+        let wake = flight.notified.take();
+        tokio::select! {
+            _ = self.links.shutdown.cancelled() => return Next::Stop,
+            _ = tokio::time::sleep(flight.pause) => {}
+            _ = async { if let Some(n) = wake { n.await } else { std::future::pending().await } } => {}
+        }
+        flight.pause = (flight.pause * 2).min(opts.poll_max);
+        Next::Claim
+    }
+
+    /// A failed claim: logged, and retried after a pause that backs off to at least 5 s.
+    async fn failed(&self, flight: &mut Flight, err: &Error) -> Next {
+        let opts = &self.links.worker.options;
+        flight.backlog = false;
+        tracing::warn!(queue = %self.links.worker.queue, error = %err, retry_in = ?flight.pause, "reserve failed");
+        if flight.claims.is_empty() {
+            tokio::select! {
+                _ = self.links.shutdown.cancelled() => return Next::Stop,
+                _ = tokio::time::sleep(flight.pause) => {}
+            }
+        }
+        flight.pause = (flight.pause * 2).min(opts.poll_max.max(Duration::from_secs(5)));
+        Next::Claim
+    }
+
+    /// What claims still in flight bring back goes back at once, uncharged.
+    async fn give_back_in_flight(&self, flight: &mut Flight) {
+        while let Some(joined) = flight.claims.join_next().await {
+            if let Ok((_, starts, outcome)) = joined {
+                if starts {
+                    self.links.dispatch.starting.fetch_sub(1, Ordering::SeqCst);
+                }
+                let Ok(batch) = outcome else { continue };
+                for (r, _) in batch {
+                    give_back(&self.links.worker, &r).await;
+                }
             }
         }
     }

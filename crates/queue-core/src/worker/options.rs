@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::RetryPolicy;
+use super::retry::RetryPolicy;
 
 /// What the worker does with a message whose kind has no handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::WorkerCounters;
+use super::counters::WorkerCounters;
 use crate::status::{StatusStore, WorkerInfo, HEARTBEAT_EVERY};
 
 /// The heartbeat task of one worker run.
