@@ -164,12 +164,14 @@ pub async fn connect_worker(
 
 /// A status store that keeps the transport it came from open (its pool and listener
 /// stop with the transport).
+#[cfg(feature = "amqp")]
 #[derive(Debug)]
 struct KeptOpen {
     store: Arc<dyn StatusStore>,
     _owner: Arc<dyn Transport>,
 }
 
+#[cfg(feature = "amqp")]
 #[async_trait::async_trait]
 impl StatusStore for KeptOpen {
     async fn record(&self, updates: &[queue_core::status::StatusUpdate]) -> Result<()> {
@@ -238,6 +240,7 @@ async fn open_backend(config: &Config, kind: BackendKind, create: bool) -> Resul
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn with_status<T: Transport + 'static>(t: T, status: Arc<dyn StatusStore>) -> Opened {
     (Arc::new(t), Some(status))
 }

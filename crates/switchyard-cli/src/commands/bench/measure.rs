@@ -1,0 +1,232 @@
+//! One run's measurements: enqueue one by one and in batches, drains (plain, with job
+//! status, at depth) with the worker runtime, and pickup latency.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use switchyard::worker::{handler_fn, JobContext, Worker, WorkerOptions};
+use switchyard::{
+    CancellationToken, Error, QueueName, Result, StatusStore, Transport, TransportExt,
+};
+use uuid::Uuid;
+
+use super::report::Sample;
+use super::target::Target;
+use super::workload::{jobs, queue, single_count};
+use crate::cli::BenchArgs;
+
+/// Messages per batched publish.
+const PUBLISH_BATCH: usize = 100;
+/// Pickup latency: messages published at a fixed rate to an idle consumer.
+const PICKUP_MESSAGES: usize = 200;
+const PICKUP_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Measures one run on `t` (and its status store, where it keeps one); the claim's plan
+/// at depth where `--depth` asked for it (PostgreSQL).
+pub(super) async fn measure(
+    target: &Target,
+    t: &Arc<dyn Transport>,
+    status: Option<&Arc<dyn StatusStore>>,
+    args: &BenchArgs,
+) -> Result<(Sample, Option<String>)> {
+    // Enqueue one by one: one commit each.
+    let single_n = single_count(args.messages);
+    let q = queue("single")?;
+    let envs = jobs(&q, single_n)?;
+    let started = Instant::now();
+    for env in envs {
+        t.publish(env).await?;
+    }
+    let enqueue_single_per_s = single_n as f64 / started.elapsed().as_secs_f64();
+
+    // Enqueue in batches; the same jobs are then drained.
+    let q = queue("drain")?;
+    let envs = jobs(&q, args.messages)?;
+    let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+    let started = Instant::now();
+    for chunk in envs.chunks(PUBLISH_BATCH) {
+        t.publish_batch(chunk.to_vec()).await?;
+    }
+    let enqueue_batch_per_s = args.messages as f64 / started.elapsed().as_secs_f64();
+
+    let (drain_per_s, mut duplicates, mut missing) =
+        drain(t, &q, &ids, args.concurrency, None).await?;
+
+    // The same with job status: recorded `pending` as published, then `running` and
+    // `completed` by the worker.
+    let mut drain_status_per_s = None;
+    if let Some(store) = status.cloned() {
+        let q = queue("status")?;
+        let envs = jobs(&q, args.messages)?;
+        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+        let tracked = switchyard::Jobs::new(t.clone(), Some(store.clone()));
+        for chunk in envs.chunks(PUBLISH_BATCH) {
+            tracked.publish_batch(chunk.to_vec()).await?;
+        }
+        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, Some(store)).await?;
+        drain_status_per_s = Some(per_s);
+        duplicates += dups;
+        missing += miss;
+    }
+
+    // The same drain with `depth` more messages queued behind the measured ones.
+    let mut drain_deep_per_s = None;
+    let mut plan = None;
+    if args.depth > 0 {
+        let q = queue("deep")?;
+        let measured = jobs(&q, args.messages)?;
+        let ids: Vec<Uuid> = measured.iter().map(|e| e.id).collect();
+        for chunk in measured.chunks(1_000) {
+            t.publish_batch(chunk.to_vec()).await?;
+        }
+        let mut left = args.depth;
+        while left > 0 {
+            let n = left.min(1_000);
+            t.publish_batch(jobs(&q, n)?).await?;
+            left -= n;
+        }
+        plan = target.claim_plan(&q).await;
+        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, None).await?;
+        drain_deep_per_s = Some(per_s);
+        duplicates += dups;
+        missing += miss;
+    }
+
+    let publisher = target.publisher(t).await?;
+    let (pickup_p50_ms, pickup_p99_ms) = pickup(t, &publisher).await?;
+    Ok((
+        Sample {
+            enqueue_single_per_s,
+            enqueue_batch_per_s,
+            drain_per_s,
+            drain_deep_per_s,
+            drain_status_per_s,
+            pickup_p50_ms,
+            pickup_p99_ms,
+            duplicates,
+            missing,
+        },
+        plan,
+    ))
+}
+
+/// Drains with the worker runtime (batched claims, coalesced acks) and a no-op handler,
+/// timed until every measured job has been handled (anything queued behind them stays).
+async fn drain(
+    t: &Arc<dyn Transport>,
+    q: &QueueName,
+    ids: &[Uuid],
+    concurrency: usize,
+    status: Option<Arc<dyn switchyard::StatusStore>>,
+) -> Result<(f64, u64, u64)> {
+    let seen: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
+    let finished: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let stop = CancellationToken::new();
+    // Only the measured jobs count: with a backlog behind them, a few of it may be
+    // handled before the last measured ones (claims overlap).
+    let measured: std::collections::HashSet<Uuid> = ids.iter().copied().collect();
+    let handled_measured = std::sync::atomic::AtomicUsize::new(0);
+    let (record, done, stopper, total) = (seen.clone(), finished.clone(), stop.clone(), ids.len());
+    let options = WorkerOptions::default()
+        .with_concurrency(concurrency)
+        .with_poll(Duration::from_millis(1), Duration::from_millis(10))
+        .with_drain(true);
+    let mut worker = Worker::new(t.clone(), q.clone(), options);
+    if let Some(store) = status {
+        worker = worker.with_status(store);
+    }
+    let worker = worker.handle(
+        "noop",
+        handler_fn(move |ctx: JobContext| {
+            if let Ok(mut seen) = record.lock() {
+                let count = seen.entry(ctx.envelope.id).or_default();
+                *count += 1;
+                if *count == 1
+                    && measured.contains(&ctx.envelope.id)
+                    && handled_measured.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+                        == total
+                {
+                    if let Ok(mut done) = done.lock() {
+                        done.get_or_insert_with(Instant::now);
+                    }
+                    stopper.cancel();
+                }
+            }
+            async { Ok(()) }
+        }),
+    );
+    let started = Instant::now();
+    worker.run(stop).await?;
+    let elapsed = finished
+        .lock()
+        .ok()
+        .and_then(|f| *f)
+        .unwrap_or_else(Instant::now)
+        .duration_since(started);
+    let seen = seen
+        .lock()
+        .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?;
+    let duplicates = seen.values().map(|n| u64::from(n.saturating_sub(1))).sum();
+    let missing = ids.iter().filter(|id| !seen.contains_key(id)).count() as u64;
+    Ok((
+        ids.len() as f64 / elapsed.as_secs_f64(),
+        duplicates,
+        missing,
+    ))
+}
+
+/// Publishes at a fixed rate to an idle worker (default polling, plus the transport's
+/// wake-up signal where it has one) and measures publish → handler start.
+async fn pickup(t: &Arc<dyn Transport>, publisher: &Arc<dyn Transport>) -> Result<(f64, f64)> {
+    let q = queue("pickup")?;
+    let sent: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let (s, l) = (sent.clone(), latencies.clone());
+    let worker = Worker::new(t.clone(), q.clone(), WorkerOptions::default()).handle(
+        "noop",
+        handler_fn(move |ctx: JobContext| {
+            let at = Instant::now();
+            let start = s.lock().ok().and_then(|m| m.get(&ctx.envelope.id).copied());
+            if let (Some(start), Ok(mut l)) = (start, l.lock()) {
+                l.push(at.duration_since(start));
+            }
+            async { Ok(()) }
+        }),
+    );
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    // Let the worker fall idle first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut tick = tokio::time::interval(PICKUP_INTERVAL);
+    for env in jobs(&q, PICKUP_MESSAGES)? {
+        tick.tick().await;
+        sent.lock()
+            .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
+            .insert(env.id, Instant::now());
+        publisher.publish(env).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while latencies.lock().map(|l| l.len()).unwrap_or(0) < PICKUP_MESSAGES {
+        if Instant::now() > deadline {
+            return Err(Error::InvalidInput(
+                "pickup: messages not handled within 60 s".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.cancel();
+    running
+        .await
+        .map_err(|e| Error::InvalidInput(format!("pickup worker failed: {e}")))??;
+    let mut latencies = latencies
+        .lock()
+        .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
+        .clone();
+    latencies.sort();
+    let pct = |p: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Ok((pct(0.50), pct(0.99)))
+}

@@ -1,0 +1,274 @@
+//! What a bench reports: each run's sample, the medians over the runs, the baseline's
+//! ratios, and the table printed for people.
+
+use serde::Serialize;
+
+use super::baseline::Baseline;
+use crate::cli::BenchArgs;
+use switchyard::ClaimStrategy;
+
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Sample {
+    pub(super) enqueue_single_per_s: f64,
+    pub(super) enqueue_batch_per_s: f64,
+    pub(super) drain_per_s: f64,
+    /// The same drain with `--depth` more messages queued behind the measured ones.
+    pub(super) drain_deep_per_s: Option<f64>,
+    /// The same drain recording each job's status (published `pending` through `Jobs`,
+    /// then `running` and `completed`), where the backend keeps status.
+    pub(super) drain_status_per_s: Option<f64>,
+    pub(super) pickup_p50_ms: f64,
+    pub(super) pickup_p99_ms: f64,
+    pub(super) duplicates: u64,
+    pub(super) missing: u64,
+}
+
+/// Optimistic claims racing each other: bare reservers (reserve 10, ack 10, repeat).
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Contention {
+    pub(super) reservers: usize,
+    pub(super) jobs_per_s: f64,
+    /// Rows a competitor took between an optimistic claim's read and its compare-and-set,
+    /// over the rows it tried to take.
+    pub(super) wasted_claim_ratio: f64,
+    /// Claim statements that lost a deadlock and ran again.
+    pub(super) conflicts: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    pub(super) backend: String,
+    pub(super) claim: String,
+    /// What woke the idle worker in the pickup measurement.
+    pub(super) wake: String,
+    pub(super) runs: usize,
+    pub(super) messages: usize,
+    pub(super) concurrency: usize,
+    /// Messages queued behind the measured ones in the deep drain.
+    pub(super) depth: usize,
+    /// Medians over the runs; duplicates and missing are totals, and both must be 0.
+    #[serde(flatten)]
+    pub(super) summary: Sample,
+    pub(super) samples: Vec<Sample>,
+    /// The claim's plan at the deep drain's depth (PostgreSQL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) claim_plan: Option<String>,
+    /// Medians over the runs, per number of reservers (optimistic claims on PostgreSQL).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(super) contention: Vec<Contention>,
+    /// Bare SQL on the same server, measured once in each run (PostgreSQL, MySQL):
+    /// medians, and the medians of each run's ratios of the queue to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) baseline: Option<BaselineReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct BaselineReport {
+    #[serde(flatten)]
+    pub(super) median: Baseline,
+    pub(super) enqueue_single_ratio: f64,
+    pub(super) enqueue_batch_ratio: f64,
+    pub(super) drain_ratio: f64,
+}
+
+/// Medians of the baseline runs and of each run's ratios (`samples[i]` ran beside
+/// `bare[i]`).
+pub(super) fn baseline_report(samples: &[Sample], bare: &[Baseline]) -> Option<BaselineReport> {
+    if bare.is_empty() || bare.len() != samples.len() {
+        return None;
+    }
+    let ratio = |q: fn(&Sample) -> f64, b: fn(&Baseline) -> f64| {
+        median(
+            samples
+                .iter()
+                .zip(bare)
+                .map(|(s, x)| q(s) / b(x).max(f64::MIN_POSITIVE))
+                .collect(),
+        )
+    };
+    Some(BaselineReport {
+        median: Baseline {
+            insert_single_per_s: median(bare.iter().map(|b| b.insert_single_per_s).collect()),
+            insert_batch_per_s: median(bare.iter().map(|b| b.insert_batch_per_s).collect()),
+            drain_per_s: median(bare.iter().map(|b| b.drain_per_s).collect()),
+        },
+        enqueue_single_ratio: ratio(|s| s.enqueue_single_per_s, |b| b.insert_single_per_s),
+        enqueue_batch_ratio: ratio(|s| s.enqueue_batch_per_s, |b| b.insert_batch_per_s),
+        drain_ratio: ratio(|s| s.drain_per_s, |b| b.drain_per_s),
+    })
+}
+
+/// The median of each reserver count's runs.
+pub(super) fn median_contention(reservers: &[usize], runs: &[Vec<Contention>]) -> Vec<Contention> {
+    reservers
+        .iter()
+        .filter_map(|&n| {
+            let of_n: Vec<&Contention> = runs
+                .iter()
+                .flat_map(|r| r.iter().filter(|c| c.reservers == n))
+                .collect();
+            if of_n.is_empty() {
+                return None;
+            }
+            Some(Contention {
+                reservers: n,
+                jobs_per_s: median(of_n.iter().map(|c| c.jobs_per_s).collect()),
+                wasted_claim_ratio: median(of_n.iter().map(|c| c.wasted_claim_ratio).collect()),
+                conflicts: of_n.iter().map(|c| c.conflicts).sum(),
+            })
+        })
+        .collect()
+}
+
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+pub(super) fn summarise(
+    backend: String,
+    wake: String,
+    claim: ClaimStrategy,
+    args: &BenchArgs,
+    samples: Vec<Sample>,
+) -> Report {
+    let m = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+    Report {
+        backend,
+        claim: claim.to_string(),
+        wake,
+        runs: samples.len(),
+        messages: args.messages,
+        concurrency: args.concurrency,
+        depth: args.depth,
+        summary: Sample {
+            enqueue_single_per_s: m(|s| s.enqueue_single_per_s),
+            enqueue_batch_per_s: m(|s| s.enqueue_batch_per_s),
+            drain_per_s: m(|s| s.drain_per_s),
+            drain_deep_per_s: samples
+                .iter()
+                .map(|s| s.drain_deep_per_s)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
+            drain_status_per_s: samples
+                .iter()
+                .map(|s| s.drain_status_per_s)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
+            pickup_p50_ms: m(|s| s.pickup_p50_ms),
+            pickup_p99_ms: m(|s| s.pickup_p99_ms),
+            duplicates: samples.iter().map(|s| s.duplicates).sum(),
+            missing: samples.iter().map(|s| s.missing).sum(),
+        },
+        samples,
+        claim_plan: None,
+        contention: Vec::new(),
+        baseline: None,
+    }
+}
+
+/// Prints the reports as a table, then what the table has no columns for.
+pub(super) fn print(reports: &[Report], args: &BenchArgs) {
+    print_table(reports, args);
+    print_notes(reports);
+    print_baselines(reports);
+    if let Some(plan) = reports.iter().find_map(|r| r.claim_plan.as_ref()) {
+        outln!("claim plan at the deep drain's depth:\n{plan}");
+    }
+}
+
+/// One row per backend and claim: the medians.
+fn print_table(reports: &[Report], args: &BenchArgs) {
+    outln!(
+        "{:<8} {:<12} {:>14} {:>14} {:>12} {:>10} {:>10} {:>6} {:>8}",
+        "BACKEND",
+        "CLAIM",
+        "ENQ 1x1 /s",
+        "ENQ x100 /s",
+        "DRAIN /s",
+        "P50 ms",
+        "P99 ms",
+        "DUPS",
+        "MISSING"
+    );
+    for r in reports {
+        outln!(
+            "{:<8} {:<12} {:>14.0} {:>14.0} {:>12.0} {:>10.1} {:>10.1} {:>6} {:>8}",
+            r.backend,
+            r.claim,
+            r.summary.enqueue_single_per_s,
+            r.summary.enqueue_batch_per_s,
+            r.summary.drain_per_s,
+            r.summary.pickup_p50_ms,
+            r.summary.pickup_p99_ms,
+            r.summary.duplicates,
+            r.summary.missing
+        );
+    }
+    outln!(
+        "medians of {} runs; drain of {} jobs at concurrency {}; pickup woken by {}",
+        args.runs.max(1),
+        args.messages,
+        args.concurrency,
+        reports.first().map_or("-", |r| r.wake.as_str())
+    );
+}
+
+/// The drains with status and at depth, and the optimistic claims' contention.
+fn print_notes(reports: &[Report]) {
+    for r in reports {
+        if let Some(tracked) = r.summary.drain_status_per_s {
+            outln!(
+                "{} {}: drain recording job status: {tracked:.0} jobs/s ({:.0}% of the plain drain)",
+                r.backend,
+                r.claim,
+                100.0 * tracked / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
+        if let Some(deep) = r.summary.drain_deep_per_s {
+            outln!(
+                "{} {}: drain with {} more queued behind: {deep:.0} jobs/s ({:.0}% of the shallow drain)",
+                r.backend,
+                r.claim,
+                r.depth,
+                100.0 * deep / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
+        for c in &r.contention {
+            outln!(
+                "{} {}: {} reservers: {:.0} jobs/s, wasted-claim ratio {:.3}, {} deadlock retries",
+                r.backend,
+                r.claim,
+                c.reservers,
+                c.jobs_per_s,
+                c.wasted_claim_ratio,
+                c.conflicts
+            );
+        }
+    }
+}
+
+/// The bare baseline of the same runs, and the queue's ratios to it.
+fn print_baselines(reports: &[Report]) {
+    for r in reports {
+        if let Some(b) = &r.baseline {
+            outln!(
+                "{} {}: bare {} in the same runs: {:.0} / {:.0} / {:.0} jobs/s \
+                 (enqueue 1x1 / x100 / drain); the queue's ratios to it: {:.2} / {:.2} / {:.2}",
+                r.backend,
+                r.claim,
+                if r.backend == "amqp" {
+                    "lapin (drain: one consumer, prefetch 100)"
+                } else {
+                    "SQL"
+                },
+                b.median.insert_single_per_s,
+                b.median.insert_batch_per_s,
+                b.median.drain_per_s,
+                b.enqueue_single_ratio,
+                b.enqueue_batch_ratio,
+                b.drain_ratio
+            );
+        }
+    }
+}

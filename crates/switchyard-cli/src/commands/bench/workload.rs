@@ -1,0 +1,28 @@
+//! The jobs a run publishes: no-op jobs on fresh queues.
+
+use switchyard::{Envelope, QueueName, Result};
+use uuid::Uuid;
+
+/// Messages published one by one: a tenth of the batch, 100 to 2,000.
+pub(super) fn single_count(messages: usize) -> usize {
+    (messages / 10).clamp(100, 2_000)
+}
+
+/// A fresh queue name for one measurement.
+pub(super) fn queue(label: &str) -> Result<QueueName> {
+    Ok(QueueName::new(format!(
+        "bench.{label}.{}",
+        Uuid::new_v4().simple()
+    ))?)
+}
+
+/// `n` no-op jobs on `queue`.
+pub(super) fn jobs(queue: &QueueName, n: usize) -> Result<Vec<Envelope>> {
+    (0..n)
+        .map(|i| {
+            Envelope::builder(queue.as_str(), "noop")
+                .payload(&serde_json::json!({ "n": i }))
+                .build()
+        })
+        .collect()
+}
