@@ -4,7 +4,12 @@
 mod output;
 mod cli;
 mod commands;
+mod host_guard;
+mod job_view;
 mod listen;
+mod metrics_listener;
+mod payload;
+mod pruning;
 mod signals;
 
 use std::process::ExitCode;

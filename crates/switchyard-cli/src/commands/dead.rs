@@ -26,7 +26,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
                     return crate::output::json_line(&dead);
                 }
                 let rows: Vec<serde_json::Value> =
-                    dead.iter().map(super::payload::with_payload).collect();
+                    dead.iter().map(crate::payload::with_payload).collect();
                 return crate::output::json_line(&rows);
             }
             if dead.is_empty() {
@@ -48,7 +48,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
                 if payload {
                     outln!(
                         "    payload: {}",
-                        indent(&super::payload::payload_text(d), "      ")
+                        indent(&crate::payload::payload_text(d), "      ")
                     );
                 }
             }

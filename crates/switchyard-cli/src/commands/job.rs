@@ -2,7 +2,7 @@
 
 use switchyard::{Config, Error, Result};
 
-use super::job_view::{self, JobView};
+use crate::job_view::{self, JobView};
 
 pub(crate) async fn run(config: &Config, id: &str, json: bool) -> Result<()> {
     let id = uuid::Uuid::parse_str(id.trim()).map_err(|_| {

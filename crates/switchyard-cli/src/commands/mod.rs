@@ -1,14 +1,10 @@
 //! One module per command.
 
-mod baseline;
 mod bench;
-mod command_check;
 mod dead;
 mod demo;
 mod job;
-mod job_view;
 mod move_cmd;
-mod payload;
 mod prune;
 mod publish;
 mod relay;

@@ -8,7 +8,6 @@
 //! cross-site, so a page on another site cannot make a visitor's browser replay or purge.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +17,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use switchyard::status::{next_change, JobFilter};
 use switchyard::{
@@ -28,6 +27,8 @@ use switchyard::{
 use uuid::Uuid;
 
 use crate::cli::ServeArgs;
+use crate::host_guard::{guard_host, Loopback};
+use crate::metrics_listener;
 
 const DASHBOARD_HTML: &str = include_str!("../../assets/dashboard.html");
 const DASHBOARD_JS: &str = include_str!("../../assets/dashboard.js");
@@ -63,7 +64,7 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
     if !addr.ip().is_loopback() && token.is_none() {
         tracing::warn!(%addr, "serving beyond this machine with no SWITCHYARD_ADMIN_TOKEN: anyone who reaches it can replay and purge dead letters");
     }
-    let metrics = install_recorder()?;
+    let metrics = metrics_listener::install_recorder()?;
     let jobs = switchyard::connect_jobs(config).await?;
     let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
     let app = Arc::new(App {
@@ -86,57 +87,6 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
         .map_err(|e| Error::io("the admin server stopped", e))
 }
 
-/// Installs the Prometheus recorder for this process's metrics.
-pub(crate) fn install_recorder() -> Result<PrometheusHandle> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(switchyard::metrics::HANDLER_DURATION.to_owned()),
-            &[
-                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                300.0,
-            ],
-        )
-        .and_then(PrometheusBuilder::install_recorder)
-        .map_err(|e| Error::InvalidInput(format!("cannot set up the metrics recorder: {e}")))?;
-    switchyard::metrics::describe();
-    Ok(handle)
-}
-
-/// Serves `/metrics` (and `/healthz`) of a worker on `addr` until `stop`.
-pub(crate) async fn spawn_metrics_server(
-    addr: SocketAddr,
-    transport: Arc<dyn Transport>,
-    stop: CancellationToken,
-) -> Result<()> {
-    let app = Arc::new(App {
-        transport,
-        store: None,
-        metrics: install_recorder()?,
-        token: None,
-        loopback: addr.ip().is_loopback(),
-        streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
-    });
-    let listener = crate::listen::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "serving metrics");
-    let routes = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            guard_host,
-        ))
-        .with_state(app);
-    tokio::spawn(async move {
-        let served = axum::serve(listener, routes)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(err) = served {
-            tracing::error!(error = %err, "the metrics server stopped");
-        }
-    });
-    Ok(())
-}
-
 fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(dashboard))
@@ -155,48 +105,10 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/dead/replay", post(dead_replay))
         .route("/api/dead/purge", post(dead_purge))
         .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
+            Loopback(app.loopback),
             guard_host,
         ))
         .with_state(app)
-}
-
-/// On a loopback address, refuses requests that name another host: a page whose DNS
-/// name was rebound to 127.0.0.1 would otherwise count as same-origin to the browser
-/// and could read and change everything here.
-async fn guard_host(
-    State(app): Shared,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if app.loopback {
-        let host = request
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok());
-        if let Some(host) = host {
-            if !is_loopback_host(host) {
-                return problem(
-                    StatusCode::MISDIRECTED_REQUEST,
-                    format!("this server answers to 127.0.0.1, [::1] or localhost, not {host}"),
-                )
-                .into_response();
-            }
-        }
-    }
-    next.run(request).await
-}
-
-/// `127.0.0.1:8080`, `localhost`, `[::1]:8080`… (with or without a port).
-fn is_loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// An error answer: its status and `{"error": message}`.
@@ -290,31 +202,11 @@ async fn dashboard_css() -> Response {
 }
 
 async fn healthz(State(app): Shared) -> Answer {
-    // RabbitMQ cannot list queues it has not used, so its check is the connection made
-    // at start; the SQL stores answer a query.
-    if app.transport.name() != "amqp" {
-        app.transport.stats(None).await?;
-    }
-    Ok(
-        Json(serde_json::json!({ "status": "ok", "transport": app.transport.name() }))
-            .into_response(),
-    )
+    Ok(Json(metrics_listener::health(app.transport.as_ref()).await?).into_response())
 }
 
 async fn metrics(State(app): Shared) -> Response {
-    match app.transport.stats(None).await {
-        Ok(stats) => switchyard::metrics::record_stats(&stats),
-        Err(err) => tracing::debug!(error = %err, "no queue gauges"),
-    }
-    app.metrics.run_upkeep();
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-        )],
-        app.metrics.render(),
-    )
-        .into_response()
+    metrics_listener::render(app.transport.as_ref(), &app.metrics).await
 }
 
 async fn stats(State(app): Shared) -> Answer {
@@ -396,7 +288,7 @@ async fn workers(State(app): Shared) -> Answer {
 /// One job with its failed attempts and where it is (what `switchyard job` shows).
 async fn job_view(State(app): Shared, Path(id): Path<String>) -> Answer {
     let id = job_id(&id)?;
-    match super::job_view::find(&app.transport, app.store.as_ref(), id).await? {
+    match crate::job_view::find(&app.transport, app.store.as_ref(), id).await? {
         Some(view) => Ok(Json(view).into_response()),
         None => Err(problem(
             StatusCode::NOT_FOUND,
@@ -488,7 +380,7 @@ async fn dead_list(State(app): Shared, Query(q): Query<ListQuery>) -> Answer {
         .transport
         .dead_list(queue.as_ref(), q.limit.unwrap_or(50).min(1000))
         .await?;
-    let rows: Vec<serde_json::Value> = dead.iter().map(super::payload::with_payload).collect();
+    let rows: Vec<serde_json::Value> = dead.iter().map(crate::payload::with_payload).collect();
     Ok(Json(rows).into_response())
 }
 
@@ -636,26 +528,5 @@ mod tests {
         assert!(!same_secret(b"s3cret!", b"s3cret"));
         assert!(!same_secret(b"", b"s3cret"));
         assert!(!same_secret(b"S3cret", b"s3cret"));
-    }
-
-    #[test]
-    fn loopback_hosts_are_told_apart() {
-        for ok in [
-            "127.0.0.1:8080",
-            "localhost",
-            "LOCALHOST:1",
-            "[::1]:80",
-            "127.0.0.2",
-        ] {
-            assert!(is_loopback_host(ok), "{ok}");
-        }
-        for bad in [
-            "evil.example:8080",
-            "10.0.0.1:8080",
-            "[::2]:80",
-            "localhost.evil.example",
-        ] {
-            assert!(!is_loopback_host(bad), "{bad}");
-        }
     }
 }

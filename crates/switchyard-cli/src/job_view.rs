@@ -69,7 +69,7 @@ pub(crate) async fn find(
             transport.name()
         ),
         duration_ms: None,
-        payload: d.envelope.as_ref().map(super::payload::payload_value),
+        payload: d.envelope.as_ref().map(crate::payload::payload_value),
         dead_letter: Some(d),
     }))
 }

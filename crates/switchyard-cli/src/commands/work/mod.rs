@@ -1,5 +1,7 @@
 //! `switchyard work --exec CMD`: runs a command once per message, in any language.
 
+mod command_check;
+
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ const STDOUT_KEPT: usize = 1024 * 1024;
 pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<()> {
     let queue = QueueName::new(args.queue.clone())
         .map_err(|e| switchyard::ConfigError::new("--queue", e.value, e.expected))?;
-    super::command_check::check(&args.exec)?;
+    command_check::check(&args.exec)?;
     let timeout = args
         .timeout
         .as_deref()
@@ -67,10 +69,10 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
     crate::signals::spawn_signal_handler(shutdown.clone(), abort.clone())?;
     if let Some(addr) = metrics {
-        super::serve::spawn_metrics_server(addr, transport.clone(), shutdown.clone()).await?;
+        crate::metrics_listener::spawn(addr, transport.clone(), shutdown.clone()).await?;
     }
     if let Some(older_than) = prune_older_than {
-        super::prune::start_periodic(transport, status, older_than, shutdown.clone()).await;
+        crate::pruning::start_periodic(transport, status, older_than, shutdown.clone()).await;
     }
     let report = worker.run_until(shutdown, abort).await?;
     if json {
