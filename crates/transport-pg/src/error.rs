@@ -1,10 +1,11 @@
 use queue_core::Error;
 
-use crate::standby;
+use crate::read_only;
 
-pub(crate) use crate::TRANSPORT;
+/// The backend's name in errors and logs.
+pub(crate) const TRANSPORT: &str = "postgres";
 
-/// SQLSTATEs worth retrying (besides 25006, see `standby`): the connection broke or the server is restarting
+/// SQLSTATEs worth retrying (besides 25006, see `read_only`): the connection broke or the server is restarting
 /// (class 08, 57P01-57P03), too many connections (53300), and the losers of a lock
 /// conflict (40001 serialization failure, 40P01 deadlock).
 fn transient_state(code: &str) -> bool {
@@ -24,8 +25,8 @@ pub(crate) fn backend(err: sqlx::Error) -> Error {
         sqlx::Error::Database(db) => {
             let code = db.code();
             // A server demoted to a standby: drop the old connections and retry.
-            if code.as_deref() == Some(standby::READ_ONLY) {
-                standby::saw_read_only();
+            if code.as_deref() == Some(read_only::READ_ONLY) {
+                read_only::saw_read_only();
                 true
             } else {
                 code.is_some_and(|c| transient_state(&c))

@@ -14,6 +14,7 @@ mod error;
 mod listener;
 mod migrate;
 mod options;
+mod read_only;
 mod sql;
 mod standby;
 mod status;
@@ -23,6 +24,3 @@ pub use options::PgOptions;
 pub use sqlx;
 pub use status::PgStatusStore;
 pub use transport::{ClaimCounters, PgTransport};
-
-/// The backend's name in errors and logs.
-const TRANSPORT: &str = "postgres";
