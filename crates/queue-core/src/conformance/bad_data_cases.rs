@@ -7,7 +7,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::case_support::{applies, fresh_queue, message, open, reserve_within, stats_of};
-use super::{Harness, OpenOptions};
+use super::harness::{Harness, OpenOptions};
 use crate::{reason, Envelope, Error, QueueName, Result, TransportExt};
 
 /// A payload over the backend's limit is rejected with a clear error, and a batch that

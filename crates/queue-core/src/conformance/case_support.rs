@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::{Harness, OpenOptions, Store};
+use super::harness::{Harness, OpenOptions, Store};
 use crate::{Envelope, QueueName, QueueStats, Reservation, Result, Transport, TransportExt};
 
 /// Whether a case applies to `t`, which lacks the capability `name` when `has` is false:

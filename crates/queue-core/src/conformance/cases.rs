@@ -11,8 +11,8 @@ pub use super::bad_data_cases::*;
 use super::case_support::{
     applies, fresh_queue, kinds, message, open, reserve_within, stats_of, with_lease,
 };
+use super::harness::{Harness, OpenOptions};
 pub use super::lease_cases::*;
-use super::{Harness, OpenOptions};
 use crate::{reason, DeadSelection, Envelope, Error, Reservation, Result, TransportExt};
 
 /// A message comes back with the exact payload bytes, headers, trace id and metadata.

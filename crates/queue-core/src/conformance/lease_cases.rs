@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::case_support::{applies, fresh_queue, message, reserve_within, stats_of, with_lease};
-use super::Harness;
+use super::harness::Harness;
 use crate::{reason, Claim, Error, Result, TransportExt};
 
 /// A lease that runs out makes the message reservable again, and that counts an attempt.

@@ -7,19 +7,12 @@
 //! file, a schema, a vhost namespace); every case uses its own store and fresh queue
 //! names, so cases run in parallel.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
-
-use async_trait::async_trait;
-
-use crate::status::StatusStore;
-use crate::{Result, Transport};
-
 mod bad_data_cases;
 mod case_support;
 pub mod cases;
+mod harness;
 mod lease_cases;
+mod runner;
 mod shutdown_cases;
 pub mod status_cases;
 mod status_support;
@@ -29,101 +22,8 @@ pub mod unreachable;
 pub mod worker_cases;
 mod worker_support;
 
-/// How a case wants a transport opened.
-#[derive(Debug, Clone)]
-pub struct OpenOptions {
-    /// Table (or the backend's equivalent) for the transport's store.
-    pub table: String,
-    /// Lease length.
-    pub visibility_timeout: Duration,
-}
-
-impl Default for OpenOptions {
-    fn default() -> Self {
-        OpenOptions {
-            table: "switchyard_jobs".into(),
-            visibility_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Makes fresh, isolated stores for the cases.
-#[async_trait]
-pub trait Harness: Send + Sync + 'static {
-    /// A fresh store that no other case uses.
-    async fn store(&self) -> Result<Box<dyn Store>>;
-
-    /// Why the cases cannot run here (the backend's server is unreachable outside CI),
-    /// or `None` to run them. A harness must never skip under `CI=true`.
-    fn skip_reason(&self) -> Option<String> {
-        None
-    }
-
-    /// Removes what the case left on the server, after it passed or failed (a broker's
-    /// queues, say, which would otherwise pile up). Nothing by default.
-    async fn teardown(&self) {}
-}
-
-/// One isolated store (a database file, a schema, …).
-#[async_trait]
-pub trait Store: Send + Sync {
-    /// Opens a transport over this store (runs migrations as needed).
-    async fn open(&self, options: OpenOptions) -> Result<Arc<dyn Transport>> {
-        Ok(self.open_with_status(options).await?.0)
-    }
-
-    /// Opens a transport and the job status store beside it, where the backend keeps
-    /// one.
-    async fn open_with_status(
-        &self,
-        options: OpenOptions,
-    ) -> Result<(Arc<dyn Transport>, Option<Arc<dyn StatusStore>>)>;
-
-    /// Opens a transport with `options` against a database that cannot be reached.
-    /// Validation errors must win over connection errors: this proves they are raised
-    /// before any SQL runs.
-    async fn open_unreachable(&self, options: OpenOptions) -> Result<Arc<dyn Transport>>;
-
-    /// Writes a message body directly into `table`, bypassing the transport's encoder
-    /// (to plant a malformed row).
-    async fn insert_raw(&self, table: &str, queue: &str, id: &str, body: &str) -> Result<()>;
-}
-
-/// Runs one case on its own runtime, panicking with the error when it fails.
-pub fn run<F, Fut>(harness: Arc<dyn Harness>, case: F)
-where
-    F: FnOnce(Arc<dyn Harness>) -> Fut,
-    Fut: Future<Output = Result<()>> + Send + 'static,
-{
-    if let Some(reason) = harness.skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the conformance case");
-    let outcome = rt.block_on(async {
-        // A task of its own, so that the teardown runs after a failed assertion too.
-        let case = tokio::spawn(tokio::time::timeout(
-            Duration::from_secs(300),
-            case(harness.clone()),
-        ));
-        let outcome = case.await;
-        let _ = tokio::time::timeout(Duration::from_secs(60), harness.teardown()).await;
-        outcome
-    });
-    match outcome {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => panic!("conformance case failed: {err}"),
-        Ok(Err(_)) => panic!("conformance case did not finish within 300 s"),
-        Err(join) => match join.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            Err(err) => panic!("conformance case was cancelled: {err}"),
-        },
-    }
-}
+pub use harness::{Harness, OpenOptions, Store};
+pub use runner::{run, skip_unless_reachable};
 
 /// Expands to one `#[test]` per conformance case, each running against a harness made
 /// by `$harness` (an expression evaluated per test that yields `Arc<dyn Harness>`).
@@ -201,42 +101,4 @@ macro_rules! conformance_tests {
             }
         )*
     };
-}
-
-/// Whether the server of `url` (`scheme://user@host:port/…`) accepts TCP connections:
-/// `None` when it does, otherwise a line saying that `backend`'s tests are skipped.
-///
-/// # Panics
-/// Under `CI=true` an unreachable server is a failure, never a skip.
-pub fn skip_unless_reachable(backend: &str, url: &str, default_port: u16) -> Option<String> {
-    use std::net::{TcpStream, ToSocketAddrs};
-
-    let authority = url
-        .split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .split(['/', '?'])
-        .next()
-        .unwrap_or_default();
-    let host_port = authority.rsplit('@').next().unwrap_or(authority);
-    let host_port = if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:{default_port}")
-    };
-    let reachable = host_port
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok());
-    if reachable {
-        return None;
-    }
-    let why = format!(
-        "{backend} tests skipped: no server at {host_port} (run scripts/test, which installs and starts one)"
-    );
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{why}; under CI=true an unreachable backend is a failure"
-    );
-    Some(why)
 }

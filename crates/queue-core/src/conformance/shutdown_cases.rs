@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::harness::Harness;
 use super::worker_support::{assert_nothing_left, drain, fast, fresh_queue, job, open};
-use super::Harness;
 use crate::worker::{handler_fn, JobContext, Worker};
 use crate::{Error, Result, TransportExt};
 

@@ -9,9 +9,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::harness::Harness;
 use super::status_support::{fresh_queue, job, open, options, spawn, until};
 pub use super::status_view_cases::*;
-use super::Harness;
 use crate::status::{next_change, JobState, JobStatus, Jobs, StatusUpdate, WaitError};
 use crate::worker::{handler_fn, JobContext, JobError, Worker};
 use crate::{DeadSelection, Envelope, Error, Result};

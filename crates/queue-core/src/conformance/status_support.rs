@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{Harness, OpenOptions, Store};
+use super::harness::{Harness, OpenOptions, Store};
 use crate::status::{JobStatus, StatusStore};
 use crate::worker::{RetryPolicy, Worker, WorkerOptions};
 use crate::{Envelope, Error, QueueName, Result, Transport};

@@ -8,8 +8,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::harness::Harness;
 use super::status_support::{fresh_queue, job, open, options, spawn, until};
-use super::Harness;
 use crate::status::{JobState, JobStatus, Jobs, StatusUpdate};
 use crate::worker::{handler_fn, JobContext, JobError, Worker};
 use crate::{Envelope, Result};

@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::harness::Harness;
 use super::worker_support::{assert_nothing_left, drain, fast, fresh_queue, job, open, stats_of};
-use super::Harness;
 use crate::names::QueueName;
 use crate::transport::Transport;
 use crate::worker::{handler_fn, JobContext, JobError, JobResult, Worker};

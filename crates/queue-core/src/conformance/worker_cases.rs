@@ -10,13 +10,13 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::case_support::applies;
+use super::harness::{Harness, OpenOptions};
 pub use super::shutdown_cases::*;
 pub use super::suspect_cases::*;
 use super::worker_support::{
     assert_nothing_left, drain, drain_counting, fast, fresh_queue, job, only_dead, open, record,
     stats_of, Calls,
 };
-use super::{Harness, OpenOptions};
 use crate::worker::{handler_fn, JobContext, JobError, RetryPolicy, UnknownKind, Worker};
 use crate::{
     reason, AckReport, Capabilities, Claim, DeadLetter, DeadLetters, DeadSelection, Envelope,

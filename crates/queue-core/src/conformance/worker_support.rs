@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::{Harness, OpenOptions};
+use super::harness::{Harness, OpenOptions};
 use crate::worker::{handler_fn, JobContext, RetryPolicy, Worker, WorkerOptions};
 use crate::{DeadLetter, Envelope, Error, QueueName, QueueStats, Result, Transport};
 use tokio_util::sync::CancellationToken;
@@ -35,7 +35,7 @@ pub(super) fn fast() -> WorkerOptions {
 pub(super) async fn open(
     h: &Arc<dyn Harness>,
     lease: Duration,
-) -> Result<(Box<dyn super::Store>, Arc<dyn Transport>)> {
+) -> Result<(Box<dyn super::harness::Store>, Arc<dyn Transport>)> {
     let store = h.store().await?;
     let t = store
         .open(OpenOptions {
