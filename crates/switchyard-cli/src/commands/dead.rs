@@ -11,14 +11,14 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             limit,
             payload,
         } => {
-            let queue = super::queue_arg(queue.as_deref())?;
+            let queue = super::common::queue_arg(queue.as_deref())?;
             let t = switchyard::connect_existing(config).await?;
             let dead = t.dead_list(queue.as_ref(), limit).await?;
             if let (Some(q), switchyard::BackendKind::RabbitMq, true) =
                 (&queue, config.backend, dead.is_empty())
             {
                 if t.stats(Some(q)).await?.is_empty() {
-                    return Err(super::missing_broker_queue(q));
+                    return Err(super::common::missing_broker_queue(q));
                 }
             }
             if json {
@@ -56,7 +56,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
         }
         DeadCommand::Replay { id, all, queue } => {
             let selection = selection(id, all, None)?;
-            let queue = super::queue_arg(queue.as_deref())?;
+            let queue = super::common::queue_arg(queue.as_deref())?;
             let jobs = switchyard::connect_existing_jobs(config).await?;
             let n = jobs.replay_dead(queue.as_ref(), &selection).await?;
             report(json, "replayed", n)
@@ -68,7 +68,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             queue,
         } => {
             let selection = selection(id, all, older_than)?;
-            let queue = super::queue_arg(queue.as_deref())?;
+            let queue = super::common::queue_arg(queue.as_deref())?;
             let t = switchyard::connect_existing(config).await?;
             let n = t.dead_purge(queue.as_ref(), &selection).await?;
             report(json, "purged", n)

@@ -63,7 +63,7 @@ pub(crate) async fn run(config: &Config, args: DemoArgs, json: bool) -> Result<(
     outln!(
         "Published {jobs} invoice jobs to {QUEUE} on {} ({}) in {}.",
         transport.name(),
-        super::store_url(config),
+        super::common::store_url(config),
         crate::output::human_duration(published_in)
     );
     outln!(

@@ -42,7 +42,7 @@ pub(crate) async fn run(config: &Config, args: RelayArgs, json: bool) -> Result<
     } else {
         outln!(
             "relayed {relayed} messages from {} to RabbitMQ in {secs:.1} s",
-            super::store_url_of(config, BackendKind::Exec)
+            super::common::store_url_of(config, BackendKind::Exec)
         );
         Ok(())
     }

@@ -6,7 +6,7 @@ use crate::cli::StatsArgs;
 use crate::output::human_duration;
 
 pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<()> {
-    let queue = super::queue_arg(args.queue.as_deref())?;
+    let queue = super::common::queue_arg(args.queue.as_deref())?;
     if config.migrating() {
         return migration(config, queue.as_ref(), json).await;
     }
@@ -15,7 +15,7 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     // On RabbitMQ the transport returns a row for every queue that exists (zeros
     // included): no row for a queue named explicitly means the broker has none.
     if let (Some(q), BackendKind::RabbitMq, true) = (&queue, config.backend, stats.is_empty()) {
-        return Err(super::missing_broker_queue(q));
+        return Err(super::common::missing_broker_queue(q));
     }
     // RabbitMQ keeps delayed messages in a chain shared by every queue: only the
     // process that delayed them counts them, and this one delayed none.
@@ -31,7 +31,7 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
         outln!(
             "no messages on {} ({})",
             transport.name(),
-            super::store_url(config)
+            super::common::store_url(config)
         );
         return Ok(());
     }
@@ -103,7 +103,7 @@ async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Re
                     "backend": kind.to_string(),
                     "role": role,
                     "drained": drained,
-                    "url": super::store_url_of(config, *kind),
+                    "url": super::common::store_url_of(config, *kind),
                 });
                 match stats {
                     Ok(s) => v["queues"] = serde_json::json!(s),
@@ -124,7 +124,7 @@ async fn migration(config: &Config, queue: Option<&QueueName>, json: bool) -> Re
         }
         outln!(
             "{kind} ({role}{state}): {}",
-            super::store_url_of(config, kind)
+            super::common::store_url_of(config, kind)
         );
         match stats {
             Ok(stats) if stats.is_empty() => outln!("  no messages"),
