@@ -40,7 +40,7 @@ pub struct JobStatus {
     /// When it reached a final state.
     pub finished_at: Option<DateTime<Utc>>,
     /// The payload, as recorded when it was published or first run (at most
-    /// [`PAYLOAD_KEPT`] bytes of it; a longer one is kept as the text of its start).
+    /// [`PAYLOAD_KEPT`](crate::status::PAYLOAD_KEPT) bytes of it; a longer one is kept as the text of its start).
     pub payload: Option<Value>,
     /// The worker that runs or ran its latest attempt (`host:pid`).
     pub worker: Option<String>,
