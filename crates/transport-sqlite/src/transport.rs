@@ -26,6 +26,7 @@ use crate::sql::Statements;
 use crate::status::SqliteStatusStore;
 
 mod backend;
+mod outbox;
 
 /// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
 const INSERT_CHUNK: usize = 500;
@@ -170,7 +171,7 @@ impl SqliteTransport {
     }
 
     /// The pool of the write connection, for publishing inside the caller's own
-    /// transaction on the same database.
+    /// transaction on the same database ([`publish_tx`](Self::publish_tx)).
     pub fn pool(&self) -> &SqlitePool {
         &self.writer
     }
@@ -278,6 +279,19 @@ impl SqliteTransport {
             .backend()?;
         tx.commit().await.backend()?;
         Ok(true)
+    }
+
+    /// Encodes every envelope, checking each one's size before anything is stored.
+    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Vec<(Envelope, String)>> {
+        let mut rows = Vec::with_capacity(envelopes.len());
+        for env in envelopes {
+            let json = env.to_json();
+            if json.len() > self.options.max_payload_bytes {
+                env.check_size(self.options.max_payload_bytes)?;
+            }
+            rows.push((env, json));
+        }
+        Ok(rows)
     }
 
     async fn insert_envelopes(

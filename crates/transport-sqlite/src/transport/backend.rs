@@ -25,15 +25,7 @@ impl SqlBackend for SqliteTransport {
     }
 
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        // Validate everything before storing anything.
-        let mut rows = Vec::with_capacity(envelopes.len());
-        for env in envelopes {
-            let json = env.to_json();
-            if json.len() > self.options.max_payload_bytes {
-                env.check_size(self.options.max_payload_bytes)?;
-            }
-            rows.push((env, json));
-        }
+        let rows = self.encode(envelopes)?;
         if rows.len() <= INSERT_CHUNK {
             // One statement is atomic on its own: no explicit transaction needed.
             let mut conn = self.writer.acquire().await.backend()?;
