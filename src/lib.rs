@@ -49,15 +49,24 @@ pub use router::{canary_side, Router};
 
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use transport_sqlite::{SqliteOptions, SqliteSynchronous, SqliteTransport};
+pub use transport_sqlite::{SqliteInbox, SqliteOptions, SqliteSynchronous, SqliteTransport};
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use transport_pg::{sqlx, ClaimCounters, PgOptions, PgTransport};
+pub use transport_pg::{ClaimCounters, PgInbox, PgOptions, PgTransport};
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-pub use transport_mysql::{MySqlOptions, MySqlTransport, ServerInfo};
+pub use transport_mysql::{MySqlInbox, MySqlOptions, MySqlTransport, ServerInfo};
+
+#[cfg(all(feature = "mysql", not(feature = "postgres")))]
+pub use transport_mysql::sqlx;
+/// The sqlx that the SQL transports' outboxes and inboxes take transactions of (one
+/// crate whichever SQL backend is enabled).
+#[cfg(feature = "postgres")]
+pub use transport_pg::sqlx;
+#[cfg(all(feature = "sqlite", not(any(feature = "postgres", feature = "mysql"))))]
+pub use transport_sqlite::sqlx;
 
 #[cfg(feature = "amqp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "amqp")))]

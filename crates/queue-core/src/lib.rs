@@ -13,6 +13,7 @@ mod dead_letters;
 mod envelope;
 mod error;
 mod history;
+pub mod inbox;
 mod job_state;
 pub mod metrics;
 mod names;

@@ -11,6 +11,7 @@
 mod connect;
 mod cursor;
 mod error;
+mod inbox;
 mod migrate;
 mod options;
 mod server;
@@ -19,7 +20,9 @@ mod status;
 mod transport;
 mod watch;
 
+pub use inbox::MySqlInbox;
 pub use options::MySqlOptions;
 pub use server::ServerInfo;
+pub use sqlx;
 pub use status::MySqlStatusStore;
 pub use transport::MySqlTransport;

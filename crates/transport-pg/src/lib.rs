@@ -11,6 +11,7 @@
 
 mod connect;
 mod error;
+mod inbox;
 mod listener;
 mod migrate;
 mod options;
@@ -20,6 +21,7 @@ mod standby;
 mod status;
 mod transport;
 
+pub use inbox::PgInbox;
 pub use options::PgOptions;
 pub use sqlx;
 pub use status::PgStatusStore;

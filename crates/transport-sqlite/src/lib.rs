@@ -7,12 +7,15 @@
 #![doc = include_str!("../README.md")]
 
 mod error;
+mod inbox;
 mod migrate;
 mod options;
 mod sql;
 mod status;
 mod transport;
 
+pub use inbox::SqliteInbox;
 pub use options::{SqliteOptions, SqliteSynchronous};
+pub use sqlx;
 pub use status::SqliteStatusStore;
 pub use transport::SqliteTransport;

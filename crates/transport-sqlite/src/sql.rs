@@ -3,7 +3,7 @@
 
 /// SQLite's clock in integer microseconds since the epoch: the one clock every time
 /// comparison uses. `'now'` is stable within one statement.
-const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+pub(crate) const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
 pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
 
