@@ -12,9 +12,11 @@
 //! | `switchyard_handler_duration_seconds` | histogram | queue, kind |
 //! | `switchyard_queue_depth` | gauge | queue, state (ready, delayed, reserved, dead) |
 //! | `switchyard_queue_oldest_ready_age_seconds` | gauge | queue |
+//! | `switchyard_workers` | gauge | queue (workers that reported in the last 30 s; from `serve`, with a status store) |
 
 use std::time::Duration;
 
+use crate::registry::WorkerInfo;
 use crate::transport::QueueStats;
 
 /// Messages published (by [`crate::status::Jobs`] and the command line).
@@ -34,6 +36,12 @@ pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 /// Age of each queue's oldest ready message.
 pub const OLDEST_READY_AGE: &str = "switchyard_queue_oldest_ready_age_seconds";
 
+/// Workers per queue that reported recently.
+pub const WORKERS: &str = "switchyard_workers";
+
+/// A worker counts as alive this long after its last report (reports come every 5 s).
+pub const WORKER_ALIVE: Duration = Duration::from_secs(30);
+
 /// Describes every metric to the installed recorder (units and help texts).
 pub fn describe() {
     metrics::describe_counter!(PUBLISHED, "Messages published.");
@@ -50,6 +58,7 @@ pub fn describe() {
         "How long handlers ran."
     );
     metrics::describe_gauge!(QUEUE_DEPTH, "Messages per queue and state.");
+    metrics::describe_gauge!(WORKERS, "Workers per queue that reported in the last 30 s.");
     metrics::describe_gauge!(
         OLDEST_READY_AGE,
         metrics::Unit::Seconds,
@@ -90,5 +99,21 @@ pub fn record_stats(stats: &[QueueStats]) {
         if let Some(age) = s.oldest_ready_age {
             metrics::gauge!(OLDEST_READY_AGE, "queue" => s.queue.clone()).set(age.as_secs_f64());
         }
+    }
+}
+
+/// Sets the workers gauge from `workers` (as read at `now`); a queue whose workers all
+/// went quiet reads 0.
+pub fn record_workers(workers: &[WorkerInfo], now: chrono::DateTime<chrono::Utc>) {
+    let alive_since = now - chrono::TimeDelta::from_std(WORKER_ALIVE).unwrap_or_default();
+    let mut per_queue: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+    for w in workers {
+        let n = per_queue.entry(w.queue.as_str()).or_default();
+        if w.heartbeat_at >= alive_since {
+            *n += 1;
+        }
+    }
+    for (queue, n) in per_queue {
+        metrics::gauge!(WORKERS, "queue" => queue.to_owned()).set(f64::from(n));
     }
 }

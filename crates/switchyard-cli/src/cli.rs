@@ -138,7 +138,8 @@ const PRUNE_EXAMPLES: &str = "Examples:
 
 const SERVE_EXAMPLES: &str = "Examples:
   switchyard serve
-  SWITCHYARD_ADMIN_TOKEN=$(openssl rand -hex 16) switchyard serve --listen 0.0.0.0:8080";
+  SWITCHYARD_ADMIN_TOKEN=$(openssl rand -hex 16) switchyard serve --listen 0.0.0.0:8080
+  SWITCHYARD_ALERT_WEBHOOK=https://hooks.slack.com/services/… switchyard serve --alert-failure-rate 0.1";
 
 #[derive(Debug, Args)]
 pub(crate) struct JobArgs {
@@ -265,6 +266,38 @@ pub(crate) struct ServeArgs {
     /// Address to listen on; the default keeps it to this machine
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub(crate) listen: String,
+    /// Post each incident, when it opens and when it resolves, to this Slack-compatible
+    /// webhook (a secret: prefer the environment variable)
+    #[arg(
+        long,
+        env = "SWITCHYARD_ALERT_WEBHOOK",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) alert_webhook: Option<String>,
+    /// Alert when at least this share of a queue's finished jobs failed in the window
+    /// (0 to 1, or off)
+    #[arg(long, default_value = "0.2", value_name = "RATE")]
+    pub(crate) alert_failure_rate: String,
+    /// Fewer finished jobs in the window never make a failure-rate alert
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub(crate) alert_min_finished: u64,
+    /// The window of the failure rate and of dead-letter growth
+    #[arg(long, default_value = "5m", value_name = "DUR")]
+    pub(crate) alert_window: String,
+    /// Alert when a queue's oldest ready message has waited this long (or off)
+    #[arg(long, default_value = "15m", value_name = "DUR")]
+    pub(crate) alert_oldest_ready: String,
+    /// Alert when a queue gains this many dead letters within the window (or off)
+    #[arg(long, default_value = "10", value_name = "N")]
+    pub(crate) alert_dead_growth: String,
+    /// Alert when messages are ready and no worker of their queue reported for this long
+    /// (or off)
+    #[arg(long, default_value = "2m", value_name = "DUR")]
+    pub(crate) alert_no_workers: String,
+    /// How often the alerts are evaluated
+    #[arg(long, default_value = "15s", value_name = "DUR")]
+    pub(crate) alert_every: String,
 }
 
 #[derive(Debug, Args)]

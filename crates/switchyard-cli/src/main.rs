@@ -2,6 +2,7 @@
 
 #[macro_use]
 mod output;
+mod alerts;
 mod cli;
 mod commands;
 mod host_guard;

@@ -64,6 +64,7 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
     if !addr.ip().is_loopback() && token.is_none() {
         tracing::warn!(%addr, "serving beyond this machine with no SWITCHYARD_ADMIN_TOKEN: anyone who reaches it can replay and purge dead letters");
     }
+    let alerting = crate::alerts::Alerting::from_args(&args)?;
     let metrics = metrics_listener::install_recorder()?;
     let jobs = switchyard::connect_jobs(config).await?;
     let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
@@ -81,6 +82,14 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
     outln!("switchyard serve: listening on http://{local}/");
     let shutdown = CancellationToken::new();
     crate::signals::spawn_signal_handler(shutdown.clone(), CancellationToken::new())?;
+    if let Some(alerting) = alerting {
+        crate::alerts::spawn(
+            alerting,
+            app.transport.clone(),
+            app.store.clone(),
+            shutdown.clone(),
+        );
+    }
     axum::serve(listener, router(app))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
@@ -206,6 +215,12 @@ async fn healthz(State(app): Shared) -> Answer {
 }
 
 async fn metrics(State(app): Shared) -> Response {
+    if let Some(store) = &app.store {
+        match store.workers().await {
+            Ok(workers) => switchyard::metrics::record_workers(&workers, chrono::Utc::now()),
+            Err(err) => tracing::debug!(error = %err, "no worker gauges"),
+        }
+    }
     metrics_listener::render(app.transport.as_ref(), &app.metrics).await
 }
 

@@ -152,6 +152,7 @@ impl Sandbox {
             "QUEUE_STATUS",
             "AMQP_QUEUE_TYPE",
             "SWITCHYARD_ADMIN_TOKEN",
+            "SWITCHYARD_ALERT_WEBHOOK",
         ] {
             cmd.env_remove(var);
         }
@@ -267,10 +268,17 @@ impl Sandbox {
 
     /// Starts `switchyard serve` on a free port; stopped when the guard drops.
     pub fn serve(&self) -> Served {
+        self.serve_with(&[], Stdio::inherit())
+    }
+
+    /// `serve` with more flags, its stderr going to `stderr`.
+    pub fn serve_with(&self, flags: &[&str], stderr: Stdio) -> Served {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(flags);
         let mut child = self
-            .cmd(&["serve", "--listen", "127.0.0.1:0"])
+            .cmd(&args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn switchyard serve");
         let stdout = child.stdout.take().expect("serve's stdout");
