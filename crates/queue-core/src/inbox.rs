@@ -20,7 +20,3 @@
 
 /// The inbox table when none is named.
 pub const DEFAULT_TABLE: &str = "switchyard_inbox";
-
-/// Rows one pruning statement deletes at most, so that pruning a large inbox never holds
-/// long locks.
-pub const PRUNE_SLICE: i64 = 10_000;

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use queue_core::inbox::{DEFAULT_TABLE, PRUNE_SLICE};
+use queue_core::inbox::DEFAULT_TABLE;
+use queue_core::status::{prune_in_slices, PRUNE_SLICE};
 use queue_core::{Identifier, Result};
 use sqlx::{MySql, MySqlPool};
 use uuid::Uuid;
@@ -68,7 +69,7 @@ impl MySqlInbox {
             // ASCII characters, so no other error it would hide can occur.
             claim: format!("INSERT IGNORE INTO {name} (id) VALUES (?)"),
             prune: format!(
-                "DELETE FROM {name} WHERE seen_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT ?"
+                "DELETE FROM {name} WHERE seen_at < NOW(6) - INTERVAL ? MICROSECOND LIMIT {PRUNE_SLICE}"
             ),
         })
     }
@@ -92,19 +93,14 @@ impl MySqlInbox {
     /// message can be redelivered.
     pub async fn prune(&self, older_than: Duration) -> Result<u64> {
         let age = queue_core::sql::micros(older_than);
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(&self.prune)
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune)
                 .bind(age)
-                .bind(PRUNE_SLICE)
                 .execute(&self.pool)
                 .await
                 .backend()?
-                .rows_affected();
-            total += deleted;
-            if deleted < PRUNE_SLICE.unsigned_abs() {
-                return Ok(total);
-            }
-        }
+                .rows_affected())
+        })
+        .await
     }
 }

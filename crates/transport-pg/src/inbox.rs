@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use queue_core::inbox::{DEFAULT_TABLE, PRUNE_SLICE};
+use queue_core::inbox::DEFAULT_TABLE;
+use queue_core::status::{prune_in_slices, PRUNE_SLICE};
 use queue_core::{Identifier, Result};
 use sqlx::{PgPool, Postgres};
 use uuid::Uuid;
@@ -76,7 +77,7 @@ impl PgInbox {
             claim: format!("INSERT INTO {name} (id) VALUES ($1) ON CONFLICT (id) DO NOTHING"),
             prune: format!(
                 "DELETE FROM {name} WHERE id IN (SELECT id FROM {name} \
-                 WHERE seen_at < clock_timestamp() - $1 * interval '1 microsecond' LIMIT $2)"
+                 WHERE seen_at < clock_timestamp() - $1 * interval '1 microsecond' LIMIT {PRUNE_SLICE})"
             ),
         })
     }
@@ -100,19 +101,14 @@ impl PgInbox {
     /// message can be redelivered.
     pub async fn prune(&self, older_than: Duration) -> Result<u64> {
         let age = queue_core::sql::micros(older_than);
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(&self.prune)
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune)
                 .bind(age)
-                .bind(PRUNE_SLICE)
                 .execute(&self.pool)
                 .await
                 .backend()?
-                .rows_affected();
-            total += deleted;
-            if deleted < PRUNE_SLICE.unsigned_abs() {
-                return Ok(total);
-            }
-        }
+                .rows_affected())
+        })
+        .await
     }
 }

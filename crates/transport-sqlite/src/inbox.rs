@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use queue_core::inbox::{DEFAULT_TABLE, PRUNE_SLICE};
+use queue_core::inbox::DEFAULT_TABLE;
+use queue_core::status::{prune_in_slices, PRUNE_SLICE};
 use queue_core::{Identifier, Result};
 use sqlx::{Sqlite, SqlitePool};
 use uuid::Uuid;
@@ -64,7 +65,7 @@ impl SqliteInbox {
             ),
             prune: format!(
                 "DELETE FROM \"{table}\" WHERE id IN (SELECT id FROM \"{table}\" \
-                 WHERE seen_at < {NOW} - ? LIMIT ?)"
+                 WHERE seen_at < {NOW} - ? LIMIT {PRUNE_SLICE})"
             ),
         })
     }
@@ -87,19 +88,14 @@ impl SqliteInbox {
     /// than a message can be redelivered.
     pub async fn prune(&self, older_than: Duration) -> Result<u64> {
         let age = queue_core::sql::micros(older_than);
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(&self.prune)
+        prune_in_slices(|| async {
+            Ok(sqlx::query(&self.prune)
                 .bind(age)
-                .bind(PRUNE_SLICE)
                 .execute(&self.pool)
                 .await
                 .backend()?
-                .rows_affected();
-            total += deleted;
-            if deleted < PRUNE_SLICE.unsigned_abs() {
-                return Ok(total);
-            }
-        }
+                .rows_affected())
+        })
+        .await
     }
 }
