@@ -73,11 +73,11 @@ fn wait_for(bodies: &Mutex<Vec<String>>, n: usize) -> Vec<String> {
     posts(bodies)
 }
 
-fn work(sandbox: &Sandbox, exec: &str) {
+fn work(sandbox: &Sandbox, queue: &str, exec: &str) {
     let out = sandbox.run(&[
         "work",
         "--queue",
-        "alerts.q",
+        queue,
         "--exec",
         exec,
         "--max-attempts",
@@ -89,7 +89,21 @@ fn work(sandbox: &Sandbox, exec: &str) {
 
 #[test]
 fn a_failing_job_alerts_once_and_resolves_once() {
-    let mut sandbox = Sandbox::new();
+    alert_cycle(Sandbox::new(), "alerts.q");
+}
+
+/// On RabbitMQ the failure rate comes from the control store (`DATABASE_URL`).
+#[test]
+fn a_failing_job_alerts_once_and_resolves_once_on_rabbitmq() {
+    let Some(sandbox) = Sandbox::rabbitmq() else {
+        return;
+    };
+    let queue = format!("alerts.{}", uuid::Uuid::new_v4().simple());
+    alert_cycle(sandbox, &queue);
+    support::delete_broker_queue(&queue);
+}
+
+fn alert_cycle(mut sandbox: Sandbox, queue: &str) {
     let (url, bodies) = receiver();
     sandbox.set_env("SWITCHYARD_ALERT_WEBHOOK", &url);
     let log = std::fs::File::create(sandbox.path("serve.log")).expect("serve's log");
@@ -113,14 +127,14 @@ fn a_failing_job_alerts_once_and_resolves_once() {
         Stdio::from(log),
     );
 
-    sandbox.publish_lines("alerts.q", "charge", "{}\n{}\n{}\n{}\n{}\n");
-    work(&sandbox, "exit 3");
+    sandbox.publish_lines(queue, "charge", "{}\n{}\n{}\n{}\n{}\n");
+    work(&sandbox, queue, "exit 3");
     let fired = wait_for(&bodies, 1);
     assert_eq!(fired.len(), 1, "{fired:?}");
     let body: serde_json::Value = serde_json::from_str(&fired[0]).expect("JSON");
     let text = body["text"].as_str().expect("a Slack-style text");
     assert!(
-        text.contains("FIRING") && text.contains("failure rate") && text.contains("alerts.q"),
+        text.contains("FIRING") && text.contains("failure rate") && text.contains(queue),
         "{text}"
     );
     assert!(text.contains("5 of the 5 jobs"), "{text}");
@@ -130,12 +144,12 @@ fn a_failing_job_alerts_once_and_resolves_once() {
 
     // Jobs that succeed bring the rate under the threshold: 5 of 25 failed.
     let ok = "{}\n".repeat(20);
-    sandbox.publish_lines("alerts.q", "charge", &ok);
-    work(&sandbox, "true");
+    sandbox.publish_lines(queue, "charge", &ok);
+    work(&sandbox, queue, "true");
     let both = wait_for(&bodies, 2);
     assert_eq!(both.len(), 2, "{both:?}");
     assert!(
-        both[1].contains("RESOLVED") && both[1].contains("alerts.q"),
+        both[1].contains("RESOLVED") && both[1].contains(queue),
         "{}",
         both[1]
     );

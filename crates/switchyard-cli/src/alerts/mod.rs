@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use switchyard::{parse_duration, CancellationToken, ConfigError, Result, StatusStore, Transport};
+use switchyard::{
+    parse_duration, CancellationToken, ConfigError, Error, Result, StatusStore, Transport,
+};
 
 use crate::cli::ServeArgs;
 
@@ -122,6 +124,9 @@ pub(crate) fn spawn(
     if store.is_none() {
         tracing::warn!("no job status store: the failure-rate and no-workers alerts are off");
     }
+    if transport.name() == "amqp" {
+        tracing::warn!("RabbitMQ cannot list its queues: the oldest-ready, dead-letter and no-workers alerts are off (RabbitMQ's Prometheus plugin exports its queue depths)");
+    }
     tracing::info!(webhook = webhook.host(), ?every, "alerting");
     let mut rules = Rules::new(thresholds.clone());
     let mut incidents = Incidents::default();
@@ -163,7 +168,13 @@ async fn read(
     thresholds: &Thresholds,
 ) -> Result<Reading> {
     let at = Utc::now();
-    let queues = transport.stats(None).await?;
+    let queues = match transport.stats(None).await {
+        Ok(queues) => queues,
+        // RabbitMQ cannot list its queues over AMQP: the rules that read queues are off
+        // there; the failure rate, from job status, still holds.
+        Err(Error::NotSupported(_)) => Vec::new(),
+        Err(err) => return Err(err),
+    };
     let (throughput, workers) = match store {
         Some(store) => {
             // Buckets a thirtieth of the window wide, at least a second.
