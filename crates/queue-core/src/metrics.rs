@@ -39,9 +39,6 @@ pub const OLDEST_READY_AGE: &str = "switchyard_queue_oldest_ready_age_seconds";
 /// Workers per queue that reported recently.
 pub const WORKERS: &str = "switchyard_workers";
 
-/// A worker counts as alive this long after its last report (reports come every 5 s).
-pub const WORKER_ALIVE: Duration = Duration::from_secs(30);
-
 /// Describes every metric to the installed recorder (units and help texts).
 pub fn describe() {
     metrics::describe_counter!(PUBLISHED, "Messages published.");
@@ -102,16 +99,15 @@ pub fn record_stats(stats: &[QueueStats]) {
     }
 }
 
-/// Sets the workers gauge from `workers` (as read at `now`); a queue whose workers all
-/// went quiet reads 0.
-pub fn record_workers(workers: &[WorkerInfo], now: chrono::DateTime<chrono::Utc>) {
-    let alive_since = now - chrono::TimeDelta::from_std(WORKER_ALIVE).unwrap_or_default();
-    let mut per_queue: std::collections::BTreeMap<&str, u32> = std::collections::BTreeMap::new();
+/// Sets the workers gauge: per queue, the workers the status store heard from within
+/// [`GONE_AFTER`](crate::status::GONE_AFTER) (what its `workers()` returns). Every queue
+/// of `queues` gets a value, 0 when no worker serves it, so that a gauge never keeps the
+/// count of workers that are gone.
+pub fn record_workers(queues: &[QueueStats], workers: &[WorkerInfo]) {
+    let mut per_queue: std::collections::BTreeMap<&str, u32> =
+        queues.iter().map(|q| (q.queue.as_str(), 0)).collect();
     for w in workers {
-        let n = per_queue.entry(w.queue.as_str()).or_default();
-        if w.heartbeat_at >= alive_since {
-            *n += 1;
-        }
+        *per_queue.entry(w.queue.as_str()).or_default() += 1;
     }
     for (queue, n) in per_queue {
         metrics::gauge!(WORKERS, "queue" => queue.to_owned()).set(f64::from(n));

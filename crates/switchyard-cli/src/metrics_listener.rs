@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use switchyard::{CancellationToken, Error, Result, Transport};
+use switchyard::{CancellationToken, Error, Result, StatusStore, Transport};
 
 use crate::host_guard::{guard_host, Loopback};
 
@@ -40,11 +40,28 @@ pub(crate) async fn health(transport: &dyn Transport) -> Result<serde_json::Valu
     Ok(serde_json::json!({ "status": "ok", "transport": transport.name() }))
 }
 
-/// The Prometheus text, with the queue gauges read now.
-pub(crate) async fn render(transport: &dyn Transport, handle: &PrometheusHandle) -> Response {
-    match transport.stats(None).await {
-        Ok(stats) => switchyard::metrics::record_stats(&stats),
-        Err(err) => tracing::debug!(error = %err, "no queue gauges"),
+/// The Prometheus text, with the queue gauges read now, and the workers gauge too when
+/// there is a status store (`serve`'s).
+pub(crate) async fn render(
+    transport: &dyn Transport,
+    store: Option<&dyn StatusStore>,
+    handle: &PrometheusHandle,
+) -> Response {
+    let queues = match transport.stats(None).await {
+        Ok(stats) => {
+            switchyard::metrics::record_stats(&stats);
+            stats
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, "no queue gauges");
+            Vec::new()
+        }
+    };
+    if let Some(store) = store {
+        match store.workers().await {
+            Ok(workers) => switchyard::metrics::record_workers(&queues, &workers),
+            Err(err) => tracing::debug!(error = %err, "no worker gauges"),
+        }
     }
     handle.run_upkeep();
     (
@@ -106,5 +123,5 @@ async fn healthz(State(probe): State<Arc<Probe>>) -> Response {
 }
 
 async fn metrics(State(probe): State<Arc<Probe>>) -> Response {
-    render(probe.transport.as_ref(), &probe.metrics).await
+    render(probe.transport.as_ref(), None, &probe.metrics).await
 }

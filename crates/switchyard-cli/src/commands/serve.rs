@@ -215,13 +215,7 @@ async fn healthz(State(app): Shared) -> Answer {
 }
 
 async fn metrics(State(app): Shared) -> Response {
-    if let Some(store) = &app.store {
-        match store.workers().await {
-            Ok(workers) => switchyard::metrics::record_workers(&workers, chrono::Utc::now()),
-            Err(err) => tracing::debug!(error = %err, "no worker gauges"),
-        }
-    }
-    metrics_listener::render(app.transport.as_ref(), &app.metrics).await
+    metrics_listener::render(app.transport.as_ref(), app.store.as_deref(), &app.metrics).await
 }
 
 async fn stats(State(app): Shared) -> Answer {
