@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,45 +12,29 @@ use support::{assert_one_line_error, Sandbox};
 
 /// A webhook receiver on a free port: every request's body, in order.
 fn receiver() -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
+    listener
+        .set_nonblocking(true)
+        .expect("a non-blocking listener");
     let port = listener.local_addr().expect("its address").port();
     let bodies = Arc::new(Mutex::new(Vec::new()));
     let seen = bodies.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(conn.try_clone().expect("clone the stream"));
-                let mut conn = conn;
-                // Requests one after another on a kept-alive connection.
-                loop {
-                    let mut length = 0;
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        if let Some((name, value)) = line.split_once(':') {
-                            if name.eq_ignore_ascii_case("content-length") {
-                                length = value.trim().parse().unwrap_or(0);
-                            }
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    if reader.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    if let Ok(mut seen) = seen.lock() {
-                        seen.push(String::from_utf8_lossy(&body).into_owned());
-                    }
-                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-                }
-            });
+    let receive = move |body: String| {
+        if let Ok(mut seen) = seen.lock() {
+            seen.push(body);
         }
+        std::future::ready("ok")
+    };
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the receiver's runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("the listener");
+            let routes = axum::Router::new().route("/{*path}", axum::routing::post(receive));
+            let _ = axum::serve(listener, routes).await;
+        });
     });
     (
         format!("http://127.0.0.1:{port}/services/T000/B000/SECRETTOKEN"),

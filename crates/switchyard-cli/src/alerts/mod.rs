@@ -124,13 +124,11 @@ pub(crate) fn spawn(
     if store.is_none() {
         tracing::warn!("no job status store: the failure-rate and no-workers alerts are off");
     }
-    if transport.name() == "amqp" {
-        tracing::warn!("RabbitMQ cannot list its queues: the oldest-ready, dead-letter and no-workers alerts are off (RabbitMQ's Prometheus plugin exports its queue depths)");
-    }
     tracing::info!(webhook = webhook.host(), ?every, "alerting");
     let mut rules = Rules::new(thresholds.clone());
     let mut incidents = Incidents::default();
     let mut unsent: Vec<Notice> = Vec::new();
+    let mut said_unlisted = false;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -140,7 +138,13 @@ pub(crate) fn spawn(
                 _ = tick.tick() => {}
             }
             match read(&transport, store.as_deref(), &thresholds).await {
-                Ok(reading) => unsent.extend(incidents.update(rules.evaluate(&reading))),
+                Ok(reading) => {
+                    if !reading.queues_listed && !said_unlisted {
+                        said_unlisted = true;
+                        tracing::warn!("the backend cannot list its queues (RabbitMQ over AMQP): the oldest-ready, dead-letter and no-workers alerts are off");
+                    }
+                    unsent.extend(incidents.update(rules.evaluate(&reading)));
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "alerting could not read the queues; trying again")
                 }
@@ -168,11 +172,11 @@ async fn read(
     thresholds: &Thresholds,
 ) -> Result<Reading> {
     let at = Utc::now();
-    let queues = match transport.stats(None).await {
-        Ok(queues) => queues,
+    let (queues, queues_listed) = match transport.stats(None).await {
+        Ok(queues) => (queues, true),
         // RabbitMQ cannot list its queues over AMQP: the rules that read queues are off
         // there; the failure rate, from job status, still holds.
-        Err(Error::NotSupported(_)) => Vec::new(),
+        Err(Error::NotSupported(_)) => (Vec::new(), false),
         Err(err) => return Err(err),
     };
     let (throughput, workers) = match store {
@@ -189,6 +193,7 @@ async fn read(
     Ok(Reading {
         at,
         queues,
+        queues_listed,
         throughput,
         workers,
     })

@@ -53,6 +53,8 @@ pub(crate) type Key = (Rule, String);
 pub(crate) struct Reading {
     pub(crate) at: DateTime<Utc>,
     pub(crate) queues: Vec<QueueStats>,
+    /// Whether the backend could list its queues (RabbitMQ cannot).
+    pub(crate) queues_listed: bool,
     /// Finished jobs per bucket; `None` without a status store.
     pub(crate) throughput: Option<Vec<Throughput>>,
     /// Workers that reported; `None` without a status store.
