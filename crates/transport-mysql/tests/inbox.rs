@@ -7,30 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::{ClaimStrategy, Envelope, Error, QueueName, Result, TransportExt};
-use support::{err, Database};
+use support::{err, with_server, Database};
 use transport_mysql::{MySqlInbox, MySqlTransport};
-
-fn with_server<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    if let Some(reason) = support::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(async {
-            tokio::time::timeout(Duration::from_secs(120), f())
-                .await
-                .expect("the test finished within 120 s")
-                .expect("the test succeeded");
-        });
-}
 
 /// Reserves until the lapsed lease is reclaimed (the sweep runs on a claim's schedule).
 async fn redelivered(t: &MySqlTransport, q: &QueueName) -> Result<queue_core::Reservation> {

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use queue_core::{
-    ClaimStrategy, DeadLetters, DeadSelection, Envelope, QueueName, Result, Transport, TransportExt,
+    ClaimStrategy, DeadLetters, DeadSelection, Envelope, QueueName, Transport, TransportExt,
 };
-use support::{err, Database};
+use support::{err, with_server, Database};
 use transport_mysql::MySqlTransport;
 use uuid::Uuid;
 
@@ -25,28 +25,6 @@ fn job(q: &QueueName, n: usize) -> Envelope {
         .payload(&serde_json::json!({ "n": n }))
         .build()
         .expect("a valid envelope")
-}
-
-fn with_server<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    if let Some(reason) = support::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(240), f())
-            .await
-            .expect("the test finished within 240 s")
-            .expect("the test succeeded");
-    });
 }
 
 #[test]

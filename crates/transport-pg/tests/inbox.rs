@@ -7,33 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::{ClaimStrategy, Envelope, Error, QueueName, Result, TransportExt};
-use support::Schema;
+use support::{with_server, Schema};
 use transport_pg::{sqlx, PgInbox, PgTransport};
 
 fn err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::backend("postgres", false, e)
-}
-
-fn with_server<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    if let Some(reason) = support::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-        .block_on(async {
-            tokio::time::timeout(Duration::from_secs(120), f())
-                .await
-                .expect("the test finished within 120 s")
-                .expect("the test succeeded");
-        });
 }
 
 /// Reserves until the lapsed lease is reclaimed (the sweep runs on a claim's schedule).

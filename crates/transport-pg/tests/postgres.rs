@@ -12,7 +12,7 @@ use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use queue_core::{
     CancellationToken, ClaimStrategy, Envelope, Error, QueueName, Result, Transport, TransportExt,
 };
-use support::Schema;
+use support::{with_server, Schema};
 use transport_pg::sqlx::{self, Connection};
 use transport_pg::PgTransport;
 
@@ -29,32 +29,6 @@ fn job(q: &QueueName, n: usize) -> Envelope {
         .payload(&serde_json::json!({ "n": n }))
         .build()
         .expect("a valid envelope")
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
-/// Runs `f` unless the server is unreachable outside CI.
-fn with_server<F, Fut>(f: F)
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    if let Some(reason) = support::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
-    rt().block_on(async {
-        tokio::time::timeout(Duration::from_secs(240), f())
-            .await
-            .expect("the test finished within 240 s")
-            .expect("the test succeeded");
-    });
 }
 
 /// A worker that only polls every 30 s, so that it handles anything sooner only when

@@ -19,6 +19,30 @@ pub fn skip_reason() -> Option<String> {
     queue_core::conformance::skip_unless_reachable("MySQL/MariaDB", &url(), 3306)
 }
 
+/// Runs `f` on a runtime of its own, within 240 s, unless the server is unreachable
+/// outside CI (then the test says SKIPPED and why).
+pub fn with_server<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    if let Some(reason) = skip_reason() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(240), f())
+                .await
+                .expect("the test finished within 240 s")
+                .expect("the test succeeded");
+        });
+}
+
 pub fn err(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::backend("mysql", false, e)
 }
