@@ -261,7 +261,7 @@ impl MySqlTransport {
         tx: &mut sqlx::Transaction<'_, MySql>,
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
-        let rows = self.encode(envelopes)?;
+        let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         for chunk in rows.chunks(PUBLISH_CHUNK) {
             self.insert_rows(tx, chunk).await.backend()?;
         }
@@ -295,18 +295,6 @@ impl MySqlTransport {
                 other => return other.backend(),
             }
         }
-    }
-
-    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Vec<(Envelope, String)>> {
-        let mut rows = Vec::with_capacity(envelopes.len());
-        for env in envelopes {
-            let json = env.to_json();
-            if json.len() > self.options.max_payload_bytes {
-                env.check_size(self.options.max_payload_bytes)?;
-            }
-            rows.push((env, json));
-        }
-        Ok(rows)
     }
 
     async fn insert_rows(

@@ -281,19 +281,6 @@ impl SqliteTransport {
         Ok(true)
     }
 
-    /// Encodes every envelope, checking each one's size before anything is stored.
-    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Vec<(Envelope, String)>> {
-        let mut rows = Vec::with_capacity(envelopes.len());
-        for env in envelopes {
-            let json = env.to_json();
-            if json.len() > self.options.max_payload_bytes {
-                env.check_size(self.options.max_payload_bytes)?;
-            }
-            rows.push((env, json));
-        }
-        Ok(rows)
-    }
-
     async fn insert_envelopes(
         &self,
         conn: &mut sqlx::SqliteConnection,

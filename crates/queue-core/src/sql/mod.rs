@@ -26,7 +26,7 @@ pub use status::{
 pub use store::{
     check_existing_version, check_schema_version, missing_store, sql_capabilities, StoreSettings,
 };
-pub use values::{attempts_u32, dead_row, row_seq, selection_parts};
+pub use values::{attempts_u32, dead_row, encoded, row_seq, selection_parts};
 pub use wakers::Wakers;
 
 pub use crate::text::lossy;

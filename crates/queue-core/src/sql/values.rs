@@ -1,9 +1,10 @@
-//! Conversions between rows and values: dead-letter rows, a reservation's row, attempt
-//! counts.
+//! Conversions between rows and values: envelopes to store, dead-letter rows, a
+//! reservation's row, attempt counts.
 
 use chrono::{DateTime, Utc};
 
 use crate::dead_letters::{DeadLetter, DeadSelection};
+use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::reservation::Reservation;
 use crate::time_units::micros;
@@ -35,4 +36,21 @@ pub fn selection_parts(selection: &DeadSelection) -> Result<(Option<String>, Opt
 /// An attempts column as a count (negative reads as 0).
 pub fn attempts_u32(n: i64) -> u32 {
     u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+/// Each envelope with its JSON, every size checked against `max_payload_bytes` before
+/// anything is stored (so a batch with one oversized envelope stores nothing).
+pub fn encoded(
+    envelopes: Vec<Envelope>,
+    max_payload_bytes: usize,
+) -> Result<Vec<(Envelope, String)>> {
+    let mut rows = Vec::with_capacity(envelopes.len());
+    for env in envelopes {
+        let json = env.to_json();
+        if json.len() > max_payload_bytes {
+            env.check_size(max_payload_bytes)?;
+        }
+        rows.push((env, json));
+    }
+    Ok(rows)
 }

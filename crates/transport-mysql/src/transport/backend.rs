@@ -29,7 +29,7 @@ impl SqlBackend for MySqlTransport {
     }
 
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        let rows = self.encode(envelopes)?;
+        let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         self.retrying("publish", || async {
             if rows.len() <= PUBLISH_CHUNK {
                 let mut conn = self.kept.take_or(self.pool.acquire()).await?;

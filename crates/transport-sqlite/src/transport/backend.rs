@@ -25,7 +25,7 @@ impl SqlBackend for SqliteTransport {
     }
 
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        let rows = self.encode(envelopes)?;
+        let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         if rows.len() <= INSERT_CHUNK {
             // One statement is atomic on its own: no explicit transaction needed.
             let mut conn = self.writer.acquire().await.backend()?;

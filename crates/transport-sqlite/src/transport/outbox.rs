@@ -39,7 +39,7 @@ impl SqliteTransport {
         tx: &mut sqlx::Transaction<'_, Sqlite>,
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
-        let rows = self.encode(envelopes)?;
+        let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         self.insert_envelopes(tx, &rows).await?;
         self.engine
             .wakers
