@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use queue_core::{
     AckReport, BackendKind, CancellationToken, Capabilities, Claim, DeadLetter, DeadLetters,
-    DeadSelection, Envelope, Error, GiveBack, QueueName, QueueStats, Reservation, Result,
-    Transport,
+    DeadSelection, Envelope, Error, GiveBack, HeldSelection, Holding, Holdings, QueueName,
+    QueueStats, Reservation, Result, Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -100,7 +100,7 @@ impl Router {
     /// alternating per queue so that neither starves. A side that fails is skipped (and
     /// logged) as long as the other answers: what one side handed out is never dropped
     /// because the other failed.
-    async fn claim_both(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+    async fn claim_both(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
         let max = claim.max;
         let other_first = {
             let mut turns = self.other_first.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,10 +119,7 @@ impl Router {
             if out.len() >= max {
                 break;
             }
-            let rest = Claim {
-                max: max - out.len(),
-                ..claim
-            };
+            let rest = claim.with_max(max - out.len());
             match t.claim(queue, rest).await {
                 Ok(got) => out.extend(got.into_iter().map(|r| marked(r, origin))),
                 Err(err) => {
@@ -201,6 +198,9 @@ impl Transport for Router {
         caps.delayed_stats = a.delayed_stats && b.delayed_stats;
         caps.charges_only_started = a.charges_only_started && b.charges_only_started;
         caps.start_marks_in_status = a.start_marks_in_status || b.start_marks_in_status;
+        caps.label_claims = a.label_claims && b.label_claims;
+        // Each side lists what it holds; one that cannot adds nothing.
+        caps.holders = a.holders || b.holders;
         caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);
         caps
     }
@@ -254,7 +254,7 @@ impl Transport for Router {
         Ok(())
     }
 
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+    async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
         self.claim_both(queue, claim).await
     }
 
@@ -319,6 +319,32 @@ impl Transport for Router {
             }
         }
         Ok(by_queue.into_values().collect())
+    }
+}
+
+#[async_trait]
+impl Holdings for Router {
+    /// What both sides hold, the primary's first; a side that cannot list its holdings
+    /// (RabbitMQ) adds nothing, and only both failing is an error.
+    async fn held(&self, which: HeldSelection<'_>, limit: usize) -> Result<Vec<Holding>> {
+        let (mut out, mut answered, mut failed) = (Vec::new(), false, None);
+        for side in [&self.primary, &self.other] {
+            match side.held(which, limit.saturating_sub(out.len())).await {
+                Ok(held) => {
+                    answered = true;
+                    out.extend(held);
+                }
+                Err(Error::NotSupported(why)) => failed = failed.or(Some(Error::NotSupported(why))),
+                Err(err) => {
+                    tracing::warn!(backend = side.name(), error = %err, "router: a backend's holdings are unavailable");
+                    failed = Some(err);
+                }
+            }
+        }
+        match failed {
+            Some(err) if !answered => Err(err),
+            _ => Ok(out),
+        }
     }
 }
 

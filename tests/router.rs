@@ -113,7 +113,7 @@ impl Transport for Down {
     async fn claim(
         &self,
         _: &queue_core::QueueName,
-        _: queue_core::Claim,
+        _: queue_core::Claim<'_>,
     ) -> Result<Vec<queue_core::Reservation>> {
         Err(down())
     }
@@ -142,6 +142,17 @@ impl Transport for Down {
         &self,
         _: Option<&queue_core::QueueName>,
     ) -> Result<Vec<queue_core::QueueStats>> {
+        Err(down())
+    }
+}
+
+#[async_trait]
+impl queue_core::Holdings for Down {
+    async fn held(
+        &self,
+        _: queue_core::HeldSelection<'_>,
+        _: usize,
+    ) -> Result<Vec<queue_core::Holding>> {
         Err(down())
     }
 }

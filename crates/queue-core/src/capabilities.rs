@@ -51,6 +51,15 @@ pub struct Capabilities {
     /// status there (so that each mark is closed by the job's end) even when not asked
     /// to.
     pub start_marks_in_status: bool,
+    /// A claim can select messages by label ([`Claim::labels`](crate::Claim)). A
+    /// RabbitMQ queue hands out messages in its own order, so a consumer cannot pass
+    /// over the ones it does not want; give such work its own queue there.
+    pub label_claims: bool,
+    /// Every claim records who holds the message and until when, and
+    /// [`Holdings::held`](crate::Holdings::held) lists them. RabbitMQ knows which
+    /// connection holds a delivery but does not say which message; the connection's
+    /// name carries the holder instead.
+    pub holders: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -68,6 +77,8 @@ impl Default for Capabilities {
             expiry: false,
             table_isolation: false,
             transactional_publish: false,
+            label_claims: false,
+            holders: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

@@ -48,6 +48,11 @@ pub struct Envelope {
     pub headers: BTreeMap<String, String>,
     /// The last failure's message, for operators.
     pub last_error: Option<String>,
+    /// Labels a worker can select by (`Worker::labels`, `work --label`), sorted and
+    /// without duplicates; left out of the JSON when empty, so that older readers and
+    /// writers agree.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
 }
 
 impl Envelope {
@@ -65,6 +70,7 @@ impl Envelope {
             max_attempts: None,
             trace_id: None,
             headers: BTreeMap::new(),
+            labels: Vec::new(),
         }
     }
 
@@ -144,6 +150,7 @@ impl PartialEq for Envelope {
             && self.trace_id == other.trace_id
             && self.headers == other.headers
             && self.last_error == other.last_error
+            && self.labels == other.labels
     }
 }
 
@@ -173,6 +180,7 @@ pub struct EnvelopeBuilder {
     max_attempts: Option<u32>,
     trace_id: Option<String>,
     headers: BTreeMap<String, String>,
+    labels: Vec<String>,
 }
 
 impl std::fmt::Debug for Expiry {
@@ -257,6 +265,13 @@ impl EnvelopeBuilder {
         self
     }
 
+    /// Adds a label (see [`crate::labels`]): workers that select labels claim the message
+    /// when it carries one of theirs.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.labels.push(label.into());
+        self
+    }
+
     /// Validates and builds the envelope.
     pub fn build(self) -> Result<Envelope> {
         let queue = QueueName::new(self.queue)?;
@@ -277,6 +292,7 @@ impl EnvelopeBuilder {
             None => RawValue::from_string("null".into())
                 .map_err(|e| Error::InvalidInput(e.to_string()))?,
         };
+        let labels = crate::labels::normalize(self.labels)?;
         let now = Utc::now();
         let available_at = match (self.available_at, self.delay) {
             (Some(at), _) => at,
@@ -303,6 +319,7 @@ impl EnvelopeBuilder {
             trace_id: self.trace_id,
             headers: self.headers,
             last_error: None,
+            labels,
         })
     }
 }

@@ -13,8 +13,10 @@ mod dead_letters;
 mod envelope;
 mod error;
 mod history;
+mod holdings;
 pub mod inbox;
 mod job_state;
+pub mod labels;
 pub mod metrics;
 mod names;
 mod redact;
@@ -39,6 +41,7 @@ pub use config::{
 pub use dead_letters::{DeadLetter, DeadLetters, DeadSelection};
 pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
 pub use error::{ConfigError, DecodeError, Error, Result};
+pub use holdings::{HeldSelection, Holding, Holdings};
 pub use names::{Identifier, QueueName};
 pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};
 pub use reservation::{AckReport, LeaseToken, Receipt, Reservation};

@@ -83,6 +83,12 @@ pub fn worker_label() -> String {
     format!("{}:{}", host_name(), std::process::id())
 }
 
+/// What claims record as their holder by default: `host:pid`, computed once.
+pub(crate) fn process_holder() -> &'static str {
+    static HOLDER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOLDER.get_or_init(worker_label)
+}
+
 /// The machine's name: the kernel's, else `$HOSTNAME`, else `localhost`.
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -12,18 +12,27 @@ use crate::capabilities::Capabilities;
 use crate::dead_letters::DeadLetters;
 use crate::envelope::Envelope;
 use crate::error::Result;
+use crate::holdings::Holdings;
 use crate::names::QueueName;
 use crate::reservation::{AckReport, Reservation};
 
 /// What a [`Transport::claim`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
+#[non_exhaustive]
+pub struct Claim<'a> {
     /// At most this many messages.
     pub max: usize,
     /// Which claimed messages are started at once.
     pub start: Start,
     /// Which messages may be claimed.
     pub scope: Scope,
+    /// Who claims, recorded with each claimed message where the backend keeps it
+    /// ([`Capabilities::holders`]): by default this process (`host:pid`).
+    pub holder: &'a str,
+    /// Only messages carrying one of these labels (checked with
+    /// [`crate::labels::normalize`]); none: any message. A backend without
+    /// [`Capabilities::label_claims`] refuses a filter rather than ignore it.
+    pub labels: &'a [String],
 }
 
 /// Which messages a claim starts (see [`Transport::start_batch`]).
@@ -49,13 +58,15 @@ pub enum Scope {
     Any,
 }
 
-impl Claim {
+impl Claim<'static> {
     /// A plain reserve of up to `max` due messages, each started.
     pub fn reserve(max: usize) -> Self {
         Claim {
             max,
             start: Start::All,
             scope: Scope::Due,
+            holder: crate::registry::process_holder(),
+            labels: &[],
         }
     }
 
@@ -80,10 +91,27 @@ impl Claim {
     /// out (at their due time if that is later).
     pub fn for_move(max: usize) -> Self {
         Claim {
-            max,
             start: Start::None,
             scope: Scope::Any,
+            ..Claim::reserve(max)
         }
+    }
+}
+
+impl<'a> Claim<'a> {
+    /// The same claim, of at most `max` messages.
+    pub fn with_max(self, max: usize) -> Self {
+        Claim { max, ..self }
+    }
+
+    /// The same claim, recorded as held by `holder`.
+    pub fn by(self, holder: &'a str) -> Self {
+        Claim { holder, ..self }
+    }
+
+    /// The same claim, of messages carrying one of `labels` only.
+    pub fn with_labels(self, labels: &'a [String]) -> Self {
+        Claim { labels, ..self }
     }
 }
 
@@ -154,7 +182,7 @@ mod opt_secs {
 /// comparison; exactly the returned messages claimed; undecodable rows quarantined with
 /// reason `malformed`.
 #[async_trait]
-pub trait Transport: DeadLetters + Send + Sync + fmt::Debug {
+pub trait Transport: DeadLetters + Holdings + Send + Sync + fmt::Debug {
     /// Short backend name for logs and errors (`sqlite`).
     fn name(&self) -> &'static str;
 
@@ -178,7 +206,7 @@ pub trait Transport: DeadLetters + Send + Sync + fmt::Debug {
     /// publish order; each [`Reservation`] says whether it is started. Claims exactly
     /// what it returns and never waits for messages to arrive. Undecodable rows met on
     /// the way are dead-lettered with reason `malformed` and not returned.
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>>;
+    async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>>;
 
     /// Marks messages started, just before their handlers run, and renews their leases:
     /// from then on a lapsed lease counts an attempt. Those whose lease was lost are in

@@ -65,10 +65,13 @@ impl Link {
     }
 
     async fn open_on(options: &AmqpOptions, node: &Node, index: usize) -> Result<Link> {
-        let mut props = ConnectionProperties::default();
-        if let Some(name) = &options.connection_name {
-            props = props.with_connection_name(name.as_str().into());
-        }
+        // The broker's list of connections and consumers names the holder of each
+        // delivery this way: RabbitMQ keeps no holder per message.
+        let name = options
+            .connection_name
+            .clone()
+            .unwrap_or_else(|| format!("switchyard {}", queue_core::status::worker_label()));
+        let props = ConnectionProperties::default().with_connection_name(name.into());
         let conn = node.connect(props, options.connect_timeout).await?;
         let setup = async {
             let publisher = conn.create_channel().await.map_err(broker)?;

@@ -51,7 +51,7 @@ pub struct AmqpOptions {
     /// (`QUEUE_CONNECT_TIMEOUT`).
     pub connect_timeout: Duration,
     /// The connection name the broker shows (`rabbitmqctl list_connections
-    /// user_provided_name`).
+    /// user_provided_name`); by default `switchyard host:pid`.
     pub connection_name: Option<String>,
     /// Queues (and their dead-letter queues) the broker deletes after they were unused
     /// this long (`x-expires`): for temporary queues, such as tests'. `None` (the

@@ -179,6 +179,28 @@ impl AmqpTransport {
     }
 }
 
+/// Why a RabbitMQ claim cannot select labels.
+const LABELS_UNSUPPORTED: &str = "RabbitMQ cannot claim by label: a queue hands its messages \
+    to consumers in its own order, so a consumer cannot pass over the ones it does not want \
+    (and routing each label to a queue of its own would deliver a message with two labels \
+    twice); give that work a queue of its own";
+
+/// Why RabbitMQ cannot list held messages.
+const HOLDINGS_UNSUPPORTED: &str = "RabbitMQ does not say which consumer holds which \
+    message: `rabbitmqctl list_consumers` shows each consumer's connection, named \
+    `switchyard host:pid`, and `switchyard job ID` the worker of a running job";
+
+#[async_trait]
+impl queue_core::Holdings for AmqpTransport {
+    async fn held(
+        &self,
+        _which: queue_core::HeldSelection<'_>,
+        _limit: usize,
+    ) -> Result<Vec<queue_core::Holding>> {
+        Err(queue_core::Error::NotSupported(HOLDINGS_UNSUPPORTED.into()))
+    }
+}
+
 #[async_trait]
 impl Transport for AmqpTransport {
     fn name(&self) -> &'static str {
@@ -200,8 +222,11 @@ impl Transport for AmqpTransport {
         Some(self.connector.wakers().get(queue.as_str()))
     }
 
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        for env in &envelopes {
+    async fn publish_batch(&self, mut envelopes: Vec<Envelope>) -> Result<()> {
+        for env in &mut envelopes {
+            // Labels travel in the envelope, checked as on every backend, so that a
+            // message moved to a SQL store is selected by them there.
+            queue_core::labels::normalize_envelope(env)?;
             env.check_size(self.options().max_payload_bytes)?;
         }
         let queues: HashSet<&str> = envelopes.iter().map(|e| e.queue.as_str()).collect();
@@ -219,7 +244,10 @@ impl Transport for AmqpTransport {
             .await
     }
 
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+    async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
+        if !claim.labels.is_empty() {
+            return Err(queue_core::Error::NotSupported(LABELS_UNSUPPORTED.into()));
+        }
         // Nothing is taken out of the delay chain early: a move's claim (Scope::Any)
         // gets what is due, and no claim starts fresh messages by itself.
         let max = claim.max;

@@ -17,6 +17,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         4,
         include_str!("../../../migrations/mysql/0004_status_history.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/mysql/0005_holders_labels.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

@@ -24,7 +24,7 @@ pub(crate) const PROMOTE_DUE: &str = "UPDATE `switchyard_jobs` SET ready = 1
 /// The rows a skip-locked claim takes, locked; rows other claims hold are skipped.
 pub(crate) const CLAIM_LOCK: &str =
     "SELECT seq, prio_rank, visible_at FROM `switchyard_jobs` FORCE INDEX (claim_idx)
- WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW})
+ WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW}) {LABELS}
  ORDER BY prio_rank, visible_at, seq
  LIMIT ?
  FOR UPDATE SKIP LOCKED";
@@ -53,13 +53,14 @@ pub(crate) const CLAIM_LOCK_MOVE: &str = "SELECT seq FROM `switchyard_jobs` FORC
 /// [`CLAIM_SET`].
 pub(crate) const CLAIM_MOVE_LOCKED: &str = "UPDATE `switchyard_jobs`
    SET attempts = attempts + (token IS NOT NULL AND started = 1), started = 0,
-       token = ?, reserved_at = {NOW}, visible_at = GREATEST(available_at, {NOW} + ?), ready = 0
+       token = ?, reserved_at = {NOW}, visible_at = GREATEST(available_at, {NOW} + ?), ready = 0,
+       claimed_by = ?
  WHERE seq IN ({IN})";
 
 /// Stores a dead letter moved from another backend…
 pub(crate) const INSERT_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// …with its tombstone in the jobs table, which keeps a republished id out (a live row of
 /// the same id is left alone).
@@ -70,7 +71,7 @@ pub(crate) const INSERT_TOMBSTONE: &str = "INSERT IGNORE INTO `switchyard_jobs`
 /// The candidates of an optimistic claim, read without locks.
 pub(crate) const CLAIM_CANDIDATES: &str =
     "SELECT seq FROM `switchyard_jobs` FORCE INDEX (claim_idx)
- WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW})
+ WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW}) {LABELS}
  ORDER BY prio_rank, visible_at, seq
  LIMIT ?";
 
@@ -81,7 +82,14 @@ pub(crate) const CLAIM_CANDIDATES: &str =
 const CLAIM_SET: &str = "UPDATE `switchyard_jobs`
    SET attempts = attempts + (token IS NOT NULL AND started = 1),
        started = CASE ? WHEN 2 THEN attempts = 0 ELSE ? END,
-       token = ?, reserved_at = {NOW}, visible_at = {NOW} + ?, ready = 0";
+       token = ?, reserved_at = {NOW}, visible_at = {NOW} + ?, ready = 0, claimed_by = ?";
+
+/// A claim's label filter: the `,label,` needles, any of which matches, always
+/// [`queue_core::labels::MAX_LABELS`] placeholders (the last needle repeated), so that
+/// one prepared statement serves every filter.
+const LABEL_FILTER: &str = "AND (LOCATE(?, labels) > 0 OR LOCATE(?, labels) > 0
+   OR LOCATE(?, labels) > 0 OR LOCATE(?, labels) > 0 OR LOCATE(?, labels) > 0
+   OR LOCATE(?, labels) > 0 OR LOCATE(?, labels) > 0 OR LOCATE(?, labels) > 0)";
 
 /// Claims the locked rows of a skip-locked claim (same transaction).
 pub(crate) const CLAIM_LOCKED: &str = "{CLAIM_SET} WHERE seq IN ({IN})";
@@ -100,13 +108,13 @@ pub(crate) const CLAIMED: &str = "SELECT seq, id, priority, attempts, available_
 /// One row of a multi-row publish (`visible_at` takes the value just given to
 /// `available_at`).
 pub(crate) const PUBLISH_ROW: &str =
-    "(?, ?, ?, ?, ?, ?, ?, {NOW} + ?, available_at, {NOW} + ?, ?, {NOW}, ?)";
+    "(?, ?, ?, ?, ?, ?, ?, {NOW} + ?, available_at, {NOW} + ?, ?, {NOW}, ?, ?)";
 
 /// A publish: the rows come as [`PUBLISH_ROW`]s in `{ROWS}`. An id already stored, live
 /// or dead (its tombstone), stores nothing new.
 pub(crate) const PUBLISH: &str = "INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
-     expires_at, last_error, created_at, envelope)
+     expires_at, last_error, created_at, envelope, labels)
 VALUES {ROWS}
 ON DUPLICATE KEY UPDATE seq = seq";
 
@@ -134,12 +142,12 @@ pub(crate) const START_BY_SEQS: &str = "UPDATE `switchyard_jobs`
 pub(crate) const RELEASE: &str = "UPDATE `switchyard_jobs`
    SET attempts = attempts + 1, started = 0, available_at = {NOW} + ?,
        visible_at = {NOW} + ?, ready = (? <= 0), last_error = COALESCE(?, last_error),
-       reserved_at = NULL, token = NULL
+       reserved_at = NULL, claimed_by = NULL, token = NULL
  WHERE id = ? AND token = ?";
 
 /// Gives back a row that was claimed but never handled: ready at once, no attempt.
 pub(crate) const ABANDON: &str = "UPDATE `switchyard_jobs`
-   SET started = 0, visible_at = {NOW}, ready = 1, reserved_at = NULL, token = NULL
+   SET started = 0, visible_at = {NOW}, ready = 1, reserved_at = NULL, claimed_by = NULL, token = NULL
  WHERE id = ? AND token = ?";
 
 /// Renews a lease (and hides a lapsed, promoted one again while nobody reclaimed it).
@@ -154,9 +162,9 @@ pub(crate) const LOCK_LEASED: &str =
 /// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
 /// counts as an attempt if a handler started it)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
 SELECT id, queue, kind, priority, attempts + started, expires_at, ?, COALESCE(?, last_error),
-       {NOW}, envelope
+       {NOW}, envelope, labels
   FROM `switchyard_jobs` WHERE seq = ? AND token = ?";
 
 /// …then leaves its tombstone (same transaction).
@@ -173,8 +181,9 @@ pub(crate) const LOCK_EXPIRED: &str = "SELECT seq FROM `switchyard_jobs`
  ORDER BY expires_at LIMIT 1000 FOR UPDATE {SKIP}";
 
 pub(crate) const COPY_EXPIRED: &str = "REPLACE INTO `switchyard_jobs_dead`
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, {NOW}, envelope
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, {NOW},
+       envelope, labels
   FROM `switchyard_jobs` WHERE seq IN ({IN})";
 
 pub(crate) const STATS_JOBS: &str = "SELECT CAST(queue AS BINARY),
@@ -198,6 +207,16 @@ pub(crate) const LIST_DEAD: &str = "SELECT CAST(id AS BINARY), CAST(queue AS BIN
  ORDER BY dead_at, id
  LIMIT ?";
 
+/// Messages held under a lease that has not run out (queue and id each bound twice,
+/// then the limit), longest held first: a range of the due index.
+pub(crate) const HELD: &str = "SELECT CAST(id AS BINARY), CAST(queue AS BINARY),
+       CAST(kind AS BINARY), CAST(claimed_by AS BINARY), reserved_at, visible_at, started, attempts
+  FROM `switchyard_jobs`
+ WHERE ready = 0 AND visible_at > {NOW} AND token IS NOT NULL
+   AND (? IS NULL OR queue = ?) AND (? IS NULL OR id = ?)
+ ORDER BY reserved_at, seq
+ LIMIT ?";
+
 pub(crate) const DEAD_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM `switchyard_jobs_dead` WHERE id = ?)";
 
@@ -216,8 +235,9 @@ pub(crate) const QUEUES_BETWEEN: &str =
 /// no expiry. An id that is live again is left alone.
 pub(crate) const REPLAY_DEAD: &str = "INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
-     expires_at, last_error, created_at, envelope)
-SELECT id, queue, kind, priority, -priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope
+     expires_at, last_error, created_at, envelope, labels)
+SELECT id, queue, kind, priority, -priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope,
+       labels
   FROM `switchyard_jobs_dead` d
  WHERE {DEAD_SELECTION}
    AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = d.id)
@@ -256,12 +276,16 @@ pub(crate) struct Statements {
     pub(crate) any_due: String,
     pub(crate) promote_due: String,
     pub(crate) claim_lock: String,
+    /// [`CLAIM_LOCK`] with the label filter.
+    pub(crate) claim_lock_labels: String,
     pub(crate) claim_lock_move: String,
     pub(crate) claim_move_locked: String,
     pub(crate) insert_dead: String,
     pub(crate) insert_tombstone: String,
     pub(crate) claim_lock_after: String,
     pub(crate) claim_candidates: String,
+    /// [`CLAIM_CANDIDATES`] with the label filter.
+    pub(crate) claim_candidates_labels: String,
     pub(crate) claim_locked: String,
     pub(crate) claim_optimistic: String,
     pub(crate) claimed: String,
@@ -285,6 +309,7 @@ pub(crate) struct Statements {
     pub(crate) stats_dead: String,
     pub(crate) list_dead: String,
     pub(crate) dead_exists: String,
+    pub(crate) held: String,
     pub(crate) max_seq: String,
     pub(crate) queues_between: String,
     pub(crate) replay_dead: String,
@@ -320,6 +345,13 @@ pub(crate) fn with_list(sql: &str, n: usize) -> String {
     sql.replace("{IN}", &list)
 }
 
+/// A label filter's needles as its [`MAX_LABELS`](queue_core::labels::MAX_LABELS)
+/// parameters: the last one repeated (a repeated needle changes nothing in an `OR`).
+pub(crate) fn label_params(needles: &[String]) -> impl Iterator<Item = &str> + '_ {
+    let last = needles.last().map_or("", String::as_str);
+    (0..queue_core::labels::MAX_LABELS).map(move |i| needles.get(i).map_or(last, String::as_str))
+}
+
 /// `values` repeated at the end up to the list length of [`with_list`] (a repeated value
 /// changes nothing in an `IN` list).
 pub(crate) fn padded<T: Clone>(values: &[T]) -> impl Iterator<Item = T> + '_ {
@@ -338,13 +370,15 @@ impl Statements {
             select_now: s(SELECT_NOW),
             any_due: s(ANY_DUE),
             promote_due: s(PROMOTE_DUE),
-            claim_lock: s(CLAIM_LOCK),
+            claim_lock: s(CLAIM_LOCK).replace("{LABELS}", ""),
+            claim_lock_labels: s(CLAIM_LOCK).replace("{LABELS}", LABEL_FILTER),
             claim_lock_move: s(CLAIM_LOCK_MOVE).replace("{SKIP}", skip),
             claim_move_locked: s(CLAIM_MOVE_LOCKED),
             insert_dead: s(INSERT_DEAD),
             insert_tombstone: s(INSERT_TOMBSTONE),
             claim_lock_after: s(CLAIM_LOCK_AFTER),
-            claim_candidates: s(CLAIM_CANDIDATES),
+            claim_candidates: s(CLAIM_CANDIDATES).replace("{LABELS}", ""),
+            claim_candidates_labels: s(CLAIM_CANDIDATES).replace("{LABELS}", LABEL_FILTER),
             claim_locked: s(CLAIM_LOCKED),
             claim_optimistic: s(CLAIM_OPTIMISTIC),
             claimed: s(CLAIMED),
@@ -368,6 +402,7 @@ impl Statements {
             stats_dead: s(STATS_DEAD),
             list_dead: s(LIST_DEAD),
             dead_exists: s(DEAD_EXISTS),
+            held: s(HELD),
             max_seq: s(MAX_SEQ),
             queues_between: s(QUEUES_BETWEEN),
             replay_dead: s(REPLAY_DEAD),

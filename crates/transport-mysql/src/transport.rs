@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    limit, lossy, micros, micros_between, pair_report, ClaimedRow, DeadRow, EngineState,
-    KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend, StartMode, StatsRow, StoreSettings,
+    limit, lossy, micros, micros_between, pair_report, ClaimBy, ClaimedRow, DeadRow, Encoded,
+    EngineState, HeldRow, KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend, StartMode,
+    StatsRow, StoreSettings,
 };
 use queue_core::{
     text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, LeaseToken, QueueName,
@@ -28,7 +29,7 @@ use crate::error::{is_lock_conflict, SqlxResultExt, TRANSPORT};
 use crate::migrate::{check_existing, migrate, uninstall};
 use crate::options::MySqlOptions;
 use crate::server::ServerInfo;
-use crate::sql::{padded, with_list, Statements};
+use crate::sql::{label_params, padded, with_list, Statements};
 use crate::status::MySqlStatusStore;
 use crate::watch::{watch_publishes, WatchSql};
 
@@ -265,7 +266,7 @@ impl MySqlTransport {
         for chunk in rows.chunks(PUBLISH_CHUNK) {
             self.insert_rows(tx, chunk).await.backend()?;
         }
-        for (env, _) in &rows {
+        for Encoded { env, .. } in &rows {
             self.cursors
                 .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
         }
@@ -300,13 +301,13 @@ impl MySqlTransport {
     async fn insert_rows(
         &self,
         conn: &mut MySqlConnection,
-        rows: &[(Envelope, String)],
+        rows: &[Encoded],
     ) -> std::result::Result<(), sqlx::Error> {
         let values = vec![self.sql.publish_row.as_str(); rows.len()].join(", ");
         let sql = self.sql.publish.replace("{ROWS}", &values);
         let local_now = Utc::now();
         let mut query = sqlx::query(&sql);
-        for (env, json) in rows {
+        for Encoded { env, json, labels } in rows {
             // Delay and expiry become offsets from the publisher's clock, applied to the
             // server's.
             let due = micros_between(local_now, env.available_at).max(0);
@@ -325,7 +326,8 @@ impl MySqlTransport {
                 .bind(due)
                 .bind(expires)
                 .bind(env.last_error.as_deref().map(text::error_text))
-                .bind(json.as_str());
+                .bind(json.as_str())
+                .bind(labels.as_deref());
         }
         query.execute(conn).await.map(|_| ())
     }

@@ -23,6 +23,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         4,
         include_str!("../../../migrations/postgres/0004_status_history.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/postgres/0005_holders_labels.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

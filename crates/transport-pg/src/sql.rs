@@ -8,11 +8,20 @@ const ON_CONFLICT_REPLACE: &str = "
     ON CONFLICT (id) DO UPDATE SET
        queue = EXCLUDED.queue, kind = EXCLUDED.kind, priority = EXCLUDED.priority,
        attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at, reason = EXCLUDED.reason,
-       last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope";
+       last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope,
+       labels = EXCLUDED.labels";
 
 /// What a claim writes: only columns no index covers, so that the update is heap-only.
+/// `{HOLDER}` is the holder's parameter, which differs between claims.
 const CLAIM_SET: &str = "token = $1, claimed_at = now(), lease_until = now() + $2 {US},
+       claimed_by = {HOLDER},
        {STARTED}, attempts = j.attempts + (j.token IS NOT NULL AND j.started)::int";
+
+/// A claim's label filter (`{NEEDLES}`: the parameter of `,label,` needles, any of which
+/// matches), checked on each row as the claim walks the claim index; `{LABELS}` is empty
+/// in the claims that take any label.
+const LABEL_FILTER: &str =
+    "AND EXISTS (SELECT 1 FROM UNNEST({NEEDLES}::text[]) AS n(x) WHERE strpos(labels, n.x) > 0)";
 
 /// The started flag a claim sets from its mode ($5: 0 no, 1 yes, 2 only when the message
 /// comes with no attempts); SET expressions see the row's old values.
@@ -34,7 +43,7 @@ const FREE: &str = "(lease_until IS NULL OR lease_until <= now())";
 /// seq) WHERE ready`, walked in order and cut at the limit. Rows claimed briefly stay in
 /// that index under their lease and are stepped over.
 const CLAIMABLE: &str =
-    "queue = $3 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now())
+    "queue = $3 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now()) {LABELS}
    ORDER BY priority DESC, available_at, seq";
 
 /// Whether any waiting row (delayed, or held long under a lease) has become claimable. Written as "the
@@ -103,15 +112,16 @@ UPDATE \"switchyard_jobs\" j
 
 /// Stores a dead letter moved from another backend (times in microseconds).
 pub(crate) const INSERT_DEAD: &str = "INSERT INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
     VALUES ($1, $2, $3, $4, $5, to_timestamp($6::float8 / 1000000), $7, $8,
-            to_timestamp($9::float8 / 1000000), $10)
+            to_timestamp($9::float8 / 1000000), $10, $11)
 {ON_CONFLICT_REPLACE}";
 
-/// The candidates of an optimistic claim, in delivery order, read without locks.
+/// The candidates of an optimistic claim, in delivery order, read without locks ($3: the
+/// label filter's needles, when it has one).
 pub(crate) const CLAIM_CANDIDATES: &str = "
 SELECT seq FROM \"switchyard_jobs\"
- WHERE queue = $1 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now())
+ WHERE queue = $1 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now()) {LABELS}
  ORDER BY priority DESC, available_at, seq
  LIMIT $2";
 
@@ -140,15 +150,16 @@ UPDATE \"switchyard_jobs\" j
 pub(crate) const PUBLISH: &str = "
 WITH v AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
-                         $6::bigint[], $7::bigint[], $8::text[], $9::text[])
+                         $6::bigint[], $7::bigint[], $8::text[], $9::text[], $12::text[])
            WITH ORDINALITY
-           AS v(id, queue, kind, priority, attempts, due_us, expires_us, last_error, envelope, ord)),
+           AS v(id, queue, kind, priority, attempts, due_us, expires_us, last_error, envelope, labels, ord)),
 ins AS (
     INSERT INTO \"switchyard_jobs\"
-        (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, envelope)
+        (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error,
+         envelope, labels)
     SELECT v.id, v.queue, v.kind, v.priority, v.attempts, v.due_us <= 0,
            now() + v.due_us {US}, now() + v.due_us {US}, now() + v.expires_us {US},
-           v.last_error, v.envelope
+           v.last_error, v.envelope, v.labels
       FROM v
      WHERE NOT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" d WHERE d.id = v.id)
      ORDER BY v.ord
@@ -180,7 +191,7 @@ RETURNING j.id, j.token";
 /// Gives a leased row back: due after $1 µs, and ready at once when $1 is 0.
 pub(crate) const RELEASE: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, claimed_at = NULL, lease_until = NULL, attempts = attempts + 1, started = false,
+   SET token = NULL, claimed_at = NULL, claimed_by = NULL, lease_until = NULL, attempts = attempts + 1, started = false,
        available_at = now() + $1 {US}, visible_at = now() + $1 {US}, ready = ($1 <= 0),
        last_error = COALESCE($2, last_error)
  WHERE id = $3 AND token = $4";
@@ -191,7 +202,7 @@ UPDATE \"switchyard_jobs\"
 /// update).
 pub(crate) const ABANDON: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, claimed_at = NULL, lease_until = NULL, started = false,
+   SET token = NULL, claimed_at = NULL, claimed_by = NULL, lease_until = NULL, started = false,
        visible_at = CASE WHEN ready THEN visible_at ELSE now() END, ready = true
  WHERE id = $1 AND token = $2";
 
@@ -208,9 +219,9 @@ pub(crate) const MOVE_LEASED_TO_DEAD: &str = "
 WITH moved AS (
     DELETE FROM \"switchyard_jobs\" WHERE seq = $1 AND token = $2 RETURNING *)
 INSERT INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
 SELECT id, queue, kind, priority, attempts + started::int, expires_at, $3,
-       COALESCE($4, last_error), now(), envelope
+       COALESCE($4, last_error), now(), envelope, labels
   FROM moved
 {ON_CONFLICT_REPLACE}";
 
@@ -225,8 +236,9 @@ WITH moved AS (
            FOR UPDATE SKIP LOCKED)
     RETURNING *)
 INSERT INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts + started::int, expires_at, 'expired', last_error, now(), envelope
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+SELECT id, queue, kind, priority, attempts + started::int, expires_at, 'expired', last_error, now(),
+       envelope, labels
   FROM moved
 {ON_CONFLICT_REPLACE}";
 
@@ -254,6 +266,18 @@ SELECT id, queue, kind, attempts, reason, last_error,
  ORDER BY dead_at, id
  LIMIT $2";
 
+/// Messages held under a lease that has not run out: queue $1 and id $2 when given, at
+/// most $3, longest held first. Held rows are few beside the queue, so the scan of the
+/// table is an operator's price, never a worker's.
+pub(crate) const HELD: &str = "
+SELECT id, queue, kind, claimed_by, floor(extract(epoch FROM claimed_at) * 1000000)::bigint,
+       floor(extract(epoch FROM lease_until) * 1000000)::bigint, started, attempts
+  FROM \"switchyard_jobs\"
+ WHERE token IS NOT NULL AND lease_until > now()
+   AND ($1::text IS NULL OR queue = $1) AND ($2::text IS NULL OR id = $2)
+ ORDER BY claimed_at, seq
+ LIMIT $3";
+
 pub(crate) const DEAD_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = $1)";
 
@@ -274,8 +298,9 @@ WITH moved AS (
     RETURNING d.*),
 ins AS (
     INSERT INTO \"switchyard_jobs\"
-        (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, envelope)
-    SELECT id, queue, kind, priority, 0, true, now(), now(), NULL, last_error, envelope
+        (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error,
+         envelope, labels)
+    SELECT id, queue, kind, priority, 0, true, now(), now(), NULL, last_error, envelope, labels
       FROM moved
      ORDER BY dead_at, id
     RETURNING queue)
@@ -297,9 +322,13 @@ pub(crate) struct Statements {
     pub(crate) any_expired: String,
     pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
+    /// [`CLAIM_SKIP_LOCKED`] with the label filter.
+    pub(crate) claim_skip_locked_labels: String,
     pub(crate) claim_for_move: String,
     pub(crate) insert_dead: String,
     pub(crate) claim_candidates: String,
+    /// [`CLAIM_CANDIDATES`] with the label filter.
+    pub(crate) claim_candidates_labels: String,
     pub(crate) claim_optimistic: String,
     pub(crate) publish: String,
     /// [`PUBLISH`] for ids that are not stored yet, as nearly all are: a plain insert,
@@ -319,10 +348,13 @@ pub(crate) struct Statements {
     pub(crate) stats_dead: String,
     pub(crate) list_dead: String,
     pub(crate) dead_exists: String,
+    pub(crate) held: String,
     pub(crate) replay_dead: String,
     pub(crate) purge_dead: String,
     pub(crate) notify_queues: String,
     pub(crate) explain_claim: String,
+    /// [`EXPLAIN_CLAIM`] of the claim with the label filter.
+    pub(crate) explain_claim_labels: String,
 }
 
 /// Rewrites SQL written for the default table: `"switchyard_jobs…"` (a table reference)
@@ -351,15 +383,26 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
 impl Statements {
     pub(crate) fn new(schema: Option<&str>, table: &str) -> Self {
         let s = |sql: &str| specialise(sql, schema, table);
+        // A claim statement with its holder's parameter, and the label filter's when
+        // it filters (none: the filter is left out).
+        let claim = |sql: &str, holder: &str, needles: &str| {
+            let filter = if needles.is_empty() { "" } else { LABEL_FILTER };
+            s(sql)
+                .replace("{LABELS}", filter)
+                .replace("{NEEDLES}", needles)
+                .replace("{HOLDER}", holder)
+        };
         Statements {
             any_due: s(ANY_DUE),
             any_expired: s(ANY_EXPIRED),
             promote_due: s(PROMOTE_DUE),
-            claim_skip_locked: s(CLAIM_SKIP_LOCKED),
-            claim_for_move: s(CLAIM_FOR_MOVE),
+            claim_skip_locked: claim(CLAIM_SKIP_LOCKED, "$6", ""),
+            claim_skip_locked_labels: claim(CLAIM_SKIP_LOCKED, "$6", "$7"),
+            claim_for_move: claim(CLAIM_FOR_MOVE, "$6", ""),
             insert_dead: s(INSERT_DEAD),
-            claim_candidates: s(CLAIM_CANDIDATES),
-            claim_optimistic: s(CLAIM_OPTIMISTIC),
+            claim_candidates: claim(CLAIM_CANDIDATES, "", ""),
+            claim_candidates_labels: claim(CLAIM_CANDIDATES, "", "$3"),
+            claim_optimistic: claim(CLAIM_OPTIMISTIC, "$7", ""),
             publish: s(&PUBLISH.replace("{ON_CONFLICT}", SKIP_STORED)),
             publish_fresh: s(&PUBLISH.replace("{ON_CONFLICT}", "")),
             ack_batch: s(ACK_BATCH),
@@ -373,10 +416,12 @@ impl Statements {
             stats_dead: s(STATS_DEAD),
             list_dead: s(LIST_DEAD),
             dead_exists: s(DEAD_EXISTS),
+            held: s(HELD),
             replay_dead: s(REPLAY_DEAD),
             purge_dead: s(PURGE_DEAD),
             notify_queues: s(NOTIFY_QUEUES),
-            explain_claim: s(EXPLAIN_CLAIM),
+            explain_claim: claim(EXPLAIN_CLAIM, "$6", ""),
+            explain_claim_labels: claim(EXPLAIN_CLAIM, "$6", "$7"),
         }
     }
 }

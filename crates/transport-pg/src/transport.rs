@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    limit, micros, micros_between, pair_report, row_seq, ClaimedRow, DeadRow, EngineState,
-    KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend, StartMode, StatsRow, StoreSettings,
+    labels_column, limit, micros, micros_between, pair_report, row_seq, ClaimBy, ClaimedRow,
+    DeadRow, EngineState, HeldRow, KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend,
+    StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
     text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, LeaseToken, QueueName,
@@ -133,6 +134,7 @@ struct PublishArrays {
     expires_us: Vec<Option<i64>>,
     last_errors: Vec<Option<String>>,
     envelopes: Vec<String>,
+    labels: Vec<Option<String>>,
 }
 
 impl PgTransport {
@@ -284,17 +286,30 @@ impl PgTransport {
     }
 
     /// The plan PostgreSQL chooses for the skip-locked claim on `queue` (`EXPLAIN`
-    /// without costs), to check that the claim stays an index scan at any depth.
-    pub async fn explain_claim(&self, queue: &QueueName, max: usize) -> Result<String> {
-        let rows: Vec<String> = sqlx::query_scalar(&self.sql.explain_claim)
+    /// without costs), of messages carrying one of `labels` when there are any, to check
+    /// that the claim stays an index scan at any depth.
+    pub async fn explain_claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        labels: &[String],
+    ) -> Result<String> {
+        let sql = if labels.is_empty() {
+            &self.sql.explain_claim
+        } else {
+            &self.sql.explain_claim_labels
+        };
+        let mut query = sqlx::query_scalar(sql)
             .bind(Uuid::nil())
             .bind(micros(self.options.visibility_timeout))
             .bind(queue.as_str())
             .bind(limit(max))
             .bind(false)
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
+            .bind("explain");
+        if !labels.is_empty() {
+            query = query.bind(queue_core::labels::needles(labels));
+        }
+        let rows: Vec<String> = query.fetch_all(&self.pool).await.backend()?;
         Ok(rows.join("\n"))
     }
 
@@ -304,7 +319,8 @@ impl PgTransport {
         let local_now = Utc::now();
         let mut chunks = Vec::with_capacity(envelopes.len().div_ceil(PUBLISH_CHUNK));
         let mut cur = PublishArrays::default();
-        for env in envelopes {
+        for mut env in envelopes {
+            let labels = labels_column(&mut env)?;
             let json = env.to_json();
             if json.len() > self.options.max_payload_bytes {
                 env.check_size(self.options.max_payload_bytes)?;
@@ -327,6 +343,7 @@ impl PgTransport {
             cur.last_errors
                 .push(env.last_error.as_deref().map(text::error_text));
             cur.envelopes.push(json);
+            cur.labels.push(labels);
             if cur.ids.len() == PUBLISH_CHUNK {
                 chunks.push(std::mem::take(&mut cur));
             }
@@ -362,6 +379,7 @@ impl PgTransport {
             .bind(&rows.envelopes)
             .bind(&self.channel)
             .bind(self.options.notify)
+            .bind(&rows.labels)
             .execute(conn)
             .await?;
         Ok(())
@@ -443,14 +461,20 @@ impl PgTransport {
         window: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<(Vec<ClaimedRow>, usize)> {
         let lease = micros(self.options.visibility_timeout);
-        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-            .bind(queue.as_str())
-            .bind(limit(window))
-            .fetch_all(&self.pool)
-            .await
-            .backend()?;
+        let candidates = if by.needles.is_empty() {
+            sqlx::query_scalar(&self.sql.claim_candidates)
+                .bind(queue.as_str())
+                .bind(limit(window))
+        } else {
+            sqlx::query_scalar(&self.sql.claim_candidates_labels)
+                .bind(queue.as_str())
+                .bind(limit(window))
+                .bind(&by.needles)
+        };
+        let candidates: Vec<i64> = candidates.fetch_all(&self.pool).await.backend()?;
         if candidates.is_empty() {
             return Ok((Vec::new(), 0));
         }
@@ -463,6 +487,7 @@ impl PgTransport {
                 .bind(limit(want))
                 .bind(start as i32)
                 .bind(&candidates)
+                .bind(by.holder)
                 .fetch_all(&self.pool)
                 .await;
             match attempt {

@@ -260,7 +260,7 @@ fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
             .execute(&mut conn)
             .await
             .map_err(err)?;
-        let plan = t.explain_claim(&q, 100).await?;
+        let plan = t.explain_claim(&q, 100, &[]).await?;
         eprintln!("claim plan at a depth of 1,000,000:\n{plan}");
         assert!(
             plan.contains("Index Scan using switchyard_jobs_claim"),

@@ -16,6 +16,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         3,
         include_str!("../../../migrations/sqlite/0003_status_history.sql"),
     ),
+    (
+        4,
+        include_str!("../../../migrations/sqlite/0004_holders_labels.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -37,10 +37,10 @@ pub(crate) const PROMOTE_DUE: &str =
 pub(crate) const CLAIM_SKIP_LOCKED: &str = "
 UPDATE \"switchyard_jobs\"
    SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, {STARTED5},
-       attempts = attempts + (token IS NOT NULL AND started = 1)
+       attempts = attempts + (token IS NOT NULL AND started = 1), claimed_by = ?6
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE queue = ?3 AND ready = 1
-                  AND (expires_at IS NULL OR expires_at > {NOW})
+                  AND (expires_at IS NULL OR expires_at > {NOW}) {LABELS}
                 ORDER BY priority DESC, visible_at, seq
                 LIMIT ?4)
 {RETURNING}";
@@ -51,7 +51,7 @@ UPDATE \"switchyard_jobs\"
 pub(crate) const CLAIM_FOR_MOVE: &str = "
 UPDATE \"switchyard_jobs\"
    SET token = ?1, reserved_at = {NOW}, visible_at = MAX(available_at, {NOW} + ?2), ready = 0,
-       started = 0, attempts = attempts + (token IS NOT NULL AND started = 1)
+       started = 0, attempts = attempts + (token IS NOT NULL AND started = 1), claimed_by = ?5
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE queue = ?3 AND (ready = 1 OR token IS NULL OR visible_at <= {NOW})
                 ORDER BY seq
@@ -60,14 +60,20 @@ UPDATE \"switchyard_jobs\"
 
 /// Stores a dead letter moved from another backend.
 pub(crate) const INSERT_DEAD: &str = "INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+
+/// A claim's label filter: `{NEEDLES}` is the parameter holding a JSON array of
+/// `,label,` needles, any of which matches; checked on each row as the claim walks the
+/// claim index. `{LABELS}` is empty in the claims that take any label.
+const LABEL_FILTER: &str =
+    "AND EXISTS (SELECT 1 FROM json_each({NEEDLES}) AS n WHERE instr(labels, n.value) > 0)";
 
 /// The candidates of an optimistic claim, in delivery order.
 pub(crate) const CLAIM_CANDIDATES: &str = "
 SELECT seq FROM \"switchyard_jobs\"
  WHERE queue = ?1 AND ready = 1
-   AND (expires_at IS NULL OR expires_at > {NOW})
+   AND (expires_at IS NULL OR expires_at > {NOW}) {LABELS}
  ORDER BY priority DESC, visible_at, seq
  LIMIT ?2";
 
@@ -78,7 +84,7 @@ SELECT seq FROM \"switchyard_jobs\"
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 UPDATE \"switchyard_jobs\"
    SET token = ?1, reserved_at = {NOW}, visible_at = {NOW} + ?2, ready = 0, {STARTED6},
-       attempts = attempts + (token IS NOT NULL AND started = 1)
+       attempts = attempts + (token IS NOT NULL AND started = 1), claimed_by = ?7
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE seq IN (SELECT value FROM json_each(?3)) AND queue = ?4 AND ready = 1
                   AND (expires_at IS NULL OR expires_at > {NOW})
@@ -89,7 +95,7 @@ UPDATE \"switchyard_jobs\"
 /// Start of a multi-row publish: the rows come as `VALUES (…), (…)` appended by the
 /// caller, and are filtered so that an id that is dead stores nothing new either.
 pub(crate) const INSERT_JOBS_HEAD: &str = "INSERT INTO \"switchyard_jobs\" \
-    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope) \
+    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope, labels) \
     SELECT * FROM (";
 
 /// End of a multi-row publish: a stored id (live or dead) stores nothing new.
@@ -111,7 +117,7 @@ RETURNING id, token";
 /// Gives a leased row back: due after ?1 µs, and ready at once when ?1 is 0.
 pub(crate) const RELEASE: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, attempts = attempts + 1,
+   SET token = NULL, reserved_at = NULL, claimed_by = NULL, attempts = attempts + 1,
        available_at = {NOW} + ?1, visible_at = {NOW} + ?1, ready = (?1 <= 0),
        last_error = COALESCE(?2, last_error)
  WHERE id = ?3 AND token = ?4";
@@ -120,7 +126,7 @@ UPDATE \"switchyard_jobs\"
 /// counted (the token is cleared, so the next claim is not a reclaim).
 pub(crate) const ABANDON: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, visible_at = {NOW}, ready = 1
+   SET token = NULL, reserved_at = NULL, claimed_by = NULL, visible_at = {NOW}, ready = 1
  WHERE id = ?1 AND token = ?2";
 
 /// Renews a lease. A lapsed lease may already have been promoted into the claim index;
@@ -141,8 +147,9 @@ RETURNING id, token";
 /// counts as an attempt if a handler started it)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "
 INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts + started, expires_at, ?3, COALESCE(?4, last_error), {NOW}, envelope
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+SELECT id, queue, kind, priority, attempts + started, expires_at, ?3, COALESCE(?4, last_error), {NOW},
+       envelope, labels
   FROM \"switchyard_jobs\"
  WHERE seq = ?1 AND token = ?2";
 
@@ -153,8 +160,9 @@ pub(crate) const DELETE_LEASED: &str =
 /// Copies unleased rows that expired by ?1 into the dead table…
 pub(crate) const COPY_EXPIRED: &str = "
 INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope)
-SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, ?1, envelope
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, ?1,
+       envelope, labels
   FROM \"switchyard_jobs\"
  WHERE expires_at <= ?1 AND visible_at <= ?1";
 
@@ -187,6 +195,17 @@ SELECT CAST(id AS BLOB), CAST(queue AS BLOB), CAST(kind AS BLOB), CAST(attempts 
  ORDER BY dead_at, id
  LIMIT ?2";
 
+/// Messages held under a lease that has not run out: queue ?1 and id ?2 when given, at
+/// most ?3, longest held first (a range of the due index).
+pub(crate) const HELD: &str = "
+SELECT CAST(id AS BLOB), CAST(queue AS BLOB), CAST(kind AS BLOB), CAST(claimed_by AS BLOB),
+       CAST(reserved_at AS INTEGER), CAST(visible_at AS INTEGER), started, CAST(attempts AS INTEGER)
+  FROM \"switchyard_jobs\"
+ WHERE ready = 0 AND visible_at > {NOW} AND token IS NOT NULL
+   AND (?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR id = ?2)
+ ORDER BY reserved_at, seq
+ LIMIT ?3";
+
 pub(crate) const DEAD_EXISTS: &str =
     "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = ?1)";
 
@@ -201,8 +220,9 @@ pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM \"switchyard
 /// again is left alone: its dead copy stays where it is, never lost.
 pub(crate) const REPLAY_DEAD: &str = "
 INSERT INTO \"switchyard_jobs\"
-    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope)
-SELECT id, queue, kind, priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope
+    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at,
+     envelope, labels)
+SELECT id, queue, kind, priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope, labels
   FROM \"switchyard_jobs_dead\"
  WHERE {DEAD_SELECTION} AND id NOT IN (SELECT id FROM \"switchyard_jobs\")
  ORDER BY dead_at, id";
@@ -222,9 +242,13 @@ pub(crate) struct Statements {
     pub(crate) any_due: String,
     pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
+    /// [`CLAIM_SKIP_LOCKED`] with the label filter.
+    pub(crate) claim_skip_locked_labels: String,
     pub(crate) claim_for_move: String,
     pub(crate) insert_dead: String,
     pub(crate) claim_candidates: String,
+    /// [`CLAIM_CANDIDATES`] with the label filter.
+    pub(crate) claim_candidates_labels: String,
     pub(crate) claim_optimistic: String,
     pub(crate) insert_jobs_head: String,
     pub(crate) insert_jobs_tail: String,
@@ -242,6 +266,7 @@ pub(crate) struct Statements {
     pub(crate) stats_dead: String,
     pub(crate) list_dead: String,
     pub(crate) dead_exists: String,
+    pub(crate) held: String,
     pub(crate) max_seq: String,
     pub(crate) replay_dead: String,
     pub(crate) delete_replayed: String,
@@ -262,14 +287,22 @@ pub(crate) fn specialise(sql: &str, table: &str) -> String {
 impl Statements {
     pub(crate) fn new(table: &str) -> Self {
         let s = |sql: &str| specialise(sql, table);
+        let filtered = |sql: &str, needles: &str| {
+            let filter = if needles.is_empty() { "" } else { LABEL_FILTER };
+            s(sql)
+                .replace("{LABELS}", filter)
+                .replace("{NEEDLES}", needles)
+        };
         Statements {
             select_now: s(SELECT_NOW),
             any_due: s(ANY_DUE),
             promote_due: s(PROMOTE_DUE),
-            claim_skip_locked: s(CLAIM_SKIP_LOCKED),
+            claim_skip_locked: filtered(CLAIM_SKIP_LOCKED, ""),
+            claim_skip_locked_labels: filtered(CLAIM_SKIP_LOCKED, "?7"),
             claim_for_move: s(CLAIM_FOR_MOVE),
             insert_dead: s(INSERT_DEAD),
-            claim_candidates: s(CLAIM_CANDIDATES),
+            claim_candidates: filtered(CLAIM_CANDIDATES, ""),
+            claim_candidates_labels: filtered(CLAIM_CANDIDATES, "?3"),
             claim_optimistic: s(CLAIM_OPTIMISTIC),
             insert_jobs_head: s(INSERT_JOBS_HEAD),
             insert_jobs_tail: s(INSERT_JOBS_TAIL),
@@ -287,6 +320,7 @@ impl Statements {
             stats_dead: s(STATS_DEAD),
             list_dead: s(LIST_DEAD),
             dead_exists: s(DEAD_EXISTS),
+            held: s(HELD),
             max_seq: s(MAX_SEQ),
             replay_dead: s(REPLAY_DEAD),
             delete_replayed: s(DELETE_REPLAYED),

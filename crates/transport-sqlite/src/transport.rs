@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::sql::{
-    lossy, micros, micros_between, pair_report, ClaimedRow, DeadRow, EngineState, LeaseOp, PairOp,
-    Replayed, SqlBackend, StartMode, StatsRow,
+    lossy, micros, micros_between, pair_report, ClaimBy, ClaimedRow, DeadRow, Encoded, EngineState,
+    HeldRow, LeaseOp, PairOp, Replayed, SqlBackend, StartMode, StatsRow,
 };
 use queue_core::{
     text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, Error, Identifier,
@@ -215,6 +215,7 @@ impl SqliteTransport {
         max: usize,
         token: &str,
         start: Option<StartMode>,
+        by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>> {
         let mut query = sqlx::query(sql)
             .bind(token)
@@ -223,6 +224,10 @@ impl SqliteTransport {
             .bind(queue_core::sql::limit(max));
         if let Some(start) = start {
             query = query.bind(start as i64);
+        }
+        query = query.bind(by.holder);
+        if !by.needles.is_empty() {
+            query = query.bind(needles_json(&by.needles)?);
         }
         let rows = query.fetch_all(&self.writer).await.backend()?;
         rows.iter()
@@ -284,12 +289,12 @@ impl SqliteTransport {
     async fn insert_envelopes(
         &self,
         conn: &mut sqlx::SqliteConnection,
-        rows: &[(Envelope, String)],
+        rows: &[Encoded],
     ) -> Result<()> {
         let local_now = Utc::now();
         for chunk in rows.chunks(INSERT_CHUNK) {
             let mut qb: QueryBuilder<'_, Sqlite> = QueryBuilder::new(&self.sql.insert_jobs_head);
-            qb.push_values(chunk, |mut b, (env, json)| {
+            qb.push_values(chunk, |mut b, Encoded { env, json, labels }| {
                 // Delay and expiry become offsets from the publisher's clock, applied to
                 // SQLite's: the publisher's clock skew cannot shift them, and a due
                 // time carried over from another backend keeps its place.
@@ -310,7 +315,8 @@ impl SqliteTransport {
                 }
                 b.push_bind(env.last_error.as_deref().map(text::error_text))
                     .push(&self.sql.now)
-                    .push_bind(json.as_str());
+                    .push_bind(json.as_str())
+                    .push_bind(labels.as_deref());
             });
             qb.push(&self.sql.insert_jobs_tail);
             qb.build().execute(&mut *conn).await.backend()?;
@@ -322,6 +328,11 @@ impl SqliteTransport {
     pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
         self.status.clone()
     }
+}
+
+/// A label filter's needles as the JSON array its statements read with `json_each`.
+fn needles_json(needles: &[String]) -> Result<String> {
+    serde_json::to_string(needles).map_err(|e| Error::backend(TRANSPORT, false, e))
 }
 
 #[cfg(test)]

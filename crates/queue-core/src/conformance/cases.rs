@@ -12,6 +12,8 @@ use super::case_support::{
     applies, fresh_queue, kinds, message, open, reserve_within, stats_of, with_lease,
 };
 use super::harness::{Harness, OpenOptions};
+pub use super::holder_cases::*;
+pub use super::label_cases::*;
 pub use super::lease_cases::*;
 use crate::{reason, DeadSelection, Envelope, Error, Reservation, Result, TransportExt};
 

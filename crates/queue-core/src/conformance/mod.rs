@@ -11,6 +11,8 @@ mod bad_data_cases;
 mod case_support;
 pub mod cases;
 mod harness;
+mod holder_cases;
+mod label_cases;
 mod lease_cases;
 mod runner;
 mod shutdown_cases;
@@ -66,7 +68,11 @@ macro_rules! conformance_tests {
             outside_text_with_nuls_and_any_length_is_stored,
             an_envelope_naming_another_queue_never_wedges_its_queue,
             invalid_identifiers_are_rejected_before_any_sql_runs,
-            stats_count_ready_delayed_reserved_and_dead
+            stats_count_ready_delayed_reserved_and_dead,
+            claims_select_by_label,
+            labels_survive_retry_dead_letter_and_replay,
+            invalid_labels_are_refused,
+            claims_record_their_holder_and_lease_end
         );
         $crate::conformance_tests!(@worker $harness;
             worker_handles_every_message_once_and_coalesces_acks,
@@ -82,7 +88,8 @@ macro_rules! conformance_tests {
             shutdown_finishes_quick_jobs_and_releases_the_rest,
             shutdown_is_prompt_at_any_moment,
             idle_worker_wakes_on_publish,
-            a_suspect_runs_alone_after_every_finished_ack_has_committed
+            a_suspect_runs_alone_after_every_finished_ack_has_committed,
+            worker_with_labels_handles_only_those
         );
     };
     (@worker $harness:expr; $($case:ident),* $(,)?) => {

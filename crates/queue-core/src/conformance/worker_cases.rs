@@ -536,7 +536,7 @@ impl Transport for Faulty {
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
         self.inner.publish_batch(envelopes).await
     }
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+    async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
         if claim.start == Start::All {
             return self.inner.claim(queue, claim).await;
         }
@@ -584,6 +584,17 @@ impl Transport for Faulty {
 }
 
 #[async_trait]
+impl crate::Holdings for Faulty {
+    async fn held(
+        &self,
+        which: crate::HeldSelection<'_>,
+        limit: usize,
+    ) -> Result<Vec<crate::Holding>> {
+        self.inner.held(which, limit).await
+    }
+}
+
+#[async_trait]
 #[deny(clippy::missing_trait_methods)]
 impl DeadLetters for Faulty {
     async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
@@ -598,4 +609,50 @@ impl DeadLetters for Faulty {
     async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
         self.inner.dead_insert(letters).await
     }
+}
+
+/// A worker that selects labels handles only messages carrying one of them, and leaves
+/// the rest on the queue; a backend that cannot select refuses to start such a worker.
+pub async fn worker_with_labels_handles_only_those(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h, Duration::from_secs(30)).await?;
+    let q = fresh_queue();
+    let mut jobs = Vec::new();
+    for i in 0..12 {
+        let colour = if i % 3 == 0 { "red" } else { "blue" };
+        jobs.push(
+            Envelope::builder(q.as_str(), colour)
+                .label(colour)
+                .build()?,
+        );
+    }
+    jobs.push(job(&q, "plain"));
+    t.publish_batch(jobs).await?;
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s = seen.clone();
+    let worker = Worker::new(
+        t.clone(),
+        q.clone(),
+        fast().with_labels(["red"]).with_name("red-only"),
+    )
+    .handle_any(handler_fn(move |ctx: JobContext| {
+        s.lock().expect("seen lock").push(ctx.envelope.kind.clone());
+        async { Ok(()) }
+    }));
+    if !t.capabilities().label_claims {
+        let refused = drain(worker).await;
+        assert!(
+            matches!(refused, Err(Error::NotSupported(_))),
+            "a worker that selects labels started: {refused:?}"
+        );
+        return Ok(());
+    }
+    drain(worker).await?;
+    let seen = seen.lock().expect("seen lock").clone();
+    assert_eq!(seen, vec!["red"; 4], "the red worker handled {seen:?}");
+    let left = stats_of(t.as_ref(), &q).await?;
+    assert_eq!(
+        left.ready, 9,
+        "blue and unlabelled messages are left: {left:?}"
+    );
+    Ok(())
 }

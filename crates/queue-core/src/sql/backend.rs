@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::claimed::{ClaimedRow, PromotePacer, StartMode};
+use super::claimed::{ClaimBy, ClaimedRow, PromotePacer, StartMode};
 use super::wakers::Wakers;
 use crate::config::ClaimStrategy;
 use crate::dead_letters::DeadLetter;
@@ -94,6 +94,27 @@ pub struct DeadRow {
     pub body: String,
 }
 
+/// A held row as stored.
+#[derive(Debug, Clone)]
+pub struct HeldRow {
+    /// The id column.
+    pub id: String,
+    /// The queue column.
+    pub queue: String,
+    /// The kind column.
+    pub kind: String,
+    /// Who claimed it.
+    pub holder: Option<String>,
+    /// When, in microseconds since the epoch.
+    pub claimed_at_us: Option<i64>,
+    /// The lease's end, in microseconds since the epoch.
+    pub lease_until_us: i64,
+    /// Whether a handler started it.
+    pub started: bool,
+    /// The attempts column.
+    pub attempts: i64,
+}
+
 /// What a replay moved.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Replayed {
@@ -141,6 +162,7 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
         max: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>>;
 
     /// One optimistic round: up to `window` candidates read without locks, then one
@@ -153,6 +175,7 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
         window: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<(Vec<ClaimedRow>, usize)>;
 
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
@@ -183,6 +206,15 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
         &self,
         queue: Option<&QueueName>,
     ) -> Result<(Vec<StatsRow>, Vec<(String, u64)>)>;
+
+    /// Up to `limit` rows held under a lease that has not run out (of `queue`, or the row
+    /// `id`, when given), longest held first.
+    async fn held_rows(
+        &self,
+        queue: Option<&QueueName>,
+        id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldRow>>;
 
     /// Up to `limit` dead-letter rows, oldest first.
     async fn dead_rows(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadRow>>;

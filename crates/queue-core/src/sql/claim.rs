@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::backend::SqlBackend;
-use super::claimed::{ClaimedRow, StartMode};
+use super::claimed::{ClaimBy, ClaimedRow, StartMode};
 use crate::config::ClaimStrategy;
 use crate::names::QueueName;
 use crate::reservation::{LeaseToken, Receipt, Reservation};
@@ -23,17 +23,23 @@ const OPTIMISTIC_ROUNDS: usize = 4;
 pub(super) async fn reserve_rows<B: SqlBackend + ?Sized>(
     claims: &B,
     queue: &QueueName,
-    claim: Claim,
+    claim: Claim<'_>,
     lease: Duration,
 ) -> Result<Vec<Reservation>> {
-    let (max, start) = (claim.max, StartMode::of(claim));
+    let (max, start) = (claim.max, StartMode::of(&claim));
+    let by = ClaimBy::of(&claim)?;
+    if start == StartMode::Move && !by.needles.is_empty() {
+        return Err(crate::Error::InvalidInput(
+            "a claim for a move takes every message of the queue: it cannot select labels".into(),
+        ));
+    }
     let mut out = Vec::with_capacity(max.min(1024));
     for _ in 0..QUARANTINE_ROUNDS {
         if out.len() >= max {
             break;
         }
         let token = LeaseToken::generate();
-        let mut rows = match claim_rows(claims, queue, max - out.len(), token, start).await {
+        let mut rows = match claim_rows(claims, queue, max - out.len(), token, start, &by).await {
             Ok(rows) => rows,
             // What was claimed in an earlier round is returned, never left leased.
             Err(err) if !out.is_empty() => {
@@ -86,18 +92,19 @@ async fn claim_rows<B: SqlBackend + ?Sized>(
     max: usize,
     token: LeaseToken,
     start: StartMode,
+    by: &ClaimBy<'_>,
 ) -> Result<Vec<ClaimedRow>> {
     let recent = claims.engine().pacer.recent();
     if !recent {
         promote(claims).await?;
     }
-    let mut rows = claim_ready(claims, queue, max, token, start).await?;
+    let mut rows = claim_ready(claims, queue, max, token, start, by).await?;
     if rows.len() < max && recent {
         // The rows already claimed are committed: a failure from here on must not lose
         // them, so it only ends this claim early.
         let more = match promote(claims).await {
             Ok(0) => Ok(Vec::new()),
-            Ok(_) => claim_ready(claims, queue, max - rows.len(), token, start).await,
+            Ok(_) => claim_ready(claims, queue, max - rows.len(), token, start, by).await,
             Err(err) => Err(err),
         };
         match more {
@@ -126,14 +133,15 @@ async fn claim_ready<B: SqlBackend + ?Sized>(
     max: usize,
     token: LeaseToken,
     start: StartMode,
+    by: &ClaimBy<'_>,
 ) -> Result<Vec<ClaimedRow>> {
     match (start, claims.claim_strategy()) {
         (StartMode::Move, _) | (_, ClaimStrategy::SkipLocked) => {
-            claims.claim_locked(queue, max, token, start).await
+            claims.claim_locked(queue, max, token, start, by).await
         }
         // Optimistic claims are the portable fallback; the type is matched exhaustively
         // in queue-core, so a new strategy lands here until handled.
-        _ => claim_optimistic(claims, queue, max, token, start).await,
+        _ => claim_optimistic(claims, queue, max, token, start, by).await,
     }
 }
 
@@ -147,6 +155,7 @@ async fn claim_optimistic<B: SqlBackend + ?Sized>(
     max: usize,
     token: LeaseToken,
     start: StartMode,
+    by: &ClaimBy<'_>,
 ) -> Result<Vec<ClaimedRow>> {
     let mut claimed = Vec::new();
     for _ in 0..OPTIMISTIC_ROUNDS {
@@ -155,7 +164,7 @@ async fn claim_optimistic<B: SqlBackend + ?Sized>(
         // still free; the claim itself still takes the oldest ones.
         let window = want.saturating_mul(8).clamp(64, 4096);
         match claims
-            .optimistic_round(queue, want, window, token, start)
+            .optimistic_round(queue, want, window, token, start, by)
             .await
         {
             Ok((rows, candidates)) => {

@@ -24,13 +24,36 @@ pub enum StartMode {
 
 impl StartMode {
     /// The mode of `claim`.
-    pub fn of(claim: Claim) -> Self {
+    pub fn of(claim: &Claim<'_>) -> Self {
         match (claim.scope, claim.start) {
             (Scope::Any, _) => StartMode::Move,
             (Scope::Due, Start::All) => StartMode::All,
             (Scope::Due, Start::None) => StartMode::None,
             (Scope::Due, Start::Fresh) => StartMode::Fresh,
         }
+    }
+}
+
+/// Who claims, and which labels the claim selects: what a claim statement binds beside
+/// its queue, limit, token and mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimBy<'a> {
+    /// Recorded as the holder of each claimed row.
+    pub holder: &'a str,
+    /// The label filter as `,label,` needles, any of which matches; empty: any row.
+    pub needles: Vec<String>,
+}
+
+impl<'a> ClaimBy<'a> {
+    /// The holder and label filter of `claim`, its labels checked.
+    pub fn of(claim: &Claim<'a>) -> crate::Result<Self> {
+        for label in claim.labels {
+            crate::labels::check_label(label)?;
+        }
+        Ok(ClaimBy {
+            holder: claim.holder,
+            needles: crate::labels::needles(claim.labels),
+        })
     }
 }
 

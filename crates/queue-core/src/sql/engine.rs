@@ -17,6 +17,7 @@ use crate::capabilities::Capabilities;
 use crate::dead_letters::{DeadLetter, DeadLetters, DeadSelection};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
+use crate::holdings::{HeldSelection, Holding, Holdings};
 use crate::names::QueueName;
 use crate::reservation::{AckReport, Reservation};
 use crate::time_units::{micros, time_from_micros};
@@ -58,7 +59,7 @@ impl<B: SqlBackend> Transport for B {
         Ok(())
     }
 
-    async fn claim(&self, queue: &QueueName, claim: Claim) -> Result<Vec<Reservation>> {
+    async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
         if claim.max == 0 {
             return Ok(Vec::new());
         }
@@ -248,5 +249,28 @@ impl<B: SqlBackend> DeadLetters for B {
         }
         self.insert_dead(letters).await?;
         Ok(letters.len() as u64)
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> Holdings for B {
+    async fn held(&self, which: HeldSelection<'_>, limit: usize) -> Result<Vec<Holding>> {
+        let (queue, id) = match which {
+            HeldSelection::Queue(queue) => (queue, None),
+            HeldSelection::Id(id) => (None, Some(id)),
+        };
+        let rows = self.held_rows(queue, id, limit).await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let mut h = Holding::new(row.id, row.queue, time_from_micros(row.lease_until_us));
+                h.kind = row.kind;
+                h.holder = row.holder;
+                h.claimed_at = row.claimed_at_us.map(time_from_micros);
+                h.started = row.started;
+                h.attempts = attempts_u32(row.attempts);
+                h
+            })
+            .collect())
     }
 }

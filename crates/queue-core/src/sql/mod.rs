@@ -16,8 +16,8 @@ mod store;
 mod values;
 mod wakers;
 
-pub use backend::{DeadRow, EngineState, LeaseOp, PairOp, Replayed, SqlBackend, StatsRow};
-pub use claimed::{ClaimedRow, PromotePacer, StartMode};
+pub use backend::{DeadRow, EngineState, HeldRow, LeaseOp, PairOp, Replayed, SqlBackend, StatsRow};
+pub use claimed::{ClaimBy, ClaimedRow, PromotePacer, StartMode};
 pub use connections::{KeptConnections, KEPT_CONNECTIONS};
 pub use fence::{fenced, pair_report, replay_refused};
 pub use status::{
@@ -26,7 +26,9 @@ pub use status::{
 pub use store::{
     check_existing_version, check_schema_version, missing_store, sql_capabilities, StoreSettings,
 };
-pub use values::{attempts_u32, dead_row, encoded, row_seq, selection_parts};
+pub use values::{
+    attempts_u32, dead_row, encoded, labels_column, row_seq, selection_parts, Encoded,
+};
 pub use wakers::Wakers;
 
 pub use crate::text::lossy;

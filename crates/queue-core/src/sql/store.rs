@@ -134,8 +134,8 @@ impl StoreSettings<'_> {
 }
 
 /// What every SQL transport promises: exact FIFO, priorities, exact delays, lease
-/// extension, idempotent publish, expiry, table isolation, transactional publish, and
-/// crashes that charge only started messages.
+/// extension, idempotent publish, expiry, table isolation, transactional publish,
+/// crashes that charge only started messages, label claims and recorded holders.
 pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
     Capabilities {
         exact_fifo: true,
@@ -151,6 +151,8 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         delayed_stats: true,
         charges_only_started: true,
         wake_signal: true,
+        label_claims: true,
+        holders: true,
         max_payload_bytes,
         ..Capabilities::default()
     }

@@ -42,6 +42,10 @@ pub struct Worker {
     pub(super) status: Option<Arc<dyn StatusStore>>,
     /// Set when the worker starts, if it records status.
     pub(super) writer: OnceLock<StatusWriter>,
+    /// Recorded as the holder of each claim (`host:pid`, `/name` when named).
+    pub(super) holder: Arc<str>,
+    /// The claims' label filter, checked.
+    pub(super) labels: Arc<[String]>,
 }
 
 impl fmt::Debug for Worker {
@@ -67,6 +71,8 @@ impl Worker {
             counters: Arc::default(),
             status: None,
             writer: OnceLock::new(),
+            holder: Arc::from(crate::registry::process_holder()),
+            labels: Arc::from(Vec::new()),
         }
     }
 
@@ -115,6 +121,11 @@ impl Worker {
 
     /// Whether the queue holds nothing at all: ready, delayed or leased.
     pub(super) async fn queue_is_empty(&self) -> bool {
+        // Stats count every label: a worker that selects labels ends at its first empty
+        // claim with nothing in flight, and leaves the rest to other workers.
+        if !self.labels.is_empty() {
+            return true;
+        }
         match self.transport.stats(Some(&self.queue)).await {
             Ok(stats) => stats
                 .iter()

@@ -264,6 +264,10 @@ impl Fetcher {
             self.links.worker.transport.clone(),
             self.links.worker.queue.clone(),
         );
+        let (holder, labels) = (
+            self.links.worker.holder.clone(),
+            self.links.worker.labels.clone(),
+        );
         let dispatch = &self.links.dispatch;
         // Counted before `quiet` is read, so that a dispatcher that set `quiet` and then
         // saw no starting claim can be sure none begins after.
@@ -283,7 +287,9 @@ impl Fetcher {
                 Claim::prefetch_starting_fresh(room)
             } else {
                 Claim::prefetch(room)
-            };
+            }
+            .by(&holder)
+            .with_labels(&labels);
             let claimed = transport.claim(&queue, claim).await.map(|batch| {
                 batch
                     .into_iter()

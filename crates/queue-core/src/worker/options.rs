@@ -45,8 +45,16 @@ pub struct WorkerOptions {
     /// Messages with an unknown kind.
     pub unknown_kind: UnknownKind,
     /// Exit once nothing is ready, delayed or reserved on the queue and nothing is in
-    /// flight here (batch use and tests).
+    /// flight here (batch use and tests). A worker that selects labels exits at its
+    /// first empty claim with nothing in flight: stats cannot tell its labels from others.
     pub drain: bool,
+    /// The worker's name, recorded with `host:pid` as the holder of what it claims
+    /// (`host:pid/name`), so that an operator can tell workers of one process apart.
+    pub name: Option<String>,
+    /// Claim only messages carrying one of these labels; empty (the default): every
+    /// message. Backends without [`Capabilities::label_claims`](crate::Capabilities)
+    /// refuse to start such a worker.
+    pub labels: Vec<String>,
 }
 
 impl Default for WorkerOptions {
@@ -62,6 +70,8 @@ impl Default for WorkerOptions {
             ack_batch: 256,
             unknown_kind: UnknownKind::DeadLetter,
             drain: false,
+            name: None,
+            labels: Vec::new(),
         }
     }
 }
@@ -119,6 +129,22 @@ impl WorkerOptions {
     /// Exits once the queue is empty.
     pub fn with_drain(mut self, drain: bool) -> Self {
         self.drain = drain;
+        self
+    }
+
+    /// Names the worker (checked when it starts: 1 to 64 printable characters).
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Claims only messages carrying one of `labels` (checked when the worker starts).
+    pub fn with_labels<I, S>(mut self, labels: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.labels = labels.into_iter().map(Into::into).collect();
         self
     }
 }

@@ -35,7 +35,9 @@ impl Worker {
         abort: CancellationToken,
     ) -> Result<WorkerReport> {
         self.check_status_store()?;
-        let worker = Arc::new(self);
+        let mut this = self;
+        this.claim_as()?;
+        let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
@@ -65,6 +67,29 @@ impl Worker {
         let report = worker.counters.snapshot();
         tracing::info!(queue = %worker.queue, ?report, "worker stopped");
         Ok(report)
+    }
+
+    /// Checks the worker's name and labels, and sets what its claims record and select.
+    fn claim_as(&mut self) -> Result<()> {
+        if let Some(name) = &self.options.name {
+            if name.is_empty() || name.chars().count() > 64 || name.chars().any(char::is_control) {
+                return Err(Error::Config(ConfigError::new(
+                    "worker name",
+                    Some(name.clone()),
+                    "1 to 64 printable characters",
+                )));
+            }
+            self.holder = Arc::from(format!("{}/{name}", crate::registry::process_holder()));
+        }
+        let labels = crate::labels::normalize(self.options.labels.clone())?;
+        if !labels.is_empty() && !self.transport.capabilities().label_claims {
+            return Err(Error::NotSupported(format!(
+                "the {} transport cannot claim by label: a queue there hands out messages in its own order, so a consumer cannot pass over the ones it does not want; give that work a queue of its own",
+                self.transport.name()
+            )));
+        }
+        self.labels = Arc::from(labels);
+        Ok(())
     }
 
     /// Where the transport keeps its start marks in its status store, the jobs' ends

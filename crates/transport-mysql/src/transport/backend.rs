@@ -45,7 +45,7 @@ impl SqlBackend for MySqlTransport {
             }
         })
         .await?;
-        for (env, _) in &rows {
+        for Encoded { env, .. } in &rows {
             self.cursors
                 .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
         }
@@ -58,18 +58,19 @@ impl SqlBackend for MySqlTransport {
         max: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>> {
         let lease = micros(self.options.visibility_timeout);
         // One transaction each: a lost deadlock rolls it back whole, so it simply runs
         // again.
         let rows = if start == StartMode::Move {
             self.retrying("claim", || {
-                self.claim_for_move_locked(queue, max, token, lease)
+                self.claim_for_move_locked(queue, max, token, lease, by.holder)
             })
             .await?
         } else {
             self.retrying("claim", || {
-                self.lock_and_claim(queue, max, token, start, lease)
+                self.lock_and_claim(queue, max, token, start, lease, by)
             })
             .await?
         };
@@ -86,10 +87,19 @@ impl SqlBackend for MySqlTransport {
         window: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<(Vec<ClaimedRow>, usize)> {
         let lease = micros(self.options.visibility_timeout);
-        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-            .bind(queue.as_str())
+        let candidates = if by.needles.is_empty() {
+            sqlx::query_scalar(&self.sql.claim_candidates).bind(queue.as_str())
+        } else {
+            let mut q = sqlx::query_scalar(&self.sql.claim_candidates_labels).bind(queue.as_str());
+            for needle in label_params(&by.needles) {
+                q = q.bind(needle);
+            }
+            q
+        };
+        let candidates: Vec<i64> = candidates
             .bind(limit(window))
             .fetch_all(&self.pool)
             .await
@@ -105,6 +115,7 @@ impl SqlBackend for MySqlTransport {
                     .bind(start as i64)
                     .bind(token.to_string())
                     .bind(lease)
+                    .bind(by.holder)
                     .bind(queue.as_str());
                 for s in padded(&candidates) {
                     q = q.bind(s);
@@ -262,6 +273,37 @@ impl SqlBackend for MySqlTransport {
         Ok((waiting, dead))
     }
 
+    async fn held_rows(
+        &self,
+        queue: Option<&QueueName>,
+        id: Option<&str>,
+        limit_n: usize,
+    ) -> Result<Vec<HeldRow>> {
+        let rows = sqlx::query(&self.sql.held)
+            .bind(queue.map(QueueName::as_str))
+            .bind(queue.map(QueueName::as_str))
+            .bind(id)
+            .bind(id)
+            .bind(limit(limit_n))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(HeldRow {
+                id: lossy(row.try_get(0).backend()?),
+                queue: lossy(row.try_get(1).backend()?),
+                kind: lossy(row.try_get(2).backend()?),
+                holder: row.try_get::<Option<Vec<u8>>, _>(3).backend()?.map(lossy),
+                claimed_at_us: row.try_get(4).backend()?,
+                lease_until_us: row.try_get(5).backend()?,
+                started: row.try_get::<i8, _>(6).backend()? != 0,
+                attempts: i64::from(row.try_get::<i32, _>(7).backend()?),
+            });
+        }
+        Ok(out)
+    }
+
     async fn dead_rows(&self, queue: Option<&QueueName>, limit_n: usize) -> Result<Vec<DeadRow>> {
         let q = queue.map(QueueName::as_str);
         let rows = sqlx::query(&self.sql.list_dead)
@@ -379,7 +421,7 @@ impl SqlBackend for MySqlTransport {
         self.retrying("dead insert", || async {
             let mut tx = self.pool.begin().await?;
             for letter in letters {
-                let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+                let (text, priority, expires_at, labels) = queue_core::sql::dead_row(letter);
                 sqlx::query(&self.sql.insert_dead)
                     .bind(&letter.id)
                     .bind(&letter.queue)
@@ -396,6 +438,7 @@ impl SqlBackend for MySqlTransport {
                     )
                     .bind(letter.dead_at.timestamp_micros())
                     .bind(&text)
+                    .bind(&labels)
                     .execute(&mut *tx)
                     .await?;
                 sqlx::query(&self.sql.insert_tombstone)

@@ -13,14 +13,24 @@ impl MySqlTransport {
         token: LeaseToken,
         start: StartMode,
         lease: i64,
+        by: &ClaimBy<'_>,
     ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
         // IN lists of up to 4,096 values stay far below MySQL's 65,535 placeholders; a
         // larger reserve comes back short, as the contract allows.
         let max = max.min(MAX_LIST);
+        // The queue's cursor marks where unfiltered claims left off: a claim that passes
+        // over other labels neither starts from it nor moves it.
+        let filtered = !by.needles.is_empty();
         let mut conn = self.kept.take_or(self.pool.acquire()).await?;
         let mut tx = conn.begin().await?;
         let mut locked: Vec<(i64, i32, i64)> = Vec::new();
-        if let Some(c) = self.cursors.get(queue.as_str()) {
+        if filtered {
+            let mut q = sqlx::query_as(&self.sql.claim_lock_labels).bind(queue.as_str());
+            for needle in label_params(&by.needles) {
+                q = q.bind(needle);
+            }
+            locked = q.bind(limit(max)).fetch_all(&mut *tx).await?;
+        } else if let Some(c) = self.cursors.get(queue.as_str()) {
             locked = sqlx::query_as(&self.sql.claim_lock_after)
                 .bind(queue.as_str())
                 .bind(c.prio_rank)
@@ -31,7 +41,7 @@ impl MySqlTransport {
                 .fetch_all(&mut *tx)
                 .await?;
         }
-        if locked.is_empty() {
+        if locked.is_empty() && !filtered {
             locked = sqlx::query_as(&self.sql.claim_lock)
                 .bind(queue.as_str())
                 .bind(limit(max))
@@ -42,7 +52,9 @@ impl MySqlTransport {
         if seqs.is_empty() {
             tx.commit().await?;
             self.kept.keep(conn);
-            self.cursors.after_claim(queue.as_str(), &locked, max);
+            if !filtered {
+                self.cursors.after_claim(queue.as_str(), &locked, max);
+            }
             return Ok(Vec::new());
         }
         let update = with_list(&self.sql.claim_locked, seqs.len());
@@ -50,7 +62,8 @@ impl MySqlTransport {
             .bind(start as i64)
             .bind(start as i64)
             .bind(token.to_string())
-            .bind(lease);
+            .bind(lease)
+            .bind(by.holder);
         for s in padded(&seqs) {
             q = q.bind(s);
         }
@@ -60,7 +73,9 @@ impl MySqlTransport {
         self.kept.keep(conn);
         // Only a committed claim moves the cursor: rows of a claim rolled back stay
         // ahead of it.
-        self.cursors.after_claim(queue.as_str(), &locked, max);
+        if !filtered {
+            self.cursors.after_claim(queue.as_str(), &locked, max);
+        }
         Ok(rows)
     }
 
@@ -72,6 +87,7 @@ impl MySqlTransport {
         max: usize,
         token: LeaseToken,
         lease: i64,
+        holder: &str,
     ) -> std::result::Result<Vec<MySqlRow>, sqlx::Error> {
         let max = max.min(MAX_LIST);
         let mut conn = self.pool.acquire().await?;
@@ -86,7 +102,10 @@ impl MySqlTransport {
             return Ok(Vec::new());
         }
         let update = with_list(&self.sql.claim_move_locked, seqs.len());
-        let mut q = sqlx::query(&update).bind(token.to_string()).bind(lease);
+        let mut q = sqlx::query(&update)
+            .bind(token.to_string())
+            .bind(lease)
+            .bind(holder);
         for s in padded(&seqs) {
             q = q.bind(s);
         }

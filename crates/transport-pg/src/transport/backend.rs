@@ -46,21 +46,25 @@ impl SqlBackend for PgTransport {
         max: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>> {
         let (sql, start) = match start {
             StartMode::Move => (&self.sql.claim_for_move, StartMode::None),
-            start => (&self.sql.claim_skip_locked, start),
+            start if by.needles.is_empty() => (&self.sql.claim_skip_locked, start),
+            start => (&self.sql.claim_skip_locked_labels, start),
         };
         let mut conn = self.kept.take_or(self.pool.acquire()).await.backend()?;
-        let rows = sqlx::query(sql)
+        let mut query = sqlx::query(sql)
             .bind(token.0)
             .bind(micros(self.options.visibility_timeout))
             .bind(queue.as_str())
             .bind(limit(max))
             .bind(start as i32)
-            .fetch_all(&mut *conn)
-            .await
-            .backend()?;
+            .bind(by.holder);
+        if !by.needles.is_empty() {
+            query = query.bind(&by.needles);
+        }
+        let rows = query.fetch_all(&mut *conn).await.backend()?;
         self.kept.keep(conn);
         rows.iter()
             .map(claimed_row)
@@ -75,8 +79,9 @@ impl SqlBackend for PgTransport {
         window: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<(Vec<ClaimedRow>, usize)> {
-        self.round(queue, want, window, token, start).await
+        self.round(queue, want, window, token, start, by).await
     }
 
     async fn promote_due(&self) -> Result<u64> {
@@ -170,6 +175,35 @@ impl SqlBackend for PgTransport {
         Ok((waiting, dead))
     }
 
+    async fn held_rows(
+        &self,
+        queue: Option<&QueueName>,
+        id: Option<&str>,
+        limit_n: usize,
+    ) -> Result<Vec<HeldRow>> {
+        let rows = sqlx::query(&self.sql.held)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id)
+            .bind(limit(limit_n))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(HeldRow {
+                id: row.try_get(0).backend()?,
+                queue: row.try_get(1).backend()?,
+                kind: row.try_get(2).backend()?,
+                holder: row.try_get(3).backend()?,
+                claimed_at_us: row.try_get(4).backend()?,
+                lease_until_us: row.try_get::<Option<i64>, _>(5).backend()?.unwrap_or(0),
+                started: row.try_get(6).backend()?,
+                attempts: i64::from(row.try_get::<i32, _>(7).backend()?),
+            });
+        }
+        Ok(out)
+    }
+
     async fn dead_rows(&self, queue: Option<&QueueName>, limit_n: usize) -> Result<Vec<DeadRow>> {
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(queue.map(QueueName::as_str))
@@ -251,7 +285,7 @@ impl SqlBackend for PgTransport {
     async fn insert_dead(&self, letters: &[DeadLetter]) -> Result<()> {
         let mut tx = self.pool.begin().await.backend()?;
         for letter in letters {
-            let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+            let (text, priority, expires_at, labels) = queue_core::sql::dead_row(letter);
             sqlx::query(&self.sql.insert_dead)
                 .bind(&letter.id)
                 .bind(&letter.queue)
@@ -268,6 +302,7 @@ impl SqlBackend for PgTransport {
                 )
                 .bind(letter.dead_at.timestamp_micros())
                 .bind(text)
+                .bind(labels)
                 .execute(&mut *tx)
                 .await
                 .backend()?;

@@ -45,16 +45,22 @@ impl SqlBackend for SqliteTransport {
         max: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>> {
         // One writer: a claim never meets another of this process's, and other
         // processes wait for the write lock, so "skip locked" is simply the claim.
         let token = token.to_string();
         if start == StartMode::Move {
             return self
-                .claim_with(&self.sql.claim_for_move, queue, max, &token, None)
+                .claim_with(&self.sql.claim_for_move, queue, max, &token, None, by)
                 .await;
         }
-        self.claim_with(&self.sql.claim_skip_locked, queue, max, &token, Some(start))
+        let sql = if by.needles.is_empty() {
+            &self.sql.claim_skip_locked
+        } else {
+            &self.sql.claim_skip_locked_labels
+        };
+        self.claim_with(sql, queue, max, &token, Some(start), by)
             .await
     }
 
@@ -65,13 +71,19 @@ impl SqlBackend for SqliteTransport {
         window: usize,
         token: LeaseToken,
         start: StartMode,
+        by: &ClaimBy<'_>,
     ) -> Result<(Vec<ClaimedRow>, usize)> {
-        let candidates: Vec<i64> = sqlx::query_scalar(&self.sql.claim_candidates)
-            .bind(queue.as_str())
-            .bind(queue_core::sql::limit(window))
-            .fetch_all(&self.reader)
-            .await
-            .backend()?;
+        let candidates = if by.needles.is_empty() {
+            sqlx::query_scalar(&self.sql.claim_candidates)
+                .bind(queue.as_str())
+                .bind(queue_core::sql::limit(window))
+        } else {
+            sqlx::query_scalar(&self.sql.claim_candidates_labels)
+                .bind(queue.as_str())
+                .bind(queue_core::sql::limit(window))
+                .bind(needles_json(&by.needles)?)
+        };
+        let candidates: Vec<i64> = candidates.fetch_all(&self.reader).await.backend()?;
         let list =
             serde_json::to_string(&candidates).map_err(|e| Error::backend(TRANSPORT, false, e))?;
         let rows = sqlx::query(&self.sql.claim_optimistic)
@@ -81,6 +93,7 @@ impl SqlBackend for SqliteTransport {
             .bind(queue.as_str())
             .bind(queue_core::sql::limit(want))
             .bind(start as i64)
+            .bind(by.holder)
             .fetch_all(&self.writer)
             .await
             .backend()?;
@@ -214,6 +227,38 @@ impl SqlBackend for SqliteTransport {
         Ok((waiting, dead))
     }
 
+    async fn held_rows(
+        &self,
+        queue: Option<&QueueName>,
+        id: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<HeldRow>> {
+        let rows = sqlx::query(&self.sql.held)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id)
+            .bind(queue_core::sql::limit(limit))
+            .fetch_all(&self.reader)
+            .await
+            .backend()?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let text = |i: usize| -> Result<Option<String>> {
+                Ok(row.try_get::<Option<Vec<u8>>, _>(i).backend()?.map(lossy))
+            };
+            out.push(HeldRow {
+                id: text(0)?.unwrap_or_default(),
+                queue: text(1)?.unwrap_or_default(),
+                kind: text(2)?.unwrap_or_default(),
+                holder: text(3)?,
+                claimed_at_us: row.try_get(4).backend()?,
+                lease_until_us: row.try_get::<Option<i64>, _>(5).backend()?.unwrap_or(0),
+                started: row.try_get::<Option<i64>, _>(6).backend()?.unwrap_or(0) != 0,
+                attempts: row.try_get::<Option<i64>, _>(7).backend()?.unwrap_or(0),
+            });
+        }
+        Ok(out)
+    }
+
     async fn dead_rows(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadRow>> {
         let rows = sqlx::query(&self.sql.list_dead)
             .bind(queue.map(QueueName::as_str))
@@ -311,7 +356,7 @@ impl SqlBackend for SqliteTransport {
     async fn insert_dead(&self, letters: &[DeadLetter]) -> Result<()> {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
         for letter in letters {
-            let (text, priority, expires_at) = queue_core::sql::dead_row(letter);
+            let (text, priority, expires_at, labels) = queue_core::sql::dead_row(letter);
             sqlx::query(&self.sql.insert_dead)
                 .bind(&letter.id)
                 .bind(&letter.queue)
@@ -328,6 +373,7 @@ impl SqlBackend for SqliteTransport {
                 )
                 .bind(letter.dead_at.timestamp_micros())
                 .bind(text)
+                .bind(labels)
                 .execute(&mut *tx)
                 .await
                 .backend()?;

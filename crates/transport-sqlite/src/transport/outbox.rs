@@ -43,7 +43,7 @@ impl SqliteTransport {
         self.insert_envelopes(tx, &rows).await?;
         self.engine
             .wakers
-            .wake_each(rows.iter().map(|(env, _)| env.queue.as_str()));
+            .wake_each(rows.iter().map(|row| row.env.queue.as_str()));
         Ok(())
     }
 }

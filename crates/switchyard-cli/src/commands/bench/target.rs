@@ -149,7 +149,7 @@ impl Target {
         #[cfg(feature = "postgres")]
         {
             let t = self.pg.lock().ok()?.first()?.clone();
-            return t.explain_claim(q, 64).await.ok();
+            return t.explain_claim(q, 64, &[]).await.ok();
         }
         #[allow(unreachable_code)]
         {
