@@ -273,6 +273,63 @@ impl MySqlTransport {
         Ok(())
     }
 
+    /// The plan the server chooses for the locking read of a claim on `queue`, of
+    /// messages carrying one of `labels` when there are any: one line per table, `table
+    /// access key rows extra`, to check that the claim walks the claim index at any depth.
+    pub async fn explain_claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        labels: &[String],
+    ) -> Result<String> {
+        let needles = queue_core::labels::needles(labels);
+        let sql = if labels.is_empty() {
+            format!("EXPLAIN {}", self.sql.claim_lock)
+        } else {
+            format!("EXPLAIN {}", self.sql.claim_lock_labels)
+        };
+        let mut query = sqlx::query(&sql).bind(queue.as_str());
+        if !labels.is_empty() {
+            for needle in label_params(&needles) {
+                query = query.bind(needle);
+            }
+        }
+        let rows = query
+            .bind(limit(max))
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        let mut lines = Vec::with_capacity(rows.len());
+        for row in rows {
+            let text = |name: &str| -> String {
+                row.try_get::<Option<String>, _>(name)
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default()
+            };
+            // An estimate, unsigned on MariaDB and signed on MySQL.
+            let rows = row
+                .try_get::<Option<u64>, _>("rows")
+                .ok()
+                .flatten()
+                .or_else(|| {
+                    row.try_get::<Option<i64>, _>("rows")
+                        .ok()
+                        .flatten()
+                        .and_then(|n| u64::try_from(n).ok())
+                })
+                .unwrap_or_default();
+            lines.push(format!(
+                "{} {} {} rows={rows} {}",
+                text("table"),
+                text("type"),
+                text("key"),
+                text("Extra")
+            ));
+        }
+        Ok(lines.join("\n"))
+    }
+
     /// Runs `op` again while it loses a deadlock or a lock wait (errors 1213, 1205), with
     /// a bounded, jittered backoff; each retry is counted and logged.
     async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use queue_core::{
-    ClaimStrategy, DeadLetters, DeadSelection, Envelope, QueueName, Transport, TransportExt,
+    Claim, ClaimStrategy, DeadLetters, DeadSelection, Envelope, QueueName, Transport, TransportExt,
 };
 use support::{err, with_server, Database};
 use transport_mysql::MySqlTransport;
@@ -250,6 +250,67 @@ fn a_higher_priority_published_here_is_claimed_next_under_a_backlog() {
         t.publish(high.clone()).await?;
         let next = t.reserve_batch(&q, 1).await?;
         assert_eq!(next.first().map(|r| r.id()), Some(high.id));
+        Ok(())
+    });
+}
+
+/// With a million ready rows carrying ten labels, one each, a claim that selects two
+/// labels walks the claim index in delivery order and checks each row's labels as it goes:
+/// no full scan, no filesort, and it takes only those labels.
+#[test]
+fn a_label_claim_walks_the_claim_index_at_a_depth_of_one_million() {
+    with_server(|| async {
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let table = format!("`{}`.`switchyard_jobs`", db.name);
+        let digits = "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+             UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+             UNION ALL SELECT 8 UNION ALL SELECT 9)";
+        let numbers = format!(
+            "SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 100000 * g.d AS n \
+               FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f, {digits} g"
+        );
+        sqlx::query(&format!(
+            "INSERT INTO {table} (id, queue, kind, priority, prio_rank, attempts, ready,
+                 available_at, visible_at, created_at, envelope, labels)
+             SELECT r.id, ?, 'k', 0, 0, 0, 1, r.at, r.at, r.at,
+                    JSON_OBJECT('v', 1, 'id', r.id, 'queue', ?, 'kind', 'k', 'payload', NULL,
+                        'attempts', 0, 'priority', 0, 'created_at', '2026-01-01T00:00:00Z',
+                        'available_at', '2026-01-01T00:00:00Z', 'headers', JSON_OBJECT(),
+                        'labels', JSON_ARRAY(CONCAT('l', r.n % 10))),
+                    CONCAT(',l', r.n % 10, ',')
+               FROM (SELECT UUID() AS id, n, 1767225600000000 + n AS at FROM ({numbers}) AS x) AS r"
+        ))
+        .bind(q.as_str())
+        .bind(q.as_str())
+        .execute(t.pool())
+        .await
+        .map_err(err)?;
+        sqlx::query(&format!("ANALYZE TABLE {table}"))
+            .execute(t.pool())
+            .await
+            .map_err(err)?;
+        let filter = vec!["l3".to_owned(), "l7".to_owned()];
+        let plan = t.explain_claim(&q, 100, &filter).await?;
+        eprintln!("plan of a claim of labels l3 or l7 at a depth of 1,000,000:\n{plan}");
+        assert!(plan.contains("claim_idx"), "not the claim index:\n{plan}");
+        assert!(
+            !plan.contains("ALL") && !plan.contains("filesort"),
+            "the label claim scans or sorts:\n{plan}"
+        );
+        let started = std::time::Instant::now();
+        let claimed = t
+            .claim(&q, Claim::reserve(100).with_labels(&filter))
+            .await?;
+        eprintln!(
+            "a claim of 100 messages of 2 labels in 10 at that depth took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(claimed.len(), 100);
+        assert!(claimed
+            .iter()
+            .all(|r| r.envelope.labels == ["l3"] || r.envelope.labels == ["l7"]));
         Ok(())
     });
 }

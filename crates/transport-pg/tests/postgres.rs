@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use queue_core::{
-    CancellationToken, ClaimStrategy, Envelope, Error, QueueName, Result, Transport, TransportExt,
+    CancellationToken, Claim, ClaimStrategy, Envelope, Error, QueueName, Result, Transport,
+    TransportExt,
 };
 use support::{with_server, Schema};
 use transport_pg::sqlx::{self, Connection};
@@ -235,6 +236,8 @@ fn many_processes_can_migrate_the_same_schema_at_once() {
 
 /// With a million ready rows in the queue (and a million in another queue) the claim is
 /// still an index scan of the claim index, cut at the limit: no sequential scan, no sort.
+/// The rows carry ten labels, one each: a claim that selects one walks the same index and
+/// checks each row's labels as it goes.
 #[test]
 fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
     with_server(|| async {
@@ -247,9 +250,14 @@ fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
             .map_err(err)?;
         for name in [q.as_str(), "other"] {
             sqlx::query(&format!(
-                "INSERT INTO {table} (id, queue, kind, ready, available_at, visible_at, envelope)
-                 SELECT gen_random_uuid()::text, $1, 'k', true, now(), now(), '{{}}'
-                   FROM generate_series(1, 1000000)"
+                "INSERT INTO {table} (id, queue, kind, ready, available_at, visible_at, envelope, labels)
+                 SELECT id::text, $1, 'k', true, now(), now(),
+                        json_build_object('v', 1, 'id', id, 'queue', $1, 'kind', 'k',
+                            'payload', null, 'attempts', 0, 'priority', 0,
+                            'created_at', now(), 'available_at', now(), 'headers', '{{}}'::json,
+                            'labels', json_build_array('l' || g % 10))::text,
+                        ',l' || g % 10 || ','
+                   FROM (SELECT gen_random_uuid() AS id, g FROM generate_series(1, 1000000) AS g) AS r"
             ))
             .bind(name)
             .execute(&mut conn)
@@ -272,6 +280,38 @@ fn the_claim_stays_an_index_scan_at_a_depth_of_one_million() {
             "the claim scans the table:\n{plan}"
         );
         assert!(!plan.contains("Sort"), "the claim sorts:\n{plan}");
+
+        let filter = vec!["l3".to_owned(), "l7".to_owned()];
+        let plan = t.explain_claim(&q, 100, &filter).await?;
+        eprintln!("plan of a claim of labels l3 or l7 at a depth of 1,000,000:\n{plan}");
+        assert!(
+            plan.contains("Index Scan using switchyard_jobs_claim"),
+            "the label claim does not walk the claim index:\n{plan}"
+        );
+        assert!(
+            !plan.contains("Seq Scan") && !plan.contains("Sort"),
+            "the label claim scans or sorts:\n{plan}"
+        );
+        let started = std::time::Instant::now();
+        let claimed = t
+            .claim(&q, Claim::reserve(100).with_labels(&filter))
+            .await?;
+        eprintln!(
+            "a claim of 100 messages of 2 labels in 10 at that depth took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(claimed.len(), 100);
+        assert!(claimed
+            .iter()
+            .all(|r| r.envelope.labels == ["l3"] || r.envelope.labels == ["l7"]));
+        let taken: Vec<i64> = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {table} WHERE token IS NOT NULL AND labels NOT IN (',l3,', ',l7,')"
+        ))
+        .fetch_all(&mut conn)
+        .await
+        .map_err(err)?;
+        assert_eq!(taken, [0], "a label claim took a message of another label");
+        t.ack_batch(&claimed).await?;
 
         // And a claim at that depth still serves the highest priority first.
         let urgent = Envelope::builder(q.as_str(), "job").priority(9).build()?;

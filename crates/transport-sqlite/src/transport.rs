@@ -324,6 +324,39 @@ impl SqliteTransport {
         Ok(())
     }
 
+    /// The plan SQLite chooses for the claim on `queue` (`EXPLAIN QUERY PLAN`, one line
+    /// per step), of messages carrying one of `labels` when there are any, to check that
+    /// the claim walks the claim index at any depth.
+    pub async fn explain_claim(
+        &self,
+        queue: &QueueName,
+        max: usize,
+        labels: &[String],
+    ) -> Result<String> {
+        let sql = if labels.is_empty() {
+            &self.sql.claim_skip_locked
+        } else {
+            &self.sql.claim_skip_locked_labels
+        };
+        let explain = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut query = sqlx::query(&explain)
+            .bind("explain")
+            .bind(micros(self.options.visibility_timeout))
+            .bind(queue.as_str())
+            .bind(queue_core::sql::limit(max))
+            .bind(0_i64)
+            .bind("explain");
+        if !labels.is_empty() {
+            query = query.bind(needles_json(&queue_core::labels::needles(labels))?);
+        }
+        let rows = query.fetch_all(&self.reader).await.backend()?;
+        let mut lines = Vec::with_capacity(rows.len());
+        for row in rows {
+            lines.push(row.try_get::<String, _>(3).backend()?);
+        }
+        Ok(lines.join("\n"))
+    }
+
     /// The store of job status and results beside this transport's messages.
     pub fn status_store(&self) -> Arc<dyn queue_core::status::StatusStore> {
         self.status.clone()
