@@ -35,13 +35,14 @@ use std::sync::Arc;
 
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
 pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
-pub use queue_core::{metrics, status, worker};
+pub use queue_core::{labels, metrics, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     Claim, ClaimStrategy, Config, ConfigError, DeadLetter, DeadLetters, DeadSelection, DecodeError,
-    DrainSetting, Envelope, EnvelopeBuilder, Error, GiveBack, Identifier, LeaseToken, QueueName,
-    QueueStats, Receipt, Reservation, Result, Scope, SecretUrl, Start, Transport, TransportExt,
-    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
+    DrainSetting, Envelope, EnvelopeBuilder, Error, GiveBack, HeldSelection, Holding, Holdings,
+    Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Scope, SecretUrl,
+    Start, Transport, TransportExt, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT,
+    ENVELOPE_VERSION,
 };
 
 mod router;

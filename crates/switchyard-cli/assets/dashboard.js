@@ -117,12 +117,14 @@ function fillQueues(select, names) {
 // ---- overview --------------------------------------------------------------------
 
 let statusStore = true;
+let holders = false;
 let queueNames = [];
 
 function renderStats(stats) {
   $("transport").textContent = stats.transport;
   $("token-box").hidden = !stats.token_required;
   statusStore = stats.status_store;
+  holders = stats.holders;
   queueNames = stats.queues.map((q) => q.queue).sort();
   const body = $("queues").tBodies[0];
   body.replaceChildren();
@@ -424,6 +426,28 @@ async function refreshWorkers() {
   $("no-workers").hidden = workers.length > 0;
 }
 
+async function refreshHeld() {
+  if ($("view-workers").hidden) return;
+  const body = $("held").tBodies[0];
+  body.replaceChildren();
+  if (!holders) {
+    $("no-held").hidden = false;
+    $("no-held").textContent = "This backend does not say which worker holds which message.";
+    return;
+  }
+  const held = await getJson("/api/held?limit=200");
+  for (const h of held) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = h.id;
+    tr.append(idCell(h.id, "#job/" + encodeURIComponent(h.id)), cell(h.queue), cell(h.kind),
+      cell(h.holder || ""), cell(ago(h.claimed_at)), cell(when(h.lease_until)),
+      cell(h.attempts + 1, "num"), cell(h.started ? "yes" : "claimed ahead"));
+    body.append(tr);
+  }
+  $("no-held").textContent = "No message is held.";
+  $("no-held").hidden = held.length > 0;
+}
+
 // ---- one job ---------------------------------------------------------------------
 
 let events = null;
@@ -452,6 +476,8 @@ async function loadJobView(id) {
     const view = await getJson("/api/jobs/" + encodeURIComponent(id) + "/view");
     if (following !== id) return;
     $("job-location").textContent = view.location;
+    $("job-held").textContent = view.held
+      ? (view.held.holder || "") + " until " + when(view.held.lease_until) : "";
     if (view.status) showJob(view.status);
     else if (view.dead_letter) {
       const d = view.dead_letter;
@@ -555,6 +581,7 @@ async function refresh() {
     if (v === "jobs") await refreshJobs();
     if (v === "dead") await refreshDead();
     await refreshWorkers();
+    await refreshHeld();
     $("updated").textContent = "updated " + new Date().toLocaleTimeString();
   } catch (e) {
     $("updated").textContent = "not updated: " + e.message;

@@ -208,6 +208,9 @@ pub(crate) struct PublishArgs {
     /// Header KEY=VALUE (repeatable)
     #[arg(long = "header", value_name = "KEY=VALUE")]
     pub(crate) headers: Vec<String>,
+    /// A label workers can select by (`work --label`); repeat for several
+    #[arg(long = "label", value_name = "LABEL")]
+    pub(crate) labels: Vec<String>,
     /// Wait up to this long for the job to end, e.g. 10s, and print its result (exit 1
     /// when the job failed, 124 when no answer came in time)
     #[arg(long, value_name = "DUR")]
@@ -220,8 +223,8 @@ pub(crate) struct WorkArgs {
     #[arg(long)]
     pub(crate) queue: String,
     /// Shell command run once per message: the envelope JSON on stdin; SWITCHYARD_MESSAGE_ID,
-    /// SWITCHYARD_KIND and SWITCHYARD_ATTEMPT in its environment; exit 0 acks, any other
-    /// exit retries with backoff
+    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT and SWITCHYARD_LABELS in its environment; exit 0
+    /// acks, any other exit retries with backoff
     #[arg(long, value_name = "CMD")]
     pub(crate) exec: String,
     /// Messages handled at once
@@ -252,6 +255,14 @@ pub(crate) struct WorkArgs {
     /// Every hour, delete job results and dead letters older than this, e.g. 30d
     #[arg(long, value_name = "DUR")]
     pub(crate) prune_older_than: Option<String>,
+    /// Handle only messages carrying this label; repeat for any of several (none: every
+    /// message). Not on RabbitMQ, which cannot pass over messages in a queue
+    #[arg(long = "label", value_name = "LABEL")]
+    pub(crate) labels: Vec<String>,
+    /// This worker's name, recorded with host:pid as the holder of what it claims
+    /// (`stats --held`, `switchyard job`, the dashboard)
+    #[arg(long, env = "SWITCHYARD_WORKER_NAME", value_name = "NAME")]
+    pub(crate) name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -305,6 +316,12 @@ pub(crate) struct StatsArgs {
     /// Only this queue
     #[arg(long)]
     pub(crate) queue: Option<String>,
+    /// List the messages workers hold now: who holds each and until when
+    #[arg(long)]
+    pub(crate) held: bool,
+    /// With --held, at most this many, longest held first
+    #[arg(long, default_value_t = 100, requires = "held")]
+    pub(crate) limit: usize,
 }
 
 #[derive(Debug, Subcommand)]

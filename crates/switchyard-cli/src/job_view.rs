@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use switchyard::status::Attempt;
-use switchyard::{DeadLetter, JobState, JobStatus, Result, StatusStore, Transport};
+use switchyard::{
+    DeadLetter, Error, HeldSelection, Holding, JobState, JobStatus, Result, StatusStore, Transport,
+};
 use uuid::Uuid;
 
 /// How many dead letters are searched for a job without a status record.
@@ -27,6 +29,8 @@ pub(crate) struct JobView {
     pub(crate) dead_letter: Option<DeadLetter>,
     /// The dead letter's payload (not part of a dead letter's JSON).
     pub(crate) payload: Option<serde_json::Value>,
+    /// Who holds it now, and until when, where the backend keeps holders.
+    pub(crate) held: Option<Holding>,
 }
 
 /// Looks `id` up: in `store` when there is one, else among the dead letters.
@@ -35,10 +39,14 @@ pub(crate) async fn find(
     store: Option<&Arc<dyn StatusStore>>,
     id: Uuid,
 ) -> Result<Option<JobView>> {
+    let held = holding(transport, id).await?;
     if let Some(store) = store {
         if let Some(status) = store.get(id).await? {
             let attempts = store.attempts(id).await?;
-            let location = location(&status, transport.name());
+            let location = match &held {
+                Some(h) => held_location(h, transport.name()),
+                None => location(&status, transport.name()),
+            };
             let duration_ms = status.started_at.map(|start| {
                 let end = status.finished_at.unwrap_or_else(chrono::Utc::now);
                 (end - start).num_milliseconds().max(0)
@@ -51,8 +59,20 @@ pub(crate) async fn find(
                 duration_ms,
                 dead_letter: None,
                 payload,
+                held,
             }));
         }
+    }
+    if let Some(h) = held {
+        return Ok(Some(JobView {
+            status: None,
+            attempts: Vec::new(),
+            location: held_location(&h, transport.name()),
+            duration_ms: None,
+            dead_letter: None,
+            payload: None,
+            held: Some(h),
+        }));
     }
     let key = id.to_string();
     let dead = transport
@@ -71,7 +91,30 @@ pub(crate) async fn find(
         duration_ms: None,
         payload: d.envelope.as_ref().map(crate::payload::payload_value),
         dead_letter: Some(d),
+        held: None,
     }))
+}
+
+/// The holding of `id`, where the backend keeps holders (RabbitMQ does not).
+async fn holding(transport: &Arc<dyn Transport>, id: Uuid) -> Result<Option<Holding>> {
+    if !transport.capabilities().holders {
+        return Ok(None);
+    }
+    match transport.held(HeldSelection::Id(&id.to_string()), 1).await {
+        Ok(mut held) => Ok(held.pop()),
+        Err(Error::NotSupported(_)) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+fn held_location(h: &Holding, backend: &str) -> String {
+    format!(
+        "held by {} until {} (queue {}, {backend})",
+        h.holder.as_deref().unwrap_or("an unnamed claim"),
+        h.lease_until
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        h.queue
+    )
 }
 
 fn location(s: &JobStatus, backend: &str) -> String {

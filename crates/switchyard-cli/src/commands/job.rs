@@ -47,6 +47,13 @@ fn print(v: &JobView) {
         if let Some(w) = &s.worker {
             outln!("worker    {w}");
         }
+        if let Some(h) = &v.held {
+            outln!(
+                "held by   {} until {}",
+                h.holder.as_deref().unwrap_or("-"),
+                time(&h.lease_until)
+            );
+        }
         outln!("created   {}", time(&s.created_at));
         if let Some(t) = &s.started_at {
             outln!("started   {}", time(t));
@@ -64,6 +71,19 @@ fn print(v: &JobView) {
         if let (Some(e), false) = (&s.last_error, s.state == switchyard::JobState::Completed) {
             outln!("error     {}", indent(e));
         }
+    } else if let (Some(h), None) = (&v.held, &v.dead_letter) {
+        outln!("job       {}", h.id);
+        outln!("queue     {}   kind {}", h.queue, h.kind);
+        outln!(
+            "state     held ({}, attempt {})",
+            if h.started {
+                "started"
+            } else {
+                "claimed ahead"
+            },
+            h.attempts + 1
+        );
+        outln!("where     {}", v.location);
     } else if let Some(d) = &v.dead_letter {
         outln!("job       {}", d.id);
         outln!("queue     {}   kind {}", d.queue, d.kind);

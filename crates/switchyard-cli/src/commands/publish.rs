@@ -122,6 +122,7 @@ struct Template {
     max_attempts: Option<u32>,
     trace_id: Option<String>,
     headers: Vec<(String, String)>,
+    labels: Vec<String>,
 }
 
 impl Template {
@@ -165,6 +166,7 @@ impl Template {
             max_attempts: args.max_attempts,
             trace_id: args.trace_id.clone(),
             headers,
+            labels: args.labels.clone(),
         };
         template.check_flags(args)?;
         Ok(template)
@@ -200,6 +202,11 @@ impl Template {
                 .build()
                 .map_err(|e| with_context(e, &format!("--max-attempts {m}")))?;
         }
+        self.labels
+            .iter()
+            .fold(probe("probe"), |b, l| b.label(l.clone()))
+            .build()
+            .map_err(|e| with_context(e, "--label"))?;
         Ok(())
     }
 
@@ -225,6 +232,9 @@ impl Template {
         }
         for (k, v) in &self.headers {
             b = b.header(k.clone(), v.clone());
+        }
+        for label in &self.labels {
+            b = b.label(label.clone());
         }
         b
     }

@@ -21,8 +21,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use switchyard::status::{next_change, JobFilter};
 use switchyard::{
-    parse_duration, CancellationToken, Config, ConfigError, DeadSelection, Error, JobState,
-    QueueName, Result, StatusStore, Transport,
+    parse_duration, CancellationToken, Config, ConfigError, DeadSelection, Error, HeldSelection,
+    JobState, QueueName, Result, StatusStore, Transport,
 };
 use uuid::Uuid;
 
@@ -107,6 +107,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/jobs", get(list_jobs))
         .route("/api/counts", get(counts))
         .route("/api/workers", get(workers))
+        .route("/api/held", get(held))
         .route("/api/jobs/{id}", get(job))
         .route("/api/jobs/{id}/view", get(job_view))
         .route("/api/jobs/{id}/events", get(job_events))
@@ -231,6 +232,7 @@ async fn stats(State(app): Shared) -> Answer {
         "bucket_seconds": CHART_BUCKET.as_secs(),
         "window_seconds": CHART_WINDOW.as_secs(),
         "status_store": app.store.is_some(),
+        "holders": app.transport.capabilities().holders,
         "token_required": app.token.is_some(),
     }))
     .into_response())
@@ -292,6 +294,19 @@ async fn counts(State(app): Shared) -> Answer {
 /// Workers heard from in the last 30 s.
 async fn workers(State(app): Shared) -> Answer {
     Ok(Json(store_of(&app)?.workers().await?).into_response())
+}
+
+/// Messages workers hold now, with their holders and leases' ends, longest held first.
+async fn held(State(app): Shared, Query(q): Query<ListQuery>) -> Answer {
+    let queue = q.queue.as_deref().map(QueueName::new).transpose()?;
+    let held = app
+        .transport
+        .held(
+            HeldSelection::Queue(queue.as_ref()),
+            q.limit.unwrap_or(200).min(1000),
+        )
+        .await?;
+    Ok(Json(held).into_response())
 }
 
 /// One job with its failed attempts and where it is (what `switchyard job` shows).

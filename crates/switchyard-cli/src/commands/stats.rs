@@ -1,12 +1,15 @@
 //! `switchyard stats`.
 
-use switchyard::{BackendKind, Config, QueueName, QueueStats, Result};
+use switchyard::{BackendKind, Config, HeldSelection, QueueName, QueueStats, Result};
 
 use crate::cli::StatsArgs;
 use crate::output::human_duration;
 
 pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<()> {
     let queue = super::common::queue_arg(args.queue.as_deref())?;
+    if args.held {
+        return held(config, queue.as_ref(), args.limit, json).await;
+    }
     if config.migrating() {
         return migration(config, queue.as_ref(), json).await;
     }
@@ -59,6 +62,50 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
             s.oldest_ready_age
                 .map(human_duration)
                 .unwrap_or_else(|| "-".into())
+        );
+    }
+    Ok(())
+}
+
+/// `stats --held`: each held message, its holder and its lease's end.
+async fn held(config: &Config, queue: Option<&QueueName>, limit: usize, json: bool) -> Result<()> {
+    let transport = switchyard::connect_existing(config).await?;
+    let held = transport
+        .held(HeldSelection::Queue(queue), limit.max(1))
+        .await?;
+    if json {
+        return crate::output::json_line(&serde_json::json!({
+            "backend": transport.name(),
+            "held": held,
+        }));
+    }
+    if held.is_empty() {
+        outln!("no message is held on {}", transport.name());
+        return Ok(());
+    }
+    let now = chrono::Utc::now();
+    outln!(
+        "{:<36} {:<24} {:<20} {:<32} {:>8} {:>8}",
+        "ID",
+        "QUEUE",
+        "KIND",
+        "HELD BY",
+        "FOR",
+        "LEFT"
+    );
+    for h in held {
+        let age = |t: chrono::DateTime<chrono::Utc>| {
+            human_duration((now - t).to_std().unwrap_or_default())
+        };
+        outln!(
+            "{:<36} {:<24} {:<20} {:<32} {:>8} {:>8}{}",
+            h.id,
+            h.queue,
+            h.kind,
+            h.holder.as_deref().unwrap_or("-"),
+            h.claimed_at.map(age).unwrap_or_else(|| "-".into()),
+            human_duration((h.lease_until - now).to_std().unwrap_or_default()),
+            if h.started { "" } else { "  (claimed ahead)" }
         );
     }
     Ok(())

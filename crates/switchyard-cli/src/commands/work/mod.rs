@@ -47,7 +47,12 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .with_retry(retry)
         .with_timeout(timeout)
         .with_grace_period(parse_duration("--grace", &args.grace)?)
-        .with_drain(args.drain);
+        .with_drain(args.drain)
+        .with_labels(labels_arg(&args.labels)?);
+    let options = match &args.name {
+        Some(name) => options.with_name(name.clone()),
+        None => options,
+    };
     let prune_older_than = args
         .prune_older_than
         .as_deref()
@@ -90,6 +95,16 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     }
 }
 
+/// The `--label` flags, checked here so that a bad one is named before anything connects.
+fn labels_arg(labels: &[String]) -> Result<Vec<String>> {
+    switchyard::labels::normalize(labels.to_vec()).map_err(|e| match e {
+        switchyard::Error::InvalidInput(why) => {
+            switchyard::Error::InvalidInput(format!("--label: {why}"))
+        }
+        other => other,
+    })
+}
+
 /// Runs `sh -c CMD` per message.
 #[derive(Debug)]
 struct ExecHandler {
@@ -110,6 +125,7 @@ impl Handler for ExecHandler {
             .env("SWITCHYARD_QUEUE", env.queue.as_str())
             .env("SWITCHYARD_LEASE_TOKEN", ctx.lease_token.to_string())
             .env("SWITCHYARD_TRACE_ID", env.trace_id.as_deref().unwrap_or(""))
+            .env("SWITCHYARD_LABELS", env.labels.join(","))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
