@@ -199,6 +199,9 @@ impl Transport for Router {
         caps.charges_only_started = a.charges_only_started && b.charges_only_started;
         caps.start_marks_in_status = a.start_marks_in_status || b.start_marks_in_status;
         caps.label_claims = a.label_claims && b.label_claims;
+        // The canary splits a key's messages between the two stores, and each keeps
+        // order only among its own.
+        caps.ordering_keys = false;
         // Each side lists what it holds; one that cannot adds nothing.
         caps.holders = a.holders || b.holders;
         caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);
@@ -235,11 +238,13 @@ impl Transport for Router {
     }
 
     async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        // Nothing is stored unless every envelope fits both sides. (Should the second side
-        // then fail, the first side's part is stored and a retry publishes it again: at
-        // least once.)
+        // Nothing is stored unless every envelope is valid and fits both sides. (Should
+        // the second side then fail, the first side's part is stored and a retry
+        // publishes it again: at least once.)
         let limit = self.capabilities().max_payload_bytes;
-        for env in &envelopes {
+        let mut envelopes = envelopes;
+        for env in &mut envelopes {
+            env.normalize_for_store()?;
             env.check_size(limit)?;
         }
         let (canary, rest): (Vec<Envelope>, Vec<Envelope>) = envelopes

@@ -60,6 +60,12 @@ pub struct Capabilities {
     /// connection holds a delivery but does not say which message; the connection's
     /// name carries the holder instead.
     pub holders: bool,
+    /// Messages of one queue with the same ordering key are handled one at a time, in
+    /// publish order, across every worker and process, a retry holding its key until it
+    /// succeeds or is dead-lettered, and delays applying within the order. The SQL
+    /// backends keep it in the claim. RabbitMQ keeps it per partition queue with a
+    /// single active consumer, and not across delays (see its crate's documentation).
+    pub ordering_keys: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -79,6 +85,7 @@ impl Default for Capabilities {
             transactional_publish: false,
             label_claims: false,
             holders: false,
+            ordering_keys: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

@@ -53,6 +53,11 @@ pub struct Envelope {
     /// writers agree.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels: Vec<String>,
+    /// Messages of one queue with the same key are handled one at a time, in publish
+    /// order, across every worker ([`Capabilities::ordering_keys`](crate::Capabilities)
+    /// says how far each backend keeps it); left out of the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
 }
 
 impl Envelope {
@@ -71,6 +76,7 @@ impl Envelope {
             trace_id: None,
             headers: BTreeMap::new(),
             labels: Vec::new(),
+            ordering_key: None,
         }
     }
 
@@ -119,6 +125,25 @@ impl Envelope {
         self.expires_at.is_some_and(|t| t <= now)
     }
 
+    /// Checks what the builder checks of the fields a backend stores in columns of their
+    /// own (labels, put in their stored order; the ordering key) before the message is
+    /// stored: an envelope's fields are public, so it may not come from the builder. The
+    /// error names the message.
+    pub fn normalize_for_store(&mut self) -> Result<()> {
+        let named = |e: Error| match e {
+            Error::InvalidInput(why) => Error::InvalidInput(format!("message {}: {why}", self.id)),
+            other => other,
+        };
+        if !self.labels.is_empty() {
+            self.labels =
+                crate::labels::normalize(std::mem::take(&mut self.labels)).map_err(named)?;
+        }
+        if let Some(key) = &self.ordering_key {
+            check_ordering_key(key).map_err(named)?;
+        }
+        Ok(())
+    }
+
     /// Checks the encoded size against `limit`; the error names the message, the size and
     /// the limit.
     pub fn check_size(&self, limit: usize) -> Result<usize> {
@@ -151,7 +176,22 @@ impl PartialEq for Envelope {
             && self.headers == other.headers
             && self.last_error == other.last_error
             && self.labels == other.labels
+            && self.ordering_key == other.ordering_key
     }
+}
+
+/// Bytes in an ordering key.
+pub const MAX_ORDERING_KEY_LEN: usize = 255;
+
+/// Checks an ordering key: 1 to 255 bytes, no control characters.
+pub fn check_ordering_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_ORDERING_KEY_LEN || key.chars().any(char::is_control) {
+        return Err(Error::InvalidInput(format!(
+            "invalid ordering key {}: expected 1 to {MAX_ORDERING_KEY_LEN} bytes without control characters",
+            crate::error::shown(key)
+        )));
+    }
+    Ok(())
 }
 
 fn unsupported_version(v: u64) -> DecodeError {
@@ -181,6 +221,7 @@ pub struct EnvelopeBuilder {
     trace_id: Option<String>,
     headers: BTreeMap<String, String>,
     labels: Vec<String>,
+    ordering_key: Option<String>,
 }
 
 impl std::fmt::Debug for Expiry {
@@ -272,6 +313,13 @@ impl EnvelopeBuilder {
         self
     }
 
+    /// Sets the ordering key: messages of the queue with the same key are handled one
+    /// at a time, in publish order (an order id, an account).
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
+        self
+    }
+
     /// Validates and builds the envelope.
     pub fn build(self) -> Result<Envelope> {
         let queue = QueueName::new(self.queue)?;
@@ -293,6 +341,9 @@ impl EnvelopeBuilder {
                 .map_err(|e| Error::InvalidInput(e.to_string()))?,
         };
         let labels = crate::labels::normalize(self.labels)?;
+        if let Some(key) = &self.ordering_key {
+            check_ordering_key(key)?;
+        }
         let now = Utc::now();
         let available_at = match (self.available_at, self.delay) {
             (Some(at), _) => at,
@@ -320,6 +371,7 @@ impl EnvelopeBuilder {
             headers: self.headers,
             last_error: None,
             labels,
+            ordering_key: self.ordering_key,
         })
     }
 }

@@ -4,7 +4,6 @@
 //! worker that names labels claims only messages carrying at least one of them, and a
 //! worker that names none claims every message.
 
-use crate::envelope::Envelope;
 use crate::error::{shown, Error, Result};
 
 /// Labels one message may carry.
@@ -47,17 +46,6 @@ pub fn normalize(labels: Vec<String>) -> Result<Vec<String>> {
         )));
     }
     Ok(labels)
-}
-
-/// Checks a message's labels before it is stored and puts them in their stored order; the
-/// error names the message.
-pub fn normalize_envelope(env: &mut Envelope) -> Result<()> {
-    if env.labels.is_empty() {
-        return Ok(());
-    }
-    env.labels = normalize(std::mem::take(&mut env.labels))
-        .map_err(|e| Error::InvalidInput(format!("message {}: {e}", env.id)))?;
-    Ok(())
 }
 
 /// The column value the SQL stores keep: `,a,b,` (so that `,a,` finds label `a` and

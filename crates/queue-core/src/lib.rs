@@ -39,7 +39,9 @@ pub use config::{
     parse_duration, BackendKind, ClaimStrategy, Config, DrainSetting, DEFAULT_VISIBILITY_TIMEOUT,
 };
 pub use dead_letters::{DeadLetter, DeadLetters, DeadSelection};
-pub use envelope::{Envelope, EnvelopeBuilder, ENVELOPE_VERSION};
+pub use envelope::{
+    check_ordering_key, Envelope, EnvelopeBuilder, ENVELOPE_VERSION, MAX_ORDERING_KEY_LEN,
+};
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use holdings::{HeldSelection, Holding, Holdings};
 pub use names::{Identifier, QueueName};

@@ -224,9 +224,8 @@ impl Transport for AmqpTransport {
 
     async fn publish_batch(&self, mut envelopes: Vec<Envelope>) -> Result<()> {
         for env in &mut envelopes {
-            // Labels travel in the envelope, checked as on every backend, so that a
-            // message moved to a SQL store is selected by them there.
-            queue_core::labels::normalize_envelope(env)?;
+            // Labels and keys travel in the envelope, checked as on every backend.
+            env.normalize_for_store()?;
             env.check_size(self.options().max_payload_bytes)?;
         }
         let queues: HashSet<&str> = envelopes.iter().map(|e| e.queue.as_str()).collect();

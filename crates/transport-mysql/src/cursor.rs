@@ -87,6 +87,13 @@ impl ClaimCursors {
         }
     }
 
+    /// Forgets the queue's cursor: a message handed its ordering key may lie before it.
+    pub(crate) fn forget(&self, queue: &str) {
+        if let Ok(mut cursors) = self.0.lock() {
+            cursors.remove(queue);
+        }
+    }
+
     /// Forgets every cursor: promoted rows keep their due times, which may lie before.
     pub(crate) fn clear(&self) {
         if let Ok(mut cursors) = self.0.lock() {

@@ -21,6 +21,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         5,
         include_str!("../../../migrations/mysql/0005_holders_labels.sql"),
     ),
+    (
+        6,
+        include_str!("../../../migrations/mysql/0006_ordering_keys.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside
@@ -217,7 +221,8 @@ pub(crate) async fn uninstall(pool: &MySqlPool, schema: Option<&str>, table: &st
     };
     pool.execute(
         specialise(
-            "DROP TABLE IF EXISTS `switchyard_jobs`, `switchyard_jobs_dead`, `switchyard_jobs_status`",
+            "DROP TABLE IF EXISTS `switchyard_jobs`, `switchyard_jobs_dead`, `switchyard_jobs_status`,
+                 `switchyard_jobs_keys`",
             schema,
             table,
         )

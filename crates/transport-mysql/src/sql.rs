@@ -11,6 +11,17 @@ const NOW: &str = "(UNIX_TIMESTAMP() * 1000000 + MICROSECOND(NOW(6)))";
 
 pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
 
+/// The `visible_at` of a message that waits for its ordering key: never due.
+const PARKED: &str = "9223372036854775807";
+
+/// `{KEYS}` of [`KEYS_IN_USE`] and [`NEXT_OF_KEYS`] for `n` keys.
+pub(crate) fn key_terms(sql: &str, n: usize) -> String {
+    sql.replace(
+        "{KEYS}",
+        &vec!["(queue = ? AND ordering_key = ?)"; n.max(1)].join(" OR "),
+    )
+}
+
 /// Whether any waiting row (delayed, or leased) has become claimable: one step down the
 /// due index.
 pub(crate) const ANY_DUE: &str = "SELECT COALESCE((
@@ -45,6 +56,7 @@ pub(crate) const CLAIM_LOCK_AFTER: &str = "SELECT seq, prio_rank, visible_at FRO
 /// server has it.
 pub(crate) const CLAIM_LOCK_MOVE: &str = "SELECT seq FROM `switchyard_jobs` FORCE INDEX (claim_idx)
  WHERE queue = ? AND ready < 2 AND (ready = 1 OR token IS NULL OR visible_at <= {NOW})
+   AND visible_at <> {PARKED}
  LIMIT ?
  FOR UPDATE {SKIP}";
 
@@ -59,8 +71,9 @@ pub(crate) const CLAIM_MOVE_LOCKED: &str = "UPDATE `switchyard_jobs`
 
 /// Stores a dead letter moved from another backend…
 pub(crate) const INSERT_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
 
 /// …with its tombstone in the jobs table, which keeps a republished id out (a live row of
 /// the same id is left alone).
@@ -110,13 +123,75 @@ pub(crate) const CLAIMED: &str = "SELECT seq, id, priority, attempts, available_
 pub(crate) const PUBLISH_ROW: &str =
     "(?, ?, ?, ?, ?, ?, ?, {NOW} + ?, available_at, {NOW} + ?, ?, {NOW}, ?, ?)";
 
+/// One row of a publish with ordering keys: as [`PUBLISH_ROW`], then whether it is
+/// parked (waits for its key, `visible_at` never due) and its key.
+pub(crate) const PUBLISH_ROW_KEYED: &str =
+    "(?, ?, ?, ?, ?, ?, ?, {NOW} + ?, IF(?, {PARKED}, available_at), {NOW} + ?, ?, {NOW}, ?, ?, ?)";
+
 /// A publish: the rows come as [`PUBLISH_ROW`]s in `{ROWS}`. An id already stored, live
 /// or dead (its tombstone), stores nothing new.
 pub(crate) const PUBLISH: &str = "INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
-     expires_at, last_error, created_at, envelope, labels)
+     expires_at, last_error, created_at, envelope, labels{KEY_COLUMN})
 VALUES {ROWS}
 ON DUPLICATE KEY UPDATE seq = seq";
+
+/// Locks the rows of the keys in `{ROWS}` (`(?, ?)` each: queue, key; in one order),
+/// creating them: publishers and hand-overs of a key wait for each other here.
+pub(crate) const LOCK_KEYS: &str = "INSERT INTO `switchyard_jobs_keys` (queue, okey) VALUES {ROWS}
+ON DUPLICATE KEY UPDATE okey = okey";
+
+/// Which of the keys in `{KEYS}` (`(queue = ? AND ordering_key = ?)` each) have a live
+/// message stored: a message published for one of them is parked behind it.
+pub(crate) const KEYS_IN_USE: &str =
+    "SELECT DISTINCT CAST(queue AS BINARY), CAST(ordering_key AS BINARY)
+  FROM `switchyard_jobs` FORCE INDEX (keys_idx)
+ WHERE ready < 2 AND ({KEYS})";
+
+/// The oldest live message of each key in `{KEYS}`: after its head left, the next.
+pub(crate) const NEXT_OF_KEYS: &str = "SELECT MIN(seq)
+  FROM `switchyard_jobs` FORCE INDEX (keys_idx)
+ WHERE ready < 2 AND ({KEYS})
+ GROUP BY queue, ordering_key";
+
+/// Hands keys to the rows of `{IN}` that are parked: ready when due (ahead of the claim
+/// cursor, whose order is by the time a message became claimable), else due at their
+/// time.
+pub(crate) const HAND_ON: &str = "UPDATE `switchyard_jobs`
+   SET ready = (available_at <= {NOW}), visible_at = GREATEST(available_at, {NOW})
+ WHERE seq IN ({IN}) AND visible_at = {PARKED} AND ready = 0";
+
+/// Parks the keyed rows above seq `?` (just replayed) that have an older live message of
+/// their key.
+pub(crate) const PARK_NEW: &str = "UPDATE `switchyard_jobs` j
+  JOIN (SELECT DISTINCT p.seq FROM `switchyard_jobs` p
+         WHERE p.seq > ? AND p.ordering_key IS NOT NULL AND p.ready < 2
+           AND EXISTS (SELECT 1 FROM `switchyard_jobs` e
+                        WHERE e.queue = p.queue AND e.ordering_key = p.ordering_key
+                          AND e.seq < p.seq AND e.ready < 2)) x ON j.seq = x.seq
+   SET j.ready = 0, j.visible_at = {PARKED}";
+
+/// Parked messages with nothing live before them in their key: keys whose head left
+/// without handing them on (an expired head, a quarantined one, a mover that died).
+pub(crate) const ORPHANED_HEADS: &str = "SELECT p.seq FROM `switchyard_jobs` p
+ WHERE p.ordering_key IS NOT NULL AND p.ready = 0 AND p.visible_at = {PARKED}
+   AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs` e
+                    WHERE e.queue = p.queue AND e.ordering_key = p.ordering_key
+                      AND e.seq < p.seq AND e.ready < 2)
+ LIMIT 1000";
+
+/// Forgets the key rows of keys without live messages.
+pub(crate) const PRUNE_KEYS: &str = "DELETE FROM `switchyard_jobs_keys`
+ WHERE NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j
+                    WHERE j.queue = `switchyard_jobs_keys`.queue
+                      AND j.ordering_key = `switchyard_jobs_keys`.okey AND j.ready < 2)
+ LIMIT 1000";
+
+/// The keys of the dead letters a replay selects.
+pub(crate) const DEAD_KEYS: &str =
+    "SELECT DISTINCT CAST(d.queue AS BINARY), CAST(d.ordering_key AS BINARY)
+  FROM `switchyard_jobs_dead` d
+ WHERE {DEAD_SELECTION} AND d.ordering_key IS NOT NULL";
 
 /// The rows of a batch, locked, to match them against their tokens.
 pub(crate) const LOCK_BY_IDS: &str =
@@ -127,7 +202,7 @@ pub(crate) const DELETE_BY_SEQS: &str = "DELETE FROM `switchyard_jobs` WHERE seq
 /// What a row becomes once its message is in the dead table: a tombstone that keeps its
 /// id taken (ready = 2: no claim, promotion, expiry or count ever sees it).
 const TOMBSTONE: &str = "UPDATE `switchyard_jobs`
-   SET ready = 2, token = NULL, reserved_at = NULL, started = 0, expires_at = NULL,
+   SET ready = 2, token = NULL, reserved_at = NULL, started = 0, expires_at = NULL, ordering_key = NULL,
        last_error = NULL, envelope = '', visible_at = {NOW}";
 
 /// Leaves tombstones of expired rows that were copied to the dead table (same
@@ -162,9 +237,10 @@ pub(crate) const LOCK_LEASED: &str =
 /// Copies a leased row, byte for byte, into the dead table (the delivery that ends here
 /// counts as an attempt if a handler started it)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "REPLACE INTO `switchyard_jobs_dead`
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
 SELECT id, queue, kind, priority, attempts + started, expires_at, ?, COALESCE(?, last_error),
-       {NOW}, envelope, labels
+       {NOW}, envelope, labels, ordering_key
   FROM `switchyard_jobs` WHERE seq = ? AND token = ?";
 
 /// …then leaves its tombstone (same transaction).
@@ -181,9 +257,10 @@ pub(crate) const LOCK_EXPIRED: &str = "SELECT seq FROM `switchyard_jobs`
  ORDER BY expires_at LIMIT 1000 FOR UPDATE {SKIP}";
 
 pub(crate) const COPY_EXPIRED: &str = "REPLACE INTO `switchyard_jobs_dead`
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
 SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, {NOW},
-       envelope, labels
+       envelope, labels, ordering_key
   FROM `switchyard_jobs` WHERE seq IN ({IN})";
 
 pub(crate) const STATS_JOBS: &str = "SELECT CAST(queue AS BINARY),
@@ -235,9 +312,9 @@ pub(crate) const QUEUES_BETWEEN: &str =
 /// no expiry. An id that is live again is left alone.
 pub(crate) const REPLAY_DEAD: &str = "INSERT INTO `switchyard_jobs`
     (id, queue, kind, priority, prio_rank, attempts, ready, available_at, visible_at,
-     expires_at, last_error, created_at, envelope, labels)
+     expires_at, last_error, created_at, envelope, labels, ordering_key)
 SELECT id, queue, kind, priority, -priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope,
-       labels
+       labels, ordering_key
   FROM `switchyard_jobs_dead` d
  WHERE {DEAD_SELECTION}
    AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = d.id)
@@ -291,6 +368,16 @@ pub(crate) struct Statements {
     pub(crate) claimed: String,
     pub(crate) publish_row: String,
     pub(crate) publish: String,
+    pub(crate) publish_keyed: String,
+    pub(crate) publish_row_keyed: String,
+    pub(crate) lock_keys: String,
+    pub(crate) keys_in_use: String,
+    pub(crate) next_of_keys: String,
+    pub(crate) hand_on: String,
+    pub(crate) park_new: String,
+    pub(crate) orphaned_heads: String,
+    pub(crate) prune_keys: String,
+    pub(crate) dead_keys: String,
     pub(crate) lock_by_ids: String,
     pub(crate) delete_by_seqs: String,
     pub(crate) start_by_seqs: String,
@@ -332,6 +419,7 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         .replace("{TOMBSTONE}", TOMBSTONE)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{NOW}", NOW)
+        .replace("{PARKED}", PARKED)
         .replace("`switchyard_jobs", "\u{0}")
         .replace("switchyard_jobs", table)
         .replace('\u{0}', &qualified)
@@ -383,7 +471,17 @@ impl Statements {
             claim_optimistic: s(CLAIM_OPTIMISTIC),
             claimed: s(CLAIMED),
             publish_row: s(PUBLISH_ROW),
-            publish: s(PUBLISH),
+            publish: s(&PUBLISH.replace("{KEY_COLUMN}", "")),
+            publish_keyed: s(&PUBLISH.replace("{KEY_COLUMN}", ", ordering_key")),
+            publish_row_keyed: s(PUBLISH_ROW_KEYED),
+            lock_keys: s(LOCK_KEYS),
+            keys_in_use: s(KEYS_IN_USE),
+            next_of_keys: s(NEXT_OF_KEYS),
+            hand_on: s(HAND_ON),
+            park_new: s(PARK_NEW),
+            orphaned_heads: s(ORPHANED_HEADS),
+            prune_keys: s(PRUNE_KEYS),
+            dead_keys: s(DEAD_KEYS),
             lock_by_ids: s(LOCK_BY_IDS),
             delete_by_seqs: s(DELETE_BY_SEQS),
             start_by_seqs: s(START_BY_SEQS),

@@ -48,6 +48,7 @@ macro_rules! bind_selection {
 
 mod backend;
 mod claim;
+mod keys;
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
@@ -263,8 +264,12 @@ impl MySqlTransport {
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
-        for chunk in rows.chunks(PUBLISH_CHUNK) {
-            self.insert_rows(tx, chunk).await.backend()?;
+        if rows.iter().any(|r| r.env.ordering_key.is_some()) {
+            self.insert_keyed(tx, &rows).await.backend()?;
+        } else {
+            for chunk in rows.chunks(PUBLISH_CHUNK) {
+                self.insert_rows(tx, chunk).await.backend()?;
+            }
         }
         for Encoded { env, .. } in &rows {
             self.cursors
@@ -353,6 +358,40 @@ impl MySqlTransport {
                 other => return other.backend(),
             }
         }
+    }
+
+    /// Inserts `rows` with their ordering keys, the `parked` ones waiting for their key.
+    async fn insert_rows_keyed(
+        &self,
+        conn: &mut MySqlConnection,
+        rows: &[Encoded],
+        parked: &[bool],
+    ) -> std::result::Result<(), sqlx::Error> {
+        let values = vec![self.sql.publish_row_keyed.as_str(); rows.len()].join(", ");
+        let sql = self.sql.publish_keyed.replace("{ROWS}", &values);
+        let local_now = Utc::now();
+        let mut query = sqlx::query(&sql);
+        for (Encoded { env, json, labels }, parked) in rows.iter().zip(parked) {
+            let due = micros_between(local_now, env.available_at).max(0);
+            let expires = env.expires_at.map(|t| micros_between(local_now, t));
+            let priority = i32::from(env.priority);
+            query = query
+                .bind(env.id.to_string())
+                .bind(env.queue.as_str())
+                .bind(text::kind_column(&env.kind))
+                .bind(priority)
+                .bind(-priority)
+                .bind(i64::from(env.attempts))
+                .bind(i8::from(due == 0 && !parked))
+                .bind(due)
+                .bind(*parked)
+                .bind(expires)
+                .bind(env.last_error.as_deref().map(text::error_text))
+                .bind(json.as_str())
+                .bind(labels.as_deref())
+                .bind(env.ordering_key.as_deref());
+        }
+        query.execute(conn).await.map(|_| ())
     }
 
     async fn insert_rows(
@@ -446,11 +485,17 @@ impl MySqlTransport {
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
+        key: Option<(&str, &str)>,
     ) -> Result<bool> {
         let token = token.to_string();
         let (reason, error) = (text::reason_text(reason), error.map(text::error_text));
+        let keys: Vec<keys::Key> = key
+            .map(|(q, k)| (q.to_owned(), k.to_owned()))
+            .into_iter()
+            .collect();
         self.retrying("dead-letter", || async {
             let mut tx = self.pool.begin().await?;
+            self.lock_keys(&mut tx, &keys).await?;
             // Lock the row under this lease first: a reclaim in between then waits for
             // this move, or this move finds the lease gone and changes nothing.
             let held: Option<i64> = sqlx::query_scalar(&self.sql.lock_leased)
@@ -484,6 +529,7 @@ impl MySqlTransport {
                 tx.rollback().await?;
                 return Ok(false);
             }
+            self.hand_on(&mut tx, &keys).await?;
             tx.commit().await?;
             Ok(true)
         })
@@ -519,6 +565,12 @@ impl MySqlTransport {
             return Ok(AckReport::default());
         }
         let ids: Vec<String> = reservations.iter().map(|r| r.id().to_string()).collect();
+        // Acks of keyed messages lock their keys first (see `keys`); starts change no key.
+        let keys = if what == "ack" {
+            keys::keys_of(reservations.iter().map(|r| &r.envelope))
+        } else {
+            Vec::new()
+        };
         let wanted: std::collections::HashSet<(String, String)> = reservations
             .iter()
             .map(|r| (r.id().to_string(), r.token().to_string()))
@@ -527,6 +579,7 @@ impl MySqlTransport {
             .retrying(what, || async {
                 let mut conn = self.kept.take_or(self.pool.acquire()).await?;
                 let mut tx = conn.begin().await?;
+                self.lock_keys(&mut tx, &keys).await?;
                 let lock = with_list(&self.sql.lock_by_ids, ids.len());
                 let mut q = sqlx::query_as::<_, (i64, Vec<u8>, Option<Vec<u8>>)>(&lock);
                 for id in padded(&ids) {
@@ -555,6 +608,16 @@ impl MySqlTransport {
                         q = q.bind(s);
                     }
                     q.execute(&mut *tx).await?;
+                }
+                if !keys.is_empty() {
+                    // An ack removes heads: each hands its key to the next message.
+                    let gone = keys::keys_of(
+                        reservations
+                            .iter()
+                            .filter(|r| touched.contains(&(r.id().to_string(), r.token().0)))
+                            .map(|r| &r.envelope),
+                    );
+                    self.hand_on(&mut tx, &gone).await?;
                 }
                 tx.commit().await?;
                 self.kept.keep(conn);

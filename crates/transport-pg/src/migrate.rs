@@ -27,6 +27,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         5,
         include_str!("../../../migrations/postgres/0005_holders_labels.sql"),
     ),
+    (
+        6,
+        include_str!("../../../migrations/postgres/0006_ordering_keys.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

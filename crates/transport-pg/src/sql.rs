@@ -9,7 +9,7 @@ const ON_CONFLICT_REPLACE: &str = "
        queue = EXCLUDED.queue, kind = EXCLUDED.kind, priority = EXCLUDED.priority,
        attempts = EXCLUDED.attempts, expires_at = EXCLUDED.expires_at, reason = EXCLUDED.reason,
        last_error = EXCLUDED.last_error, dead_at = EXCLUDED.dead_at, envelope = EXCLUDED.envelope,
-       labels = EXCLUDED.labels";
+       labels = EXCLUDED.labels, ordering_key = EXCLUDED.ordering_key";
 
 /// What a claim writes: only columns no index covers, so that the update is heap-only.
 /// `{HOLDER}` is the holder's parameter, which differs between claims.
@@ -94,13 +94,14 @@ UPDATE \"switchyard_jobs\" j
 {RETURNING}";
 
 /// Claims up to $4 rows of queue $3 that no worker holds, due or not, for a move to
-/// another backend ($5 is 0: not started). A delayed row keeps `ready` false and its
+/// another backend ($5 is 0: not started); a message waiting for its ordering key is
+/// moved once its key is handed to it (the move acks its head first). A delayed row keeps `ready` false and its
 /// due time, so should the mover die it comes back when both its lease and its delay
 /// have run out.
 pub(crate) const CLAIM_FOR_MOVE: &str = "
 WITH c AS (
     SELECT seq FROM \"switchyard_jobs\"
-     WHERE queue = $3 AND {FREE}
+     WHERE queue = $3 AND {FREE} AND visible_at <> 'infinity'
      ORDER BY seq
      LIMIT $4
        FOR UPDATE SKIP LOCKED)
@@ -112,9 +113,10 @@ UPDATE \"switchyard_jobs\" j
 
 /// Stores a dead letter moved from another backend (times in microseconds).
 pub(crate) const INSERT_DEAD: &str = "INSERT INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
     VALUES ($1, $2, $3, $4, $5, to_timestamp($6::float8 / 1000000), $7, $8,
-            to_timestamp($9::float8 / 1000000), $10, $11)
+            to_timestamp($9::float8 / 1000000), $10, $11, $12)
 {ON_CONFLICT_REPLACE}";
 
 /// The candidates of an optimistic claim, in delivery order, read without locks ($3: the
@@ -150,22 +152,52 @@ UPDATE \"switchyard_jobs\" j
 pub(crate) const PUBLISH: &str = "
 WITH v AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
-                         $6::bigint[], $7::bigint[], $8::text[], $9::text[], $12::text[])
+                         $6::bigint[], $7::bigint[], $8::text[], $9::text[], $12::text[]{KEY_ARRAYS})
            WITH ORDINALITY
-           AS v(id, queue, kind, priority, attempts, due_us, expires_us, last_error, envelope, labels, ord)),
+           AS v(id, queue, kind, priority, attempts, due_us, expires_us, last_error, envelope, labels{KEY_NAMES}, ord)),
 ins AS (
     INSERT INTO \"switchyard_jobs\"
         (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error,
-         envelope, labels)
-    SELECT v.id, v.queue, v.kind, v.priority, v.attempts, v.due_us <= 0,
-           now() + v.due_us {US}, now() + v.due_us {US}, now() + v.expires_us {US},
-           v.last_error, v.envelope, v.labels
+         envelope, labels{KEY_COLUMN})
+    SELECT v.id, v.queue, v.kind, v.priority, v.attempts, {READY},
+           now() + v.due_us {US}, {VISIBLE}, now() + v.expires_us {US},
+           v.last_error, v.envelope, v.labels{KEY_VALUE}
       FROM v
      WHERE NOT EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" d WHERE d.id = v.id)
      ORDER BY v.ord
         {ON_CONFLICT}
     RETURNING queue, ready)
 SELECT count(*) FROM (SELECT queue, pg_notify($10, queue) FROM ins WHERE ready AND $11 GROUP BY queue) n";
+
+/// What [`PUBLISH`] writes for messages without ordering keys.
+const UNKEYED: [(&str, &str); 6] = [
+    ("{KEY_ARRAYS}", ""),
+    ("{KEY_NAMES}", ""),
+    ("{KEY_COLUMN}", ""),
+    ("{KEY_VALUE}", ""),
+    ("{READY}", "v.due_us <= 0"),
+    ("{VISIBLE}", "now() + v.due_us {US}"),
+];
+
+/// What [`PUBLISH`] writes for a batch with ordering keys ($13: the keys, $14: whether a
+/// message follows one of its key earlier in the batch). A message whose key has a
+/// message stored, or that follows one in the batch, waits parked (`visible_at` at
+/// infinity) until the key is handed to it; the publisher holds the keys' locks.
+const KEYED: [(&str, &str); 6] = [
+    ("{KEY_ARRAYS}", ", $13::text[], $14::bool[]"),
+    ("{KEY_NAMES}", ", okey, follows"),
+    ("{KEY_COLUMN}", ", ordering_key"),
+    ("{KEY_VALUE}", ", v.okey"),
+    ("{READY}", "NOT {PARKED} AND v.due_us <= 0"),
+    (
+        "{VISIBLE}",
+        "CASE WHEN {PARKED} THEN 'infinity'::timestamptz ELSE now() + v.due_us {US} END",
+    ),
+];
+
+/// Whether a keyed message waits for its key.
+const PARKED: &str = "(v.okey IS NOT NULL AND (v.follows OR EXISTS (
+    SELECT 1 FROM \"switchyard_jobs\" e WHERE e.queue = v.queue AND e.ordering_key = v.okey)))";
 
 /// How [`PUBLISH`] skips an id already stored.
 const SKIP_STORED: &str = "ON CONFLICT (id) DO NOTHING";
@@ -219,11 +251,83 @@ pub(crate) const MOVE_LEASED_TO_DEAD: &str = "
 WITH moved AS (
     DELETE FROM \"switchyard_jobs\" WHERE seq = $1 AND token = $2 RETURNING *)
 INSERT INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
 SELECT id, queue, kind, priority, attempts + started::int, expires_at, $3,
-       COALESCE($4, last_error), now(), envelope, labels
+       COALESCE($4, last_error), now(), envelope, labels, ordering_key
   FROM moved
 {ON_CONFLICT_REPLACE}";
+
+/// [`MOVE_LEASED_TO_DEAD`] of a message with an ordering key, which hands the key to
+/// the next message of the key ($5: the wake-up channel); run under the key's lock.
+pub(crate) const MOVE_KEYED_TO_DEAD: &str = "
+WITH gone AS (
+    DELETE FROM \"switchyard_jobs\" WHERE seq = $1 AND token = $2 RETURNING *),
+dead AS (
+    INSERT INTO \"switchyard_jobs_dead\"
+        (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope,
+         labels, ordering_key)
+    SELECT id, queue, kind, priority, attempts + started::int, expires_at, $3,
+           COALESCE($4, last_error), now(), envelope, labels, ordering_key
+      FROM gone
+    {ON_CONFLICT_REPLACE}
+    RETURNING 1),
+{HAND_ON}
+SELECT (SELECT count(*) FROM dead), (SELECT n FROM woken)";
+
+/// Hands the keys of the rows in `gone` (heads that left) to their next messages, and
+/// wakes the queues of those that are due at once (on the channel `{CHANNEL}`, unless it
+/// is NULL). A statement sees the
+/// table as it was when it began, the heads included, so the next message is the first
+/// after the head; the key's lock, taken by an earlier statement, makes sure every
+/// message published before it is seen.
+const HAND_ON: &str = "next AS (
+    SELECT (SELECT n.seq FROM \"switchyard_jobs\" n
+             WHERE n.queue = g.queue AND n.ordering_key = g.ordering_key AND n.seq > g.seq
+             ORDER BY n.seq LIMIT 1) AS seq
+      FROM gone g WHERE g.ordering_key IS NOT NULL),
+handed AS (
+    UPDATE \"switchyard_jobs\" u
+       SET ready = u.available_at <= now(), visible_at = u.available_at
+      FROM next
+     WHERE u.seq = next.seq AND u.visible_at = 'infinity' AND {FREE_U}
+    RETURNING u.queue, u.ready),
+woken AS (
+    SELECT count(pg_notify({CHANNEL}, q.queue)) AS n
+      FROM (SELECT DISTINCT queue FROM handed WHERE ready AND {CHANNEL}::text IS NOT NULL) q)";
+
+/// Acks keyed messages ($1/$2: seqs and tokens, as [`ACK_BATCH`]) and hands their keys
+/// on ($3: the wake-up channel), under the keys' locks.
+pub(crate) const ACK_KEYED: &str = "
+WITH gone AS (
+    DELETE FROM \"switchyard_jobs\" j
+     USING UNNEST($1::bigint[], $2::uuid[]) AS p(seq, token)
+     WHERE j.seq = p.seq AND j.token = p.token
+    RETURNING j.id, j.token, j.seq, j.queue, j.ordering_key),
+{HAND_ON}
+SELECT g.id, g.token FROM gone g, woken";
+
+/// Takes the transaction-scoped lock of each key ($1: `queue` U+001F `key`), in one
+/// order, so that two transactions never wait for each other's keys.
+pub(crate) const LOCK_KEYS: &str = "
+SELECT count(pg_advisory_xact_lock(21337, h))
+  FROM (SELECT DISTINCT hashtext(k) AS h FROM UNNEST($1::text[]) AS k ORDER BY h) AS s";
+
+/// Hands keys whose head left without handing them on (an expired head, a quarantined
+/// one, a mover that died) to their oldest message: a parked message with nothing
+/// before it in its key.
+pub(crate) const REPAIR_KEYS: &str = "
+WITH heads AS (
+    SELECT p.seq FROM \"switchyard_jobs\" p
+     WHERE p.ordering_key IS NOT NULL AND p.visible_at = 'infinity' AND {FREE_P}
+       AND NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" e
+                        WHERE e.queue = p.queue AND e.ordering_key = p.ordering_key AND e.seq < p.seq)
+     LIMIT 1000
+       FOR UPDATE SKIP LOCKED)
+UPDATE \"switchyard_jobs\" u
+   SET ready = u.available_at <= now(), visible_at = u.available_at
+  FROM heads
+ WHERE u.seq = heads.seq AND u.visible_at = 'infinity'";
 
 /// Moves up to 1,000 unleased rows that expired into the dead table, in one statement.
 pub(crate) const MOVE_EXPIRED: &str = "
@@ -236,9 +340,10 @@ WITH moved AS (
            FOR UPDATE SKIP LOCKED)
     RETURNING *)
 INSERT INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
 SELECT id, queue, kind, priority, attempts + started::int, expires_at, 'expired', last_error, now(),
-       envelope, labels
+       envelope, labels, ordering_key
   FROM moved
 {ON_CONFLICT_REPLACE}";
 
@@ -296,15 +401,32 @@ WITH moved AS (
      WHERE {DEAD_SELECTION}
        AND NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = d.id)
     RETURNING d.*),
+keyed AS (
+    SELECT m.*, m.ordering_key IS NOT NULL AND (
+               row_number() OVER (PARTITION BY m.queue, m.ordering_key ORDER BY m.dead_at, m.id) > 1
+               OR EXISTS (SELECT 1 FROM \"switchyard_jobs\" e
+                           WHERE e.queue = m.queue AND e.ordering_key = m.ordering_key)) AS parked
+      FROM moved m),
 ins AS (
     INSERT INTO \"switchyard_jobs\"
         (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error,
-         envelope, labels)
-    SELECT id, queue, kind, priority, 0, true, now(), now(), NULL, last_error, envelope, labels
-      FROM moved
+         envelope, labels, ordering_key)
+    SELECT id, queue, kind, priority, 0, NOT parked, now(),
+           CASE WHEN parked THEN 'infinity'::timestamptz ELSE now() END, NULL, last_error, envelope,
+           labels, ordering_key
+      FROM keyed
      ORDER BY dead_at, id
     RETURNING queue)
 SELECT queue, count(*) FROM ins GROUP BY queue";
+
+/// Locks the keys of the dead letters a replay selects, before it runs: a replayed
+/// message with an ordering key goes back in line behind its key's messages.
+pub(crate) const LOCK_DEAD_KEYS: &str = "
+SELECT count(pg_advisory_xact_lock(21337, h))
+  FROM (SELECT DISTINCT hashtext(d.queue || chr(31) || d.ordering_key) AS h
+          FROM \"switchyard_jobs_dead\" d
+         WHERE {DEAD_SELECTION} AND d.ordering_key IS NOT NULL
+         ORDER BY h) AS s";
 
 pub(crate) const PURGE_DEAD: &str = "DELETE FROM \"switchyard_jobs_dead\" d WHERE {DEAD_SELECTION}";
 
@@ -337,6 +459,10 @@ pub(crate) struct Statements {
     /// the id index, a lock, and a second WAL record to confirm the row), about 12% of the
     /// server's time for a batch.
     pub(crate) publish_fresh: String,
+    /// [`PUBLISH`] of a batch with ordering keys.
+    pub(crate) publish_keyed: String,
+    /// [`PUBLISH`] of a batch with ordering keys, for ids not stored yet.
+    pub(crate) publish_keyed_fresh: String,
     pub(crate) ack_batch: String,
     pub(crate) start_batch: String,
     pub(crate) release: String,
@@ -350,11 +476,25 @@ pub(crate) struct Statements {
     pub(crate) dead_exists: String,
     pub(crate) held: String,
     pub(crate) replay_dead: String,
+    pub(crate) lock_dead_keys: String,
+    pub(crate) move_keyed_to_dead: String,
+    pub(crate) ack_keyed: String,
+    pub(crate) lock_keys: String,
+    pub(crate) repair_keys: String,
     pub(crate) purge_dead: String,
     pub(crate) notify_queues: String,
     pub(crate) explain_claim: String,
     /// [`EXPLAIN_CLAIM`] of the claim with the label filter.
     pub(crate) explain_claim_labels: String,
+}
+
+/// [`PUBLISH`] with its key fragments and its way with stored ids.
+fn publish(fragments: [(&str, &str); 6], on_conflict: &str) -> String {
+    fragments
+        .iter()
+        .fold(PUBLISH.to_owned(), |sql, (from, to)| sql.replace(from, to))
+        .replace("{PARKED}", PARKED)
+        .replace("{ON_CONFLICT}", on_conflict)
 }
 
 /// Rewrites SQL written for the default table: `"switchyard_jobs…"` (a table reference)
@@ -372,6 +512,8 @@ pub(crate) fn specialise(sql: &str, schema: Option<&str>, table: &str) -> String
         .replace("{STARTED}", STARTED)
         .replace("{CLAIMABLE}", CLAIMABLE)
         .replace("{FREE}", FREE)
+        .replace("{FREE_U}", &FREE.replace("lease_until", "u.lease_until"))
+        .replace("{FREE_P}", &FREE.replace("lease_until", "p.lease_until"))
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{ON_CONFLICT_REPLACE}", ON_CONFLICT_REPLACE)
         .replace("{US}", US)
@@ -403,8 +545,10 @@ impl Statements {
             claim_candidates: claim(CLAIM_CANDIDATES, "", ""),
             claim_candidates_labels: claim(CLAIM_CANDIDATES, "", "$3"),
             claim_optimistic: claim(CLAIM_OPTIMISTIC, "$7", ""),
-            publish: s(&PUBLISH.replace("{ON_CONFLICT}", SKIP_STORED)),
-            publish_fresh: s(&PUBLISH.replace("{ON_CONFLICT}", "")),
+            publish: s(&publish(UNKEYED, SKIP_STORED)),
+            publish_fresh: s(&publish(UNKEYED, "")),
+            publish_keyed: s(&publish(KEYED, SKIP_STORED)),
+            publish_keyed_fresh: s(&publish(KEYED, "")),
             ack_batch: s(ACK_BATCH),
             start_batch: s(START_BATCH),
             release: s(RELEASE),
@@ -418,6 +562,15 @@ impl Statements {
             dead_exists: s(DEAD_EXISTS),
             held: s(HELD),
             replay_dead: s(REPLAY_DEAD),
+            lock_dead_keys: s(LOCK_DEAD_KEYS),
+            move_keyed_to_dead: s(&MOVE_KEYED_TO_DEAD
+                .replace("{HAND_ON}", HAND_ON)
+                .replace("{CHANNEL}", "$5")),
+            ack_keyed: s(&ACK_KEYED
+                .replace("{HAND_ON}", HAND_ON)
+                .replace("{CHANNEL}", "$3")),
+            lock_keys: s(LOCK_KEYS),
+            repair_keys: s(REPAIR_KEYS),
             purge_dead: s(PURGE_DEAD),
             notify_queues: s(NOTIFY_QUEUES),
             explain_claim: claim(EXPLAIN_CLAIM, "$6", ""),

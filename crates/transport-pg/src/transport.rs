@@ -33,6 +33,7 @@ use crate::standby;
 use crate::status::PgStatusStore;
 
 mod backend;
+mod keys;
 
 /// Rows per publish statement: bounds the size of one statement's arrays.
 const PUBLISH_CHUNK: usize = 1_000;
@@ -135,6 +136,18 @@ struct PublishArrays {
     last_errors: Vec<Option<String>>,
     envelopes: Vec<String>,
     labels: Vec<Option<String>>,
+    /// Ordering keys, and whether each message follows one of its key earlier in the
+    /// batch; filled only when some message of the chunk has a key.
+    keys: Vec<Option<String>>,
+    follows: Vec<bool>,
+    keyed: bool,
+}
+
+/// A publish, encoded: its statement-sized chunks and the locks of its ordering keys.
+#[derive(Default)]
+struct Encoded {
+    chunks: Vec<PublishArrays>,
+    locks: Vec<String>,
 }
 
 impl PgTransport {
@@ -278,9 +291,10 @@ impl PgTransport {
         tx: &mut sqlx::Transaction<'_, Postgres>,
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
-        let chunks = self.encode(envelopes)?;
-        for chunk in &chunks {
-            self.insert_rows(tx, chunk).await?;
+        let batch = self.encode(envelopes)?;
+        self.lock_keys(tx, &batch.locks).await.backend()?;
+        for chunk in &batch.chunks {
+            self.insert_with(false, tx, chunk).await.backend()?;
         }
         Ok(())
     }
@@ -315,10 +329,12 @@ impl PgTransport {
 
     /// Validates every envelope (size) before anything is stored, and splits them into
     /// statement-sized chunks.
-    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Vec<PublishArrays>> {
+    fn encode(&self, envelopes: Vec<Envelope>) -> Result<Encoded> {
         let local_now = Utc::now();
         let mut chunks = Vec::with_capacity(envelopes.len().div_ceil(PUBLISH_CHUNK));
         let mut cur = PublishArrays::default();
+        let mut locks: HashSet<String> = HashSet::new();
+        let keyed = envelopes.iter().any(|e| e.ordering_key.is_some());
         for mut env in envelopes {
             let labels = labels_column(&mut env)?;
             let json = env.to_json();
@@ -344,6 +360,16 @@ impl PgTransport {
                 .push(env.last_error.as_deref().map(text::error_text));
             cur.envelopes.push(json);
             cur.labels.push(labels);
+            if keyed {
+                let lock = env
+                    .ordering_key
+                    .as_deref()
+                    .map(|k| keys::key_lock(env.queue.as_str(), k));
+                // A second message of a key in the batch waits for the first.
+                cur.follows.push(lock.is_some_and(|l| !locks.insert(l)));
+                cur.keys.push(env.ordering_key.take());
+                cur.keyed = true;
+            }
             if cur.ids.len() == PUBLISH_CHUNK {
                 chunks.push(std::mem::take(&mut cur));
             }
@@ -351,23 +377,26 @@ impl PgTransport {
         if !cur.ids.is_empty() {
             chunks.push(cur);
         }
-        Ok(chunks)
+        let mut locks: Vec<String> = locks.into_iter().collect();
+        locks.sort();
+        Ok(Encoded { chunks, locks })
     }
 
-    async fn insert_rows(&self, conn: &mut PgConnection, rows: &PublishArrays) -> Result<()> {
-        self.insert_with(&self.sql.publish, conn, rows)
-            .await
-            .backend()
-    }
-
-    /// Runs `sql`, one of the publish statements, on `rows`.
+    /// Runs the publish statement for `rows` on `conn`: the plain insert when `fresh`
+    /// (an id already stored fails it), else the one that skips stored ids.
     async fn insert_with(
         &self,
-        sql: &str,
+        fresh: bool,
         conn: &mut PgConnection,
         rows: &PublishArrays,
     ) -> std::result::Result<(), sqlx::Error> {
-        sqlx::query(sql)
+        let sql = match (rows.keyed, fresh) {
+            (false, true) => &self.sql.publish_fresh,
+            (false, false) => &self.sql.publish,
+            (true, true) => &self.sql.publish_keyed_fresh,
+            (true, false) => &self.sql.publish_keyed,
+        };
+        let mut query = sqlx::query(sql)
             .bind(&rows.ids)
             .bind(&rows.queues)
             .bind(&rows.kinds)
@@ -379,27 +408,27 @@ impl PgTransport {
             .bind(&rows.envelopes)
             .bind(&self.channel)
             .bind(self.options.notify)
-            .bind(&rows.labels)
-            .execute(conn)
-            .await?;
+            .bind(&rows.labels);
+        if rows.keyed {
+            query = query.bind(&rows.keys).bind(&rows.follows);
+        }
+        query.execute(conn).await?;
         Ok(())
     }
 
-    /// Stores the chunks atomically with `sql`.
-    async fn store(
-        &self,
-        sql: &str,
-        chunks: &[PublishArrays],
-    ) -> std::result::Result<(), sqlx::Error> {
-        if let [chunk] = chunks {
+    /// Stores the batch atomically (see [`Self::insert_with`] for `fresh`), under the
+    /// locks of its ordering keys.
+    async fn store(&self, fresh: bool, batch: &Encoded) -> std::result::Result<(), sqlx::Error> {
+        if let ([chunk], true) = (&batch.chunks[..], batch.locks.is_empty()) {
             // One statement is atomic on its own: no explicit transaction needed.
             let mut conn = self.kept.take_or(self.pool.acquire()).await?;
-            self.insert_with(sql, &mut conn, chunk).await?;
+            self.insert_with(fresh, &mut conn, chunk).await?;
             self.kept.keep(conn);
         } else {
             let mut tx = self.pool.begin().await?;
-            for chunk in chunks {
-                self.insert_with(sql, &mut tx, chunk).await?;
+            self.lock_keys(&mut tx, &batch.locks).await?;
+            for chunk in &batch.chunks {
+                self.insert_with(fresh, &mut tx, chunk).await?;
             }
             tx.commit().await?;
         }

@@ -20,6 +20,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         4,
         include_str!("../../../migrations/sqlite/0004_holders_labels.sql"),
     ),
+    (
+        5,
+        include_str!("../../../migrations/sqlite/0005_ordering_keys.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -7,6 +7,9 @@ pub(crate) const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
 
 pub(crate) const SELECT_NOW: &str = "SELECT {NOW}";
 
+/// The `visible_at` of a message that waits for its ordering key: never due.
+const PARKED: &str = "9223372036854775807";
+
 /// The started flag a claim sets from its mode parameter (0 no, 1 yes, 2 only when the
 /// message comes with no attempts); SET expressions see the row's old values.
 const STARTED: &str =
@@ -54,14 +57,16 @@ UPDATE \"switchyard_jobs\"
        started = 0, attempts = attempts + (token IS NOT NULL AND started = 1), claimed_by = ?5
  WHERE seq IN (SELECT seq FROM \"switchyard_jobs\"
                 WHERE queue = ?3 AND (ready = 1 OR token IS NULL OR visible_at <= {NOW})
+                  AND visible_at <> {PARKED}
                 ORDER BY seq
                 LIMIT ?4)
 {RETURNING}";
 
 /// Stores a dead letter moved from another backend.
 pub(crate) const INSERT_DEAD: &str = "INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)";
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)";
 
 /// A claim's label filter: `{NEEDLES}` is the parameter holding a JSON array of
 /// `,label,` needles, any of which matches; checked on each row as the claim walks the
@@ -95,7 +100,7 @@ UPDATE \"switchyard_jobs\"
 /// Start of a multi-row publish: the rows come as `VALUES (…), (…)` appended by the
 /// caller, and are filtered so that an id that is dead stores nothing new either.
 pub(crate) const INSERT_JOBS_HEAD: &str = "INSERT INTO \"switchyard_jobs\" \
-    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope, labels) \
+    (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope, labels, ordering_key) \
     SELECT * FROM (";
 
 /// End of a multi-row publish: a stored id (live or dead) stores nothing new.
@@ -147,9 +152,10 @@ RETURNING id, token";
 /// counts as an attempt if a handler started it)…
 pub(crate) const COPY_LEASED_TO_DEAD: &str = "
 INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
 SELECT id, queue, kind, priority, attempts + started, expires_at, ?3, COALESCE(?4, last_error), {NOW},
-       envelope, labels
+       envelope, labels, ordering_key
   FROM \"switchyard_jobs\"
  WHERE seq = ?1 AND token = ?2";
 
@@ -160,9 +166,10 @@ pub(crate) const DELETE_LEASED: &str =
 /// Copies unleased rows that expired by ?1 into the dead table…
 pub(crate) const COPY_EXPIRED: &str = "
 INSERT OR REPLACE INTO \"switchyard_jobs_dead\"
-    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels)
+    (id, queue, kind, priority, attempts, expires_at, reason, last_error, dead_at, envelope, labels,
+     ordering_key)
 SELECT id, queue, kind, priority, attempts + started, expires_at, 'expired', last_error, ?1,
-       envelope, labels
+       envelope, labels, ordering_key
   FROM \"switchyard_jobs\"
  WHERE expires_at <= ?1 AND visible_at <= ?1";
 
@@ -221,8 +228,9 @@ pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM \"switchyard
 pub(crate) const REPLAY_DEAD: &str = "
 INSERT INTO \"switchyard_jobs\"
     (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at,
-     envelope, labels)
-SELECT id, queue, kind, priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope, labels
+     envelope, labels, ordering_key)
+SELECT id, queue, kind, priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope, labels,
+       ordering_key
   FROM \"switchyard_jobs_dead\"
  WHERE {DEAD_SELECTION} AND id NOT IN (SELECT id FROM \"switchyard_jobs\")
  ORDER BY dead_at, id";
@@ -234,6 +242,37 @@ DELETE FROM \"switchyard_jobs_dead\"
  WHERE {DEAD_SELECTION} AND id IN (SELECT id FROM \"switchyard_jobs\" WHERE seq > ?4)";
 
 pub(crate) const PURGE_DEAD: &str = "DELETE FROM \"switchyard_jobs_dead\" WHERE {DEAD_SELECTION}";
+
+/// Parks the keyed rows above seq ?1 (just published or replayed) that have an older
+/// message of their key: they wait, out of the claim index, for the key. The head of a
+/// key (nothing older) stays as published.
+pub(crate) const PARK_NEW: &str = "
+UPDATE \"switchyard_jobs\" AS j SET ready = 0, visible_at = {PARKED}
+ WHERE j.seq > ?1 AND j.ordering_key IS NOT NULL AND j.token IS NULL
+   AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" e
+                WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key AND e.seq < j.seq)";
+
+/// Hands each key of ?1 (a JSON array of `[queue, key]`, heads that just left) to its
+/// oldest message, if that one is parked: ready when due, else due at its time.
+pub(crate) const HAND_ON: &str = "
+UPDATE \"switchyard_jobs\" SET ready = (available_at <= {NOW}), visible_at = available_at
+ WHERE visible_at = {PARKED}
+   AND seq IN (SELECT (SELECT n.seq FROM \"switchyard_jobs\" n
+                        WHERE n.queue = p.value ->> 0 AND n.ordering_key = p.value ->> 1
+                        ORDER BY n.seq LIMIT 1)
+                 FROM json_each(?1) AS p)
+RETURNING CAST(queue AS BLOB), ready";
+
+/// Hands keys whose head left without handing them on (an expired head, a quarantined
+/// one) to their oldest message: a parked message with nothing before it in its key.
+pub(crate) const REPAIR_KEYS: &str = "
+UPDATE \"switchyard_jobs\" SET ready = (available_at <= {NOW}), visible_at = available_at
+ WHERE seq IN (SELECT p.seq FROM \"switchyard_jobs\" p
+                WHERE p.ordering_key IS NOT NULL AND p.visible_at = {PARKED}
+                  AND NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" e
+                                   WHERE e.queue = p.queue AND e.ordering_key = p.ordering_key
+                                     AND e.seq < p.seq)
+                LIMIT 1000)";
 
 /// The statements specialised for one table.
 #[derive(Debug)]
@@ -271,6 +310,9 @@ pub(crate) struct Statements {
     pub(crate) replay_dead: String,
     pub(crate) delete_replayed: String,
     pub(crate) purge_dead: String,
+    pub(crate) park_new: String,
+    pub(crate) hand_on: String,
+    pub(crate) repair_keys: String,
 }
 
 /// Replaces the default table name with `table` (a validated identifier) and expands the
@@ -281,6 +323,7 @@ pub(crate) fn specialise(sql: &str, table: &str) -> String {
         .replace("{RETURNING}", CLAIM_RETURNING)
         .replace("{DEAD_SELECTION}", DEAD_SELECTION)
         .replace("{NOW}", NOW)
+        .replace("{PARKED}", PARKED)
         .replace("switchyard_jobs", table)
 }
 
@@ -325,6 +368,9 @@ impl Statements {
             replay_dead: s(REPLAY_DEAD),
             delete_replayed: s(DELETE_REPLAYED),
             purge_dead: s(PURGE_DEAD),
+            park_new: s(PARK_NEW),
+            hand_on: s(HAND_ON),
+            repair_keys: s(REPAIR_KEYS),
         }
     }
 }

@@ -26,6 +26,7 @@ use crate::sql::Statements;
 use crate::status::SqliteStatusStore;
 
 mod backend;
+mod keys;
 mod outbox;
 
 /// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
@@ -260,6 +261,7 @@ impl SqliteTransport {
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
+        key: Option<(&str, &str)>,
     ) -> Result<bool> {
         let token = token.to_string();
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
@@ -282,6 +284,7 @@ impl SqliteTransport {
             .execute(&mut *tx)
             .await
             .backend()?;
+        self.hand_on(&mut tx, key.as_slice()).await?;
         tx.commit().await.backend()?;
         Ok(true)
     }
@@ -316,7 +319,8 @@ impl SqliteTransport {
                 b.push_bind(env.last_error.as_deref().map(text::error_text))
                     .push(&self.sql.now)
                     .push_bind(json.as_str())
-                    .push_bind(labels.as_deref());
+                    .push_bind(labels.as_deref())
+                    .push_bind(env.ordering_key.as_deref());
             });
             qb.push(&self.sql.insert_jobs_tail);
             qb.build().execute(&mut *conn).await.backend()?;

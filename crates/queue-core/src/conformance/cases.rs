@@ -15,6 +15,7 @@ use super::harness::{Harness, OpenOptions};
 pub use super::holder_cases::*;
 pub use super::label_cases::*;
 pub use super::lease_cases::*;
+pub use super::ordering_cases::*;
 use crate::{reason, DeadSelection, Envelope, Error, Reservation, Result, TransportExt};
 
 /// A message comes back with the exact payload bytes, headers, trace id and metadata.

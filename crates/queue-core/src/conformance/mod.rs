@@ -14,6 +14,7 @@ mod harness;
 mod holder_cases;
 mod label_cases;
 mod lease_cases;
+mod ordering_cases;
 mod runner;
 mod shutdown_cases;
 pub mod status_cases;
@@ -72,7 +73,11 @@ macro_rules! conformance_tests {
             claims_select_by_label,
             labels_survive_retry_dead_letter_and_replay,
             invalid_labels_are_refused,
-            claims_record_their_holder_and_lease_end
+            claims_record_their_holder_and_lease_end,
+            one_message_per_key_in_publish_order,
+            delays_and_lapsed_leases_hold_the_key,
+            an_expired_head_hands_its_key_on,
+            concurrent_claimers_keep_every_key_in_order
         );
         $crate::conformance_tests!(@worker $harness;
             worker_handles_every_message_once_and_coalesces_acks,

@@ -25,6 +25,7 @@ pub struct EngineState {
     pub wakers: std::sync::Arc<Wakers>,
     pub(super) pacer: PromotePacer,
     pub(super) last_sweep: Mutex<Option<Instant>>,
+    pub(super) last_key_repair: Mutex<Option<Instant>>,
 }
 
 impl EngineState {
@@ -185,15 +186,22 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
     /// Moves unleased expired rows to the dead-letter store; how many.
     async fn sweep_expired(&self) -> Result<u64>;
 
-    /// Moves the row `seq` held under `token` to the dead-letter store, byte for byte;
-    /// `false` when the lease is gone.
+    /// Moves the row `seq` held under `token` to the dead-letter store, byte for byte,
+    /// and hands its ordering key (`key`: its queue and key, when the message has one) to
+    /// the next message of the key; `false` when the lease is gone.
     async fn move_to_dead(
         &self,
         seq: i64,
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
+        key: Option<(&str, &str)>,
     ) -> Result<bool>;
+
+    /// Hands each ordering key whose head left without handing it on (an expired head, a
+    /// quarantined one, a mover that died) to its next message; how many. A backstop:
+    /// acks and dead letters hand keys on themselves.
+    async fn repair_keys(&self) -> Result<u64>;
 
     /// Runs `op` on the rows of `reservations` still held under their tokens.
     async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport>;

@@ -65,7 +65,7 @@ pub(super) async fn reserve_rows<B: SqlBackend + ?Sized>(
                     // If the move fails the row stays leased and is quarantined again
                     // when its lease runs out; the good rows are still returned.
                     match claims
-                        .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why))
+                        .move_to_dead(row.seq, token, reason::MALFORMED, Some(&why), None)
                         .await
                     {
                         Ok(_) => quarantined += 1,

@@ -26,6 +26,10 @@ use crate::transport::{Claim, GiveBack, QueueStats, Transport};
 /// How often a claim may sweep expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a claim may look for ordering keys whose head left without handing them on
+/// (right after a sweep that moved expired messages, and otherwise this often).
+const KEY_REPAIR_EVERY: Duration = Duration::from_secs(5);
+
 #[async_trait]
 impl<B: SqlBackend> Transport for B {
     fn name(&self) -> &'static str {
@@ -111,7 +115,17 @@ impl<B: SqlBackend> Transport for B {
     ) -> Result<()> {
         // The receipt's tag is the row's seq; a replayed message gets a new row.
         let moved = self
-            .move_to_dead(row_seq(reservation), reservation.token(), reason, error)
+            .move_to_dead(
+                row_seq(reservation),
+                reservation.token(),
+                reason,
+                error,
+                reservation
+                    .envelope
+                    .ordering_key
+                    .as_deref()
+                    .map(|k| (reservation.envelope.queue.as_str(), k)),
+            )
             .await?;
         if moved {
             tracing::info!(message_id = %reservation.id(), reason, "dead-lettered");
@@ -169,6 +183,27 @@ async fn sweep<B: SqlBackend + ?Sized>(backend: &B) -> Result<()> {
             count = moved,
             "expired messages moved to the dead-letter store"
         );
+    }
+    let repair = {
+        let mut last = backend
+            .engine()
+            .last_key_repair
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let due = moved > 0 || last.is_none_or(|t| t.elapsed() >= KEY_REPAIR_EVERY);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    };
+    if repair {
+        let handed = backend.repair_keys().await?;
+        if handed > 0 {
+            tracing::info!(
+                count = handed,
+                "ordering keys whose head had left were handed to their next message"
+            );
+        }
     }
     Ok(())
 }

@@ -135,7 +135,8 @@ impl StoreSettings<'_> {
 
 /// What every SQL transport promises: exact FIFO, priorities, exact delays, lease
 /// extension, idempotent publish, expiry, table isolation, transactional publish,
-/// crashes that charge only started messages, label claims and recorded holders.
+/// crashes that charge only started messages, label claims, recorded holders and
+/// ordering keys.
 pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
     Capabilities {
         exact_fifo: true,
@@ -153,6 +154,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         wake_signal: true,
         label_claims: true,
         holders: true,
+        ordering_keys: true,
         max_payload_bytes,
         ..Capabilities::default()
     }

@@ -24,10 +24,10 @@ pub fn dead_row(letter: &DeadLetter) -> (String, i16, Option<DateTime<Utc>>, Opt
     }
 }
 
-/// Checks an envelope's labels and puts them in their stored order (the JSON is written
-/// after this); returns the labels column (`,a,b,`, or `None`).
+/// Checks an envelope's stored fields and puts its labels in their stored order (the JSON
+/// is written after this); returns the labels column (`,a,b,`, or `None`).
 pub fn labels_column(env: &mut Envelope) -> Result<Option<String>> {
-    crate::labels::normalize_envelope(env)?;
+    env.normalize_for_store()?;
     Ok(crate::labels::column(&env.labels))
 }
 

@@ -30,8 +30,13 @@ impl SqlBackend for MySqlTransport {
 
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
+        let keyed = rows.iter().any(|r| r.env.ordering_key.is_some());
         self.retrying("publish", || async {
-            if rows.len() <= PUBLISH_CHUNK {
+            if keyed {
+                let mut tx = self.pool.begin().await?;
+                self.insert_keyed(&mut tx, &rows).await?;
+                tx.commit().await
+            } else if rows.len() <= PUBLISH_CHUNK {
                 let mut conn = self.kept.take_or(self.pool.acquire()).await?;
                 self.insert_rows(&mut conn, &rows).await?;
                 self.kept.keep(conn);
@@ -182,8 +187,14 @@ impl SqlBackend for MySqlTransport {
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
+        key: Option<(&str, &str)>,
     ) -> Result<bool> {
-        self.move_leased_to_dead(seq, token, reason, error).await
+        self.move_leased_to_dead(seq, token, reason, error, key)
+            .await
+    }
+
+    async fn repair_keys(&self) -> Result<u64> {
+        self.repair().await
     }
 
     async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
@@ -347,6 +358,11 @@ impl SqlBackend for MySqlTransport {
         let moved = self
             .retrying("replay", || async {
                 let mut tx = self.pool.begin().await?;
+                self.lock_dead_keys(
+                    &mut tx,
+                    bind_selection!(sqlx::query_as(&self.sql.dead_keys), q, id, before),
+                )
+                .await?;
                 bind_selection!(sqlx::query(&self.sql.unbury), q, id, before)
                     .execute(&mut *tx)
                     .await?;
@@ -354,6 +370,10 @@ impl SqlBackend for MySqlTransport {
                     .fetch_one(&mut *tx)
                     .await?;
                 bind_selection!(sqlx::query(&self.sql.replay_dead), q, id, before)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(&self.sql.park_new)
+                    .bind(max_seq)
                     .execute(&mut *tx)
                     .await?;
                 let moved = bind_selection!(
@@ -439,6 +459,12 @@ impl SqlBackend for MySqlTransport {
                     .bind(letter.dead_at.timestamp_micros())
                     .bind(&text)
                     .bind(&labels)
+                    .bind(
+                        letter
+                            .envelope
+                            .as_ref()
+                            .and_then(|e| e.ordering_key.as_deref()),
+                    )
                     .execute(&mut *tx)
                     .await?;
                 sqlx::query(&self.sql.insert_tombstone)

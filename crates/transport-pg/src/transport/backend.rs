@@ -29,13 +29,11 @@ impl SqlBackend for PgTransport {
     }
 
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        let chunks = self.encode(envelopes)?;
-        match self.store(&self.sql.publish_fresh, &chunks).await {
+        let batch = self.encode(envelopes)?;
+        match self.store(true, &batch).await {
             // An id was stored already (or twice in this batch): nothing of the failed
             // statement was kept, so store it again, skipping what is stored.
-            Err(err) if is_unique_violation(&err) => {
-                self.store(&self.sql.publish, &chunks).await.backend()
-            }
+            Err(err) if is_unique_violation(&err) => self.store(false, &batch).await.backend(),
             stored => stored.backend(),
         }
     }
@@ -111,13 +109,44 @@ impl SqlBackend for PgTransport {
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
+        key: Option<(&str, &str)>,
     ) -> Result<bool> {
-        self.move_leased_to_dead(seq, token, reason, error).await
+        match key {
+            Some(key) => {
+                self.move_keyed_to_dead(seq, token, reason, error, key)
+                    .await
+            }
+            None => self.move_leased_to_dead(seq, token, reason, error).await,
+        }
+    }
+
+    async fn repair_keys(&self) -> Result<u64> {
+        self.repair().await
     }
 
     async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
         match op {
-            PairOp::Ack => self.pairs(&self.sql.ack_batch, reservations, None).await,
+            PairOp::Ack => {
+                // Keyed messages hand their keys on, under the keys' locks; the rest are
+                // one plain statement.
+                if reservations
+                    .iter()
+                    .all(|r| r.envelope.ordering_key.is_none())
+                {
+                    return self.pairs(&self.sql.ack_batch, reservations, None).await;
+                }
+                let (keyed, plain): (Vec<Reservation>, Vec<Reservation>) = reservations
+                    .iter()
+                    .cloned()
+                    .partition(|r| r.envelope.ordering_key.is_some());
+                let mut report = self.ack_keyed(&keyed).await?;
+                if !plain.is_empty() {
+                    let rest = self.pairs(&self.sql.ack_batch, &plain, None).await?;
+                    report.acked.extend(rest.acked);
+                    report.lost.extend(rest.lost);
+                }
+                Ok(report)
+            }
             PairOp::Start(lease) => {
                 self.pairs(&self.sql.start_batch, reservations, Some(lease))
                     .await
@@ -234,6 +263,13 @@ impl SqlBackend for PgTransport {
         age_us: Option<i64>,
     ) -> Result<Replayed> {
         let mut tx = self.pool.begin().await.backend()?;
+        sqlx::query(&self.sql.lock_dead_keys)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id)
+            .bind(age_us)
+            .execute(&mut *tx)
+            .await
+            .backend()?;
         let moved: Vec<(String, i64)> = sqlx::query_as(&self.sql.replay_dead)
             .bind(queue.map(QueueName::as_str))
             .bind(id)
@@ -303,6 +339,12 @@ impl SqlBackend for PgTransport {
                 .bind(letter.dead_at.timestamp_micros())
                 .bind(text)
                 .bind(labels)
+                .bind(
+                    letter
+                        .envelope
+                        .as_ref()
+                        .and_then(|e| e.ordering_key.clone()),
+                )
                 .execute(&mut *tx)
                 .await
                 .backend()?;

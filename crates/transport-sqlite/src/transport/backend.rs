@@ -26,13 +26,14 @@ impl SqlBackend for SqliteTransport {
 
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
-        if rows.len() <= INSERT_CHUNK {
+        let keyed = rows.iter().any(|r| r.env.ordering_key.is_some());
+        if rows.len() <= INSERT_CHUNK && !keyed {
             // One statement is atomic on its own: no explicit transaction needed.
             let mut conn = self.writer.acquire().await.backend()?;
             self.insert_envelopes(&mut conn, &rows).await?;
         } else {
             let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await.backend()?;
-            self.insert_envelopes(&mut tx, &rows).await?;
+            self.insert_keyed(&mut tx, &rows).await?;
             tx.commit().await.backend()?;
         }
         tracing::debug!(count = rows.len(), "published");
@@ -138,8 +139,18 @@ impl SqlBackend for SqliteTransport {
         token: LeaseToken,
         reason: &str,
         error: Option<&str>,
+        key: Option<(&str, &str)>,
     ) -> Result<bool> {
-        self.move_leased_to_dead(seq, token, reason, error).await
+        self.move_leased_to_dead(seq, token, reason, error, key)
+            .await
+    }
+
+    async fn repair_keys(&self) -> Result<u64> {
+        Ok(sqlx::query(&self.sql.repair_keys)
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected())
     }
 
     async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
@@ -149,6 +160,13 @@ impl SqlBackend for SqliteTransport {
             .collect();
         let pairs =
             serde_json::to_string(&pairs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+        if op == PairOp::Ack
+            && reservations
+                .iter()
+                .any(|r| r.envelope.ordering_key.is_some())
+        {
+            return self.ack_keyed(reservations, pairs).await;
+        }
         let query = match op {
             PairOp::Ack => sqlx::query_as(&self.sql.ack_batch).bind(pairs),
             PairOp::Start(lease) => sqlx::query_as(&self.sql.start_batch)
@@ -309,6 +327,7 @@ impl SqlBackend for SqliteTransport {
             .execute(&mut *tx)
             .await
             .backend()?;
+        self.park_new(&mut tx, max_seq).await?;
         let moved = sqlx::query(&self.sql.delete_replayed)
             .bind(q)
             .bind(id)
@@ -374,6 +393,12 @@ impl SqlBackend for SqliteTransport {
                 .bind(letter.dead_at.timestamp_micros())
                 .bind(text)
                 .bind(labels)
+                .bind(
+                    letter
+                        .envelope
+                        .as_ref()
+                        .and_then(|e| e.ordering_key.as_deref()),
+                )
                 .execute(&mut *tx)
                 .await
                 .backend()?;

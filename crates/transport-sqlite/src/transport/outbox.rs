@@ -40,7 +40,7 @@ impl SqliteTransport {
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
-        self.insert_envelopes(tx, &rows).await?;
+        self.insert_keyed(tx, &rows).await?;
         self.engine
             .wakers
             .wake_each(rows.iter().map(|row| row.env.queue.as_str()));
