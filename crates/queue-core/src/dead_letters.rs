@@ -33,6 +33,10 @@ pub struct DeadLetter {
     pub envelope: Option<Envelope>,
     /// The stored text, kept for a malformed message so nothing is lost.
     pub raw: Option<String>,
+    /// The message's ordering key: its dead-lettering handed the key on, so later
+    /// messages of the key went ahead of it (a replay puts it behind them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
 }
 
 impl DeadLetter {
@@ -53,6 +57,7 @@ impl DeadLetter {
             dead_at,
             envelope: None,
             raw: None,
+            ordering_key: None,
         }
     }
 }

@@ -208,7 +208,10 @@ pub(crate) struct PublishArgs {
     /// Header KEY=VALUE (repeatable)
     #[arg(long = "header", value_name = "KEY=VALUE")]
     pub(crate) headers: Vec<String>,
-    /// A label workers can select by (`work --label`); repeat for several
+    /// Messages of the queue with the same key are handled one at a time, in publish order
+    #[arg(long, value_name = "KEY")]
+    pub(crate) ordering_key: Option<String>,
+        /// A label workers can select by (`work --label`); repeat for several
     #[arg(long = "label", value_name = "LABEL")]
     pub(crate) labels: Vec<String>,
     /// Wait up to this long for the job to end, e.g. 10s, and print its result (exit 1
@@ -223,8 +226,8 @@ pub(crate) struct WorkArgs {
     #[arg(long)]
     pub(crate) queue: String,
     /// Shell command run once per message: the envelope JSON on stdin; SWITCHYARD_MESSAGE_ID,
-    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT and SWITCHYARD_LABELS in its environment; exit 0
-    /// acks, any other exit retries with backoff
+    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT, SWITCHYARD_LABELS and SWITCHYARD_ORDERING_KEY in its
+    /// environment; exit 0 acks, any other exit retries with backoff
     #[arg(long, value_name = "CMD")]
     pub(crate) exec: String,
     /// Messages handled at once

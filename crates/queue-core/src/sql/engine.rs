@@ -229,6 +229,7 @@ impl<B: SqlBackend> DeadLetters for B {
                     // published.
                     env.attempts = d.attempts;
                     env.last_error.clone_from(&d.last_error);
+                    d.ordering_key.clone_from(&env.ordering_key);
                     d.envelope = Some(env);
                 }
                 Err(_) => d.raw = Some(row.body),

@@ -45,6 +45,9 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
                 if let Some(e) = &d.last_error {
                     outln!("    last error: {}", e.lines().next().unwrap_or_default());
                 }
+                if let Some(key) = &d.ordering_key {
+                    outln!("    broke the sequence of ordering key {key:?}: the key's later messages went on without it");
+                }
                 if payload {
                     outln!(
                         "    payload: {}",

@@ -123,6 +123,7 @@ struct Template {
     trace_id: Option<String>,
     headers: Vec<(String, String)>,
     labels: Vec<String>,
+    ordering_key: Option<String>,
 }
 
 impl Template {
@@ -167,6 +168,7 @@ impl Template {
             trace_id: args.trace_id.clone(),
             headers,
             labels: args.labels.clone(),
+            ordering_key: args.ordering_key.clone(),
         };
         template.check_flags(args)?;
         Ok(template)
@@ -207,6 +209,12 @@ impl Template {
             .fold(probe("probe"), |b, l| b.label(l.clone()))
             .build()
             .map_err(|e| with_context(e, "--label"))?;
+        if let Some(key) = &self.ordering_key {
+            probe("probe")
+                .ordering_key(key.clone())
+                .build()
+                .map_err(|e| with_context(e, "--ordering-key"))?;
+        }
         Ok(())
     }
 
@@ -235,6 +243,9 @@ impl Template {
         }
         for label in &self.labels {
             b = b.label(label.clone());
+        }
+        if let Some(key) = &self.ordering_key {
+            b = b.ordering_key(key.clone());
         }
         b
     }

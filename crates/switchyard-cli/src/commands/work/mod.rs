@@ -126,6 +126,10 @@ impl Handler for ExecHandler {
             .env("SWITCHYARD_LEASE_TOKEN", ctx.lease_token.to_string())
             .env("SWITCHYARD_TRACE_ID", env.trace_id.as_deref().unwrap_or(""))
             .env("SWITCHYARD_LABELS", env.labels.join(","))
+            .env(
+                "SWITCHYARD_ORDERING_KEY",
+                env.ordering_key.as_deref().unwrap_or(""),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
