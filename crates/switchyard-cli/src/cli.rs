@@ -211,7 +211,7 @@ pub(crate) struct PublishArgs {
     /// Messages of the queue with the same key are handled one at a time, in publish order
     #[arg(long, value_name = "KEY")]
     pub(crate) ordering_key: Option<String>,
-        /// A label workers can select by (`work --label`); repeat for several
+    /// A label workers can select by (`work --label`); repeat for several
     #[arg(long = "label", value_name = "LABEL")]
     pub(crate) labels: Vec<String>,
     /// Wait up to this long for the job to end, e.g. 10s, and print its result (exit 1

@@ -86,7 +86,11 @@ fn keys_stay_in_order_on(sb: &Sandbox, queue: &str) {
     for share in [3, 3 * 2] {
         let deadline = Instant::now() + Duration::from_secs(240);
         while succeeded() * 9 < total * share {
-            assert!(Instant::now() < deadline, "the drain stalled: {}", sb.stats(queue));
+            assert!(
+                Instant::now() < deadline,
+                "the drain stalled: {}",
+                sb.stats(queue)
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let victim = fastrand::usize(..WORKERS);
@@ -120,7 +124,10 @@ fn keys_stay_in_order_on(sb: &Sandbox, queue: &str) {
     assert!(sb.dead(queue).is_empty(), "messages were dead-lettered");
     let text = std::fs::read_to_string(&log).expect("the run log");
     let checked = check_order(&text);
-    assert_eq!(checked.succeeded, total, "every message succeeded once at least");
+    assert_eq!(
+        checked.succeeded, total,
+        "every message succeeded once at least"
+    );
     eprintln!(
         "{total} messages over {KEYS} keys in {elapsed:.1?} ({:.0}/s) with {WORKERS} workers; \
          {} runs, {} failed on purpose, {} cut by the kills (at {kills:?} successes)",

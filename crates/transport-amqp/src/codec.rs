@@ -99,7 +99,7 @@ pub(crate) fn dead_letter_of(m: &BasicGetMessage, queue: &str) -> DeadLetter {
             // A valid envelope quarantined (one of another queue) says why in a header.
             d.last_error = header_str(headers, H_ERROR).or_else(|| env.last_error.clone());
             d.ordering_key.clone_from(&env.ordering_key);
-                    d.envelope = Some(env);
+            d.envelope = Some(env);
             d
         }
         Err(_) => {

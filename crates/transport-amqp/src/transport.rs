@@ -185,6 +185,13 @@ const LABELS_UNSUPPORTED: &str = "RabbitMQ cannot claim by label: a queue hands 
     (and routing each label to a queue of its own would deliver a message with two labels \
     twice); give that work a queue of its own";
 
+/// Why RabbitMQ refuses messages with ordering keys.
+const ORDERING_UNSUPPORTED: &str = "RabbitMQ does not keep ordering keys yet: a queue with \
+    several consumers hands a key's messages to them in parallel, and a retry goes through \
+    the delay chain to the back of the queue; keeping a key's order there needs partition \
+    queues with a single active consumer and retries held by the consumer, which this \
+    version does not have. Publish keyed messages to a SQL backend, or without a key";
+
 /// Why RabbitMQ cannot list held messages.
 const HOLDINGS_UNSUPPORTED: &str = "RabbitMQ does not say which consumer holds which \
     message: `rabbitmqctl list_consumers` shows each consumer's connection, named \
@@ -224,9 +231,13 @@ impl Transport for AmqpTransport {
 
     async fn publish_batch(&self, mut envelopes: Vec<Envelope>) -> Result<()> {
         for env in &mut envelopes {
-            // Labels and keys travel in the envelope, checked as on every backend.
+            // Labels travel in the envelope, checked as on every backend.
             env.normalize_for_store()?;
             env.check_size(self.options().max_payload_bytes)?;
+            // Refused rather than delivered out of order.
+            if env.ordering_key.is_some() {
+                return Err(queue_core::Error::NotSupported(ORDERING_UNSUPPORTED.into()));
+            }
         }
         let queues: HashSet<&str> = envelopes.iter().map(|e| e.queue.as_str()).collect();
         for q in queues {

@@ -26,9 +26,11 @@ use crate::transport::{Claim, GiveBack, QueueStats, Transport};
 /// How often a claim may sweep expired messages to the dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// How often a claim may look for ordering keys whose head left without handing them on
-/// (right after a sweep that moved expired messages, and otherwise this often).
-const KEY_REPAIR_EVERY: Duration = Duration::from_secs(5);
+/// How often a claim looks for ordering keys whose head left without handing them on,
+/// besides right after a sweep that moved expired messages (the usual cause). The look
+/// reads every parked message, so it is a backstop (a quarantined head, a mover that
+/// died), not a pace.
+const KEY_REPAIR_EVERY: Duration = Duration::from_secs(60);
 
 #[async_trait]
 impl<B: SqlBackend> Transport for B {

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::report::Sample;
 use super::target::Target;
-use super::workload::{jobs, queue, single_count};
+use super::workload::{jobs, keyed_jobs, queue, single_count};
 use crate::cli::BenchArgs;
 
 /// Messages per batched publish.
@@ -70,6 +70,21 @@ pub(super) async fn measure(
         missing += miss;
     }
 
+    // The same drain with ordering keys: one message of each key at a time.
+    let mut drain_keyed_per_s = None;
+    if t.capabilities().ordering_keys {
+        let q = queue("keyed")?;
+        let envs = keyed_jobs(&q, args.messages)?;
+        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+        for chunk in envs.chunks(1_000) {
+            t.publish_batch(chunk.to_vec()).await?;
+        }
+        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, None).await?;
+        drain_keyed_per_s = Some(per_s);
+        duplicates += dups;
+        missing += miss;
+    }
+
     // The same drain with `depth` more messages queued behind the measured ones.
     let mut drain_deep_per_s = None;
     let mut plan = None;
@@ -102,6 +117,7 @@ pub(super) async fn measure(
             drain_per_s,
             drain_deep_per_s,
             drain_status_per_s,
+            drain_keyed_per_s,
             pickup_p50_ms,
             pickup_p99_ms,
             duplicates,

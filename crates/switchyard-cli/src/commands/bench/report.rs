@@ -17,6 +17,9 @@ pub(super) struct Sample {
     /// The same drain recording each job's status (published `pending` through `Jobs`,
     /// then `running` and `completed`), where the backend keeps status.
     pub(super) drain_status_per_s: Option<f64>,
+    /// The same drain of messages with ordering keys (1,000 keys, one message of each
+    /// key at a time), where the backend keeps their order.
+    pub(super) drain_keyed_per_s: Option<f64>,
     pub(super) pickup_p50_ms: f64,
     pub(super) pickup_p99_ms: f64,
     pub(super) duplicates: u64,
@@ -155,6 +158,11 @@ pub(super) fn summarise(
                 .map(|s| s.drain_status_per_s)
                 .collect::<Option<Vec<f64>>>()
                 .map(median),
+            drain_keyed_per_s: samples
+                .iter()
+                .map(|s| s.drain_keyed_per_s)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
             pickup_p50_ms: m(|s| s.pickup_p50_ms),
             pickup_p99_ms: m(|s| s.pickup_p99_ms),
             duplicates: samples.iter().map(|s| s.duplicates).sum(),
@@ -223,6 +231,15 @@ fn print_notes(reports: &[Report]) {
                 r.backend,
                 r.claim,
                 100.0 * tracked / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
+        if let Some(keyed) = r.summary.drain_keyed_per_s {
+            outln!(
+                "{} {}: drain with ordering keys ({} keys, one message of a key at a time): {keyed:.0} jobs/s ({:.0}% of the unordered drain)",
+                r.backend,
+                r.claim,
+                super::workload::ORDERING_KEYS,
+                100.0 * keyed / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
             );
         }
         if let Some(deep) = r.summary.drain_deep_per_s {

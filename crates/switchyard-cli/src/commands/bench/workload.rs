@@ -26,3 +26,18 @@ pub(super) fn jobs(queue: &QueueName, n: usize) -> Result<Vec<Envelope>> {
         })
         .collect()
 }
+
+/// Keys of the ordered drain.
+pub(super) const ORDERING_KEYS: usize = 1_000;
+
+/// `n` no-op jobs on `queue` over [`ORDERING_KEYS`] ordering keys, each key's in order.
+pub(super) fn keyed_jobs(queue: &QueueName, n: usize) -> Result<Vec<Envelope>> {
+    (0..n)
+        .map(|i| {
+            Envelope::builder(queue.as_str(), "noop")
+                .payload(&serde_json::json!({ "n": i }))
+                .ordering_key(format!("key-{}", i % ORDERING_KEYS))
+                .build()
+        })
+        .collect()
+}
