@@ -160,6 +160,10 @@ fn publish(sb: &Sandbox, queue: &str) {
     });
 }
 
+/// One run of a handler: the message's place in its key, the shell's pid, and how it
+/// ended (`ok`, `fail`; none while running, or when its worker was killed).
+type Run<'a> = (usize, &'a str, Option<&'a str>);
+
 #[derive(Debug, Default)]
 struct Checked {
     runs: usize,
@@ -173,8 +177,8 @@ struct Checked {
 /// never ends; the lease it held had to run out first). Counts the distinct messages
 /// that succeeded.
 fn check_order(log: &str) -> Checked {
-    // Per key: runs in the order they started, as (place, pid, ended).
-    let mut keys: HashMap<&str, Vec<(usize, &str, Option<&str>)>> = HashMap::new();
+    // Per key: runs in the order they started.
+    let mut keys: HashMap<&str, Vec<Run<'_>>> = HashMap::new();
     let mut succeeded = std::collections::HashSet::new();
     let mut checked = Checked::default();
     for line in log.lines() {
