@@ -148,6 +148,32 @@ impl Router {
     }
 }
 
+impl Router {
+    /// Whether `env` goes to the other side: the canary share, by its id; but a message
+    /// with an ordering key goes where its key's order is kept, all of the key's messages
+    /// to the same side (the one side that keeps keys, say the SQL store beside
+    /// RabbitMQ, or by a hash of the key when both do). Refused when neither does.
+    fn to_other(&self, env: &Envelope) -> Result<bool> {
+        let Some(key) = &env.ordering_key else {
+            return Ok(canary_side(&env.id, self.canary_percent));
+        };
+        match (
+            self.primary.capabilities().ordering_keys,
+            self.other.capabilities().ordering_keys,
+        ) {
+            (true, true) => Ok(fnv(key.as_bytes()) % 100 < u64::from(self.canary_percent)),
+            (true, false) => Ok(false),
+            (false, true) => Ok(true),
+            (false, false) => Err(Error::NotSupported(format!(
+                "message {}: neither {} nor {} keeps ordering keys",
+                env.id,
+                self.primary.name(),
+                self.other.name()
+            ))),
+        }
+    }
+}
+
 fn marked(mut r: Reservation, origin: u8) -> Reservation {
     r.receipt = r.receipt.clone().with_origin(origin);
     r
@@ -156,12 +182,17 @@ fn marked(mut r: Reservation, origin: u8) -> Reservation {
 /// Whether `id` goes to the canary side at `percent`: a stable hash of the id (FNV-1a
 /// over its bytes), so the same message always lands on the same side.
 pub fn canary_side(id: &Uuid, percent: u8) -> bool {
+    fnv(id.as_bytes()) % 100 < u64::from(percent)
+}
+
+/// FNV-1a over `bytes`.
+fn fnv(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in id.as_bytes() {
+    for b in bytes {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    h % 100 < u64::from(percent)
+    h
 }
 
 fn merge_reports(into: &mut AckReport, from: AckReport) {
@@ -199,9 +230,8 @@ impl Transport for Router {
         caps.charges_only_started = a.charges_only_started && b.charges_only_started;
         caps.start_marks_in_status = a.start_marks_in_status || b.start_marks_in_status;
         caps.label_claims = a.label_claims && b.label_claims;
-        // The canary splits a key's messages between the two stores, and each keeps
-        // order only among its own.
-        caps.ordering_keys = false;
+        // A key's messages all go to one side that keeps their order (see `to_other`).
+        caps.ordering_keys = a.ordering_keys || b.ordering_keys;
         // Each side lists what it holds; one that cannot adds nothing.
         caps.holders = a.holders || b.holders;
         caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);
@@ -247,9 +277,15 @@ impl Transport for Router {
             env.normalize_for_store()?;
             env.check_size(limit)?;
         }
-        let (canary, rest): (Vec<Envelope>, Vec<Envelope>) = envelopes
-            .into_iter()
-            .partition(|e| canary_side(&e.id, self.canary_percent));
+        let mut canary = Vec::new();
+        let mut rest = Vec::new();
+        for env in envelopes {
+            if self.to_other(&env)? {
+                canary.push(env);
+            } else {
+                rest.push(env);
+            }
+        }
         if !rest.is_empty() {
             self.primary.publish_batch(rest).await?;
         }

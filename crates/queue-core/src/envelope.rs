@@ -183,11 +183,16 @@ impl PartialEq for Envelope {
 /// Bytes in an ordering key.
 pub const MAX_ORDERING_KEY_LEN: usize = 255;
 
-/// Checks an ordering key: 1 to 255 bytes, no control characters.
+/// Checks an ordering key: 1 to 255 bytes, no control characters, and no space at either
+/// end (MySQL's binary collation ignores trailing spaces, so `"k "` would be `"k"` there).
 pub fn check_ordering_key(key: &str) -> Result<()> {
-    if key.is_empty() || key.len() > MAX_ORDERING_KEY_LEN || key.chars().any(char::is_control) {
+    if key.is_empty()
+        || key.len() > MAX_ORDERING_KEY_LEN
+        || key.chars().any(char::is_control)
+        || key.trim() != key
+    {
         return Err(Error::InvalidInput(format!(
-            "invalid ordering key {}: expected 1 to {MAX_ORDERING_KEY_LEN} bytes without control characters",
+            "invalid ordering key {}: expected 1 to {MAX_ORDERING_KEY_LEN} bytes without control characters or spaces at either end",
             crate::error::shown(key)
         )));
     }
@@ -440,6 +445,15 @@ mod tests {
             .build()
             .unwrap_err();
         assert!(err.to_string().contains("not valid JSON"), "{err}");
+        for bad in ["", "k ", " k", "a\nb", &"x".repeat(256)] {
+            let err = Envelope::builder("q", "k")
+                .ordering_key(bad)
+                .build()
+                .expect_err(bad);
+            assert!(err.to_string().contains("invalid ordering key"), "{err}");
+        }
+        let ok = Envelope::builder("q", "k").ordering_key("order 42").build();
+        assert_eq!(ok.expect("a key").ordering_key.as_deref(), Some("order 42"));
     }
 
     #[test]

@@ -64,4 +64,7 @@ pub mod reason {
     pub const MAX_ATTEMPTS: &str = "max_attempts";
     /// The handler asked to fail at once.
     pub const FAILED: &str = "failed";
+    /// A relay's destination cannot keep what the message asks for (an ordering key on
+    /// RabbitMQ), so it was not forwarded.
+    pub const UNSUPPORTED: &str = "unsupported";
 }

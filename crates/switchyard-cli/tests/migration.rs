@@ -90,6 +90,40 @@ fn work(sb: &Sandbox, queue: &str) {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
+/// Whatever the canary share, a message with an ordering key goes to the SQL side, which
+/// keeps its key's order; RabbitMQ would refuse it.
+#[test]
+fn keyed_messages_stay_on_the_sql_side_of_a_canary() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_CANARY_PERCENT", "100");
+    let q = fresh_queue("keyedcanary");
+    for n in 0..5 {
+        let out = sb.run(&[
+            "publish",
+            "--queue",
+            &q,
+            "--kind",
+            &format!("s{n}"),
+            "--ordering-key",
+            "order-7",
+            "--payload",
+            "{}",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    publish(&sb, &q, 20);
+    let (exec, rabbit) = counts(&sb, &q);
+    assert_eq!(
+        (exec, rabbit),
+        (5, 20),
+        "keyed on exec, the rest on the canary"
+    );
+    work(&sb, &q);
+}
+
 /// `QUEUE_CANARY_PERCENT=10`: about a tenth of 10,000 publishes land on RabbitMQ, an id
 /// always on the same side, and workers process all of them from both.
 #[test]
@@ -264,6 +298,50 @@ fn a_relay_killed_mid_run_loses_nothing() {
     assert_eq!(seen.len(), 5_000, "an id that was never published arrived");
     let duplicates: u32 = seen.values().map(|n| n - 1).sum();
     eprintln!("relay killed with {left} left; {duplicates} forwarded twice, same ids");
+}
+
+/// A message with an ordering key in the outbox, which RabbitMQ cannot keep in order, is
+/// dead-lettered in the outbox saying why, and the messages around it are relayed: it
+/// does not hold up the relay.
+#[test]
+fn a_keyed_message_is_set_aside_by_the_relay_not_stuck() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_DRAIN", "none");
+    let q = fresh_queue("keyed");
+    let ids = publish(&sb, &q, 3);
+    let out = sb.run(&[
+        "publish",
+        "--queue",
+        &q,
+        "--kind",
+        "k",
+        "--ordering-key",
+        "order-1",
+        "--payload",
+        "{}",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let keyed = text(&out.stdout).trim().to_owned();
+    let out = sb.run(&["relay", "--queue", &q, "--drain", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dead = sb.dead(&q);
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["id"], keyed.as_str());
+    assert_eq!(dead[0]["reason"], "unsupported");
+    assert!(
+        dead[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cannot keep the order of ordering key")),
+        "{dead:?}"
+    );
+    let seen = runtime().block_on(consume_all(&q, Duration::from_secs(2)));
+    for id in &ids {
+        assert!(seen.contains_key(&uuid::Uuid::parse_str(id).expect("an id")));
+    }
+    assert_eq!(seen.len(), 3);
 }
 
 /// The transactional outbox: a message published in a transaction that rolls back never

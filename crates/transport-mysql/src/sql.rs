@@ -142,11 +142,14 @@ pub(crate) const LOCK_KEYS: &str = "INSERT INTO `switchyard_jobs_keys` (queue, o
 ON DUPLICATE KEY UPDATE okey = okey";
 
 /// Which of the keys in `{KEYS}` (`(queue = ? AND ordering_key = ?)` each) have a live
-/// message stored: a message published for one of them is parked behind it.
+/// message stored: a message published for one of them is parked behind it. A locking
+/// read, so that it sees the latest commit even in a caller's REPEATABLE READ
+/// transaction (an outbox publish), whose snapshot may predate the key's lock.
 pub(crate) const KEYS_IN_USE: &str =
     "SELECT DISTINCT CAST(queue AS BINARY), CAST(ordering_key AS BINARY)
   FROM `switchyard_jobs` FORCE INDEX (keys_idx)
- WHERE ready < 2 AND ({KEYS})";
+ WHERE ready < 2 AND ({KEYS})
+  LOCK IN SHARE MODE";
 
 /// The oldest live message of each key in `{KEYS}`: after its head left, the next.
 pub(crate) const NEXT_OF_KEYS: &str = "SELECT MIN(seq)
@@ -161,14 +164,17 @@ pub(crate) const HAND_ON: &str = "UPDATE `switchyard_jobs`
    SET ready = (available_at <= {NOW}), visible_at = GREATEST(available_at, {NOW})
  WHERE seq IN ({IN}) AND visible_at = {PARKED} AND ready = 0";
 
-/// Parks the keyed rows above seq `?` (just replayed) that have an older live message of
-/// their key.
+/// Parks the keyed rows above seq `?` (just replayed, not yet handed out) that have
+/// another live message of their key ahead: an older one, or a head published while the
+/// replay waited for the key's lock (which may have a higher seq). Run under the keys'
+/// locks, taken after the replay's insert, so it sees every publish of those keys.
 pub(crate) const PARK_NEW: &str = "UPDATE `switchyard_jobs` j
   JOIN (SELECT DISTINCT p.seq FROM `switchyard_jobs` p
-         WHERE p.seq > ? AND p.ordering_key IS NOT NULL AND p.ready < 2
+         WHERE p.seq > ? AND p.ordering_key IS NOT NULL AND p.ready < 2 AND p.token IS NULL
            AND EXISTS (SELECT 1 FROM `switchyard_jobs` e FORCE INDEX (keys_idx)
                         WHERE e.queue = p.queue AND e.ordering_key = p.ordering_key
-                          AND e.seq < p.seq AND e.ready < 2)) x ON j.seq = x.seq
+                          AND e.seq <> p.seq AND e.ready < 2
+                          AND (e.seq < p.seq OR e.visible_at <> {PARKED}))) x ON j.seq = x.seq
    SET j.ready = 0, j.visible_at = {PARKED}";
 
 /// Parked messages with nothing live before them in their key: keys whose head left
@@ -191,11 +197,10 @@ pub(crate) const PRUNE_KEYS: &str = "DELETE FROM `switchyard_jobs_keys`
                       AND j.ordering_key = `switchyard_jobs_keys`.okey AND j.ready < 2)
  LIMIT 1000";
 
-/// The keys of the dead letters a replay selects.
-pub(crate) const DEAD_KEYS: &str =
-    "SELECT DISTINCT CAST(d.queue AS BINARY), CAST(d.ordering_key AS BINARY)
-  FROM `switchyard_jobs_dead` d
- WHERE {DEAD_SELECTION} AND d.ordering_key IS NOT NULL";
+/// The keys of the rows above seq `?` (just replayed).
+pub(crate) const NEW_KEYS: &str =
+    "SELECT DISTINCT CAST(queue AS BINARY), CAST(ordering_key AS BINARY)
+  FROM `switchyard_jobs` WHERE seq > ? AND ordering_key IS NOT NULL";
 
 /// The rows of a batch, locked, to match them against their tokens.
 pub(crate) const LOCK_BY_IDS: &str =
@@ -381,7 +386,7 @@ pub(crate) struct Statements {
     pub(crate) park_new: String,
     pub(crate) orphaned_heads: String,
     pub(crate) prune_keys: String,
-    pub(crate) dead_keys: String,
+    pub(crate) new_keys: String,
     pub(crate) lock_by_ids: String,
     pub(crate) delete_by_seqs: String,
     pub(crate) start_by_seqs: String,
@@ -485,7 +490,7 @@ impl Statements {
             park_new: s(PARK_NEW),
             orphaned_heads: s(ORPHANED_HEADS),
             prune_keys: s(PRUNE_KEYS),
-            dead_keys: s(DEAD_KEYS),
+            new_keys: s(NEW_KEYS),
             lock_by_ids: s(LOCK_BY_IDS),
             delete_by_seqs: s(DELETE_BY_SEQS),
             start_by_seqs: s(START_BY_SEQS),

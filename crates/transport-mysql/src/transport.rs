@@ -493,47 +493,52 @@ impl MySqlTransport {
             .map(|(q, k)| (q.to_owned(), k.to_owned()))
             .into_iter()
             .collect();
-        self.retrying("dead-letter", || async {
-            let mut tx = self.pool.begin().await?;
-            self.lock_keys(&mut tx, &keys).await?;
-            // Lock the row under this lease first: a reclaim in between then waits for
-            // this move, or this move finds the lease gone and changes nothing.
-            let held: Option<i64> = sqlx::query_scalar(&self.sql.lock_leased)
-                .bind(seq)
-                .bind(&token)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if held.is_none() {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            let copied = sqlx::query(&self.sql.copy_leased_to_dead)
-                .bind(&reason)
-                .bind(error.as_deref())
-                .bind(seq)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if copied == 0 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            let buried = sqlx::query(&self.sql.bury_leased)
-                .bind(seq)
-                .bind(&token)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if buried != 1 {
-                tx.rollback().await?;
-                return Ok(false);
-            }
-            self.hand_on(&mut tx, &keys).await?;
-            tx.commit().await?;
-            Ok(true)
-        })
-        .await
+        let moved = self
+            .retrying("dead-letter", || async {
+                let mut tx = self.pool.begin().await?;
+                self.lock_keys(&mut tx, &keys).await?;
+                // Lock the row under this lease first: a reclaim in between then waits for
+                // this move, or this move finds the lease gone and changes nothing.
+                let held: Option<i64> = sqlx::query_scalar(&self.sql.lock_leased)
+                    .bind(seq)
+                    .bind(&token)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if held.is_none() {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                let copied = sqlx::query(&self.sql.copy_leased_to_dead)
+                    .bind(&reason)
+                    .bind(error.as_deref())
+                    .bind(seq)
+                    .bind(&token)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if copied == 0 {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                let buried = sqlx::query(&self.sql.bury_leased)
+                    .bind(seq)
+                    .bind(&token)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                if buried != 1 {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                self.hand_on(&mut tx, &keys).await?;
+                tx.commit().await?;
+                Ok(true)
+            })
+            .await;
+        if matches!(moved, Ok(true)) {
+            self.wake_keys(&keys);
+        }
+        moved
     }
 
     /// Locks the rows of a batch, keeps those still held under their tokens, and runs
@@ -624,6 +629,7 @@ impl MySqlTransport {
                 Ok(touched)
             })
             .await?;
+        self.wake_keys(&keys);
         Ok(pair_report(reservations, &touched))
     }
 

@@ -51,9 +51,13 @@ impl Server {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let install = install_db().expect("mariadb-install-db");
+        // The bootstrap server too gets a tmpdir of its own (see `run`).
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir_all(&tmp).expect("the server's tmpdir");
         let status = Command::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--user={}", whoami()))
             .arg("--auth-root-authentication-method=normal")
             .arg("--skip-test-db")
@@ -82,6 +86,8 @@ impl Server {
             .append(true)
             .open(self.dir.path().join("server.log"))
             .expect("a log file");
+        let tmp = self.dir.path().join("tmp");
+        std::fs::create_dir_all(&tmp).expect("the server's tmpdir");
         let child = Command::new(server_binary().expect("mariadbd"))
             .arg("--no-defaults")
             .arg(format!(
@@ -94,6 +100,10 @@ impl Server {
                 self.dir.path().join("sock").display()
             ))
             .arg("--bind-address=127.0.0.1")
+            // Its own temporary directory: a server that starts removes the `#sql*`
+            // files it finds in its tmpdir, which in /tmp are the local server's
+            // temporary tables in use (a large INSERT … SELECT of another test failed so).
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--user={}", whoami()))
             // A throwaway server: no accounts to set up.
             .arg("--skip-grant-tables")

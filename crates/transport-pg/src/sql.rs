@@ -308,10 +308,13 @@ WITH gone AS (
 SELECT g.id, g.token FROM gone g, woken";
 
 /// Takes the transaction-scoped lock of each key ($1: `queue` U+001F `key`), in one
-/// order, so that two transactions never wait for each other's keys.
+/// order, so that two transactions never wait for each other's keys. Keys share 256
+/// locks by hash: a batch of many keys then holds at most 256 of the server's lock
+/// slots (64 per connection by default), at the price of sometimes waiting for another
+/// key's publish or hand-over.
 pub(crate) const LOCK_KEYS: &str = "
 SELECT count(pg_advisory_xact_lock(21337, h))
-  FROM (SELECT DISTINCT hashtext(k) AS h FROM UNNEST($1::text[]) AS k ORDER BY h) AS s";
+  FROM (SELECT DISTINCT hashtext(k) & 255 AS h FROM UNNEST($1::text[]) AS k ORDER BY h) AS s";
 
 /// Hands keys whose head left without handing them on (an expired head, a quarantined
 /// one, a mover that died) to their oldest message: a parked message with nothing
@@ -416,17 +419,20 @@ ins AS (
            labels, ordering_key
       FROM keyed
      ORDER BY dead_at, id
-    RETURNING queue)
-SELECT queue, count(*) FROM ins GROUP BY queue";
+    RETURNING queue, id, ordering_key)
+SELECT queue, id, ordering_key FROM ins";
 
-/// Locks the keys of the dead letters a replay selects, before it runs: a replayed
-/// message with an ordering key goes back in line behind its key's messages.
-pub(crate) const LOCK_DEAD_KEYS: &str = "
-SELECT count(pg_advisory_xact_lock(21337, h))
-  FROM (SELECT DISTINCT hashtext(d.queue || chr(31) || d.ordering_key) AS h
-          FROM \"switchyard_jobs_dead\" d
-         WHERE {DEAD_SELECTION} AND d.ordering_key IS NOT NULL
-         ORDER BY h) AS s";
+/// Parks the replayed messages $1 (ids) that have another live message of their key
+/// ahead: an older one, or a head published while the replay waited for the key's lock
+/// (which may have a higher seq). Run under the keys' locks, taken after the replay's
+/// insert, so that it sees every publish of those keys.
+pub(crate) const PARK_REPLAYED: &str = "
+UPDATE \"switchyard_jobs\" j SET ready = false, visible_at = 'infinity'
+ WHERE j.id = ANY($1::text[]) AND j.ordering_key IS NOT NULL AND j.token IS NULL
+   AND j.visible_at <> 'infinity'
+   AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" e
+                WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key AND e.seq <> j.seq
+                  AND (e.seq < j.seq OR e.visible_at <> 'infinity'))";
 
 pub(crate) const PURGE_DEAD: &str = "DELETE FROM \"switchyard_jobs_dead\" d WHERE {DEAD_SELECTION}";
 
@@ -476,7 +482,7 @@ pub(crate) struct Statements {
     pub(crate) dead_exists: String,
     pub(crate) held: String,
     pub(crate) replay_dead: String,
-    pub(crate) lock_dead_keys: String,
+    pub(crate) park_replayed: String,
     pub(crate) move_keyed_to_dead: String,
     pub(crate) ack_keyed: String,
     pub(crate) lock_keys: String,
@@ -562,7 +568,7 @@ impl Statements {
             dead_exists: s(DEAD_EXISTS),
             held: s(HELD),
             replay_dead: s(REPLAY_DEAD),
-            lock_dead_keys: s(LOCK_DEAD_KEYS),
+            park_replayed: s(PARK_REPLAYED),
             move_keyed_to_dead: s(&MOVE_KEYED_TO_DEAD
                 .replace("{HAND_ON}", HAND_ON)
                 .replace("{CHANNEL}", "$5")),

@@ -292,6 +292,19 @@ impl PgTransport {
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
         let batch = self.encode(envelopes)?;
+        if !batch.locks.is_empty() {
+            // Whether a key is free is read after its lock is taken; a transaction whose
+            // snapshot is older than that lock would miss a message published meanwhile.
+            let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
+                .fetch_one(&mut **tx)
+                .await
+                .backend()?;
+            if isolation != "read committed" {
+                return Err(queue_core::Error::InvalidInput(format!(
+                    "messages with ordering keys are published in a READ COMMITTED transaction, not {isolation}: a snapshot older than the key's lock could miss a message of the key published meanwhile"
+                )));
+            }
+        }
         self.lock_keys(tx, &batch.locks).await.backend()?;
         for chunk in &batch.chunks {
             self.insert_with(false, tx, chunk).await.backend()?;

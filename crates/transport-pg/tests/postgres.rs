@@ -58,6 +58,44 @@ fn sleepy_worker(
     (handled, got, stop)
 }
 
+/// A keyed outbox publish reads whether its key is free after taking the key's lock; a
+/// REPEATABLE READ transaction's older snapshot could miss a message published meanwhile,
+/// so it is refused, and a READ COMMITTED one parks the key's second message.
+#[test]
+fn keyed_outbox_publishes_need_read_committed() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let t = schema.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let keyed = |n: usize| {
+            Envelope::builder(q.as_str(), format!("k{n}"))
+                .ordering_key("order-1")
+                .build()
+        };
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut *tx)
+            .await
+            .map_err(err)?;
+        let refused = t.publish_tx(&mut tx, keyed(1)?).await;
+        match refused {
+            Err(Error::InvalidInput(why)) => assert!(why.contains("READ COMMITTED"), "{why}"),
+            other => panic!("a keyed publish in a REPEATABLE READ transaction: {other:?}"),
+        }
+        tx.rollback().await.map_err(err)?;
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        t.publish_tx(&mut tx, keyed(1)?).await?;
+        t.publish_tx(&mut tx, keyed(2)?).await?;
+        tx.commit().await.map_err(err)?;
+        let first = t.reserve_batch(&q, 10).await?;
+        assert_eq!(first.len(), 1, "both messages of one key were claimable");
+        t.ack_batch(&first).await?;
+        let second = t.reserve_batch(&q, 10).await?;
+        assert_eq!(second.first().map(|r| r.envelope.kind.as_str()), Some("k2"));
+        Ok(())
+    });
+}
+
 #[test]
 fn publish_in_the_callers_transaction_exists_only_after_commit() {
     with_server(|| async {

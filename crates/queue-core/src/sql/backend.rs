@@ -25,7 +25,8 @@ pub struct EngineState {
     pub wakers: std::sync::Arc<Wakers>,
     pub(super) pacer: PromotePacer,
     pub(super) last_sweep: Mutex<Option<Instant>>,
-    pub(super) last_key_repair: Mutex<Option<Instant>>,
+    /// When the key repair last ran, and whether an expiry sweep since asked for it.
+    pub(super) key_repair: Mutex<(Option<Instant>, bool)>,
 }
 
 impl EngineState {

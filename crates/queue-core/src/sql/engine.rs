@@ -32,6 +32,11 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// died), not a pace.
 const KEY_REPAIR_EVERY: Duration = Duration::from_secs(60);
 
+/// How soon after the last look an expiry sweep that moved messages looks again: a
+/// steady trickle of expiries (of messages with keys or without) must not make every
+/// sweep read every parked message.
+const KEY_REPAIR_AFTER_EXPIRY: Duration = Duration::from_secs(5);
+
 #[async_trait]
 impl<B: SqlBackend> Transport for B {
     fn name(&self) -> &'static str {
@@ -187,14 +192,19 @@ async fn sweep<B: SqlBackend + ?Sized>(backend: &B) -> Result<()> {
         );
     }
     let repair = {
-        let mut last = backend
+        let mut state = backend
             .engine()
-            .last_key_repair
+            .key_repair
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let due = moved > 0 || last.is_none_or(|t| t.elapsed() >= KEY_REPAIR_EVERY);
+        let (last, owed) = &mut *state;
+        *owed |= moved > 0;
+        let due = last
+            .map(|t| t.elapsed())
+            .is_none_or(|t| t >= KEY_REPAIR_EVERY || (*owed && t >= KEY_REPAIR_AFTER_EXPIRY));
         if due {
             *last = Some(Instant::now());
+            *owed = false;
         }
         due
     };

@@ -90,6 +90,12 @@ async fn relay(
             continue;
         }
         idle = Duration::from_millis(20);
+        // A message the broker cannot keep as asked would be refused on every try and
+        // hold up the outbox behind it: it is dead-lettered there, saying why.
+        let taken = set_aside_unsupported(outbox, broker, taken).await;
+        if taken.is_empty() {
+            continue;
+        }
         // The envelopes as stored: same ids, attempts, due times, headers.
         let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
         if let Err(err) = broker.publish_batch(envelopes).await {
@@ -120,6 +126,36 @@ async fn relay(
         }
     }
     Ok(relayed)
+}
+
+/// Dead-letters in the outbox the messages `broker` would refuse (ordering keys where it
+/// cannot keep them), and returns the rest.
+async fn set_aside_unsupported(
+    outbox: &dyn Transport,
+    broker: &dyn Transport,
+    taken: Vec<switchyard::Reservation>,
+) -> Vec<switchyard::Reservation> {
+    if broker.capabilities().ordering_keys {
+        return taken;
+    }
+    let (keyed, rest): (Vec<_>, Vec<_>) = taken
+        .into_iter()
+        .partition(|r| r.envelope.ordering_key.is_some());
+    for r in &keyed {
+        let why = format!(
+            "not relayed: {} cannot keep the order of ordering key {:?}; publish it to a SQL backend, or without a key",
+            broker.name(),
+            r.envelope.ordering_key.as_deref().unwrap_or_default()
+        );
+        tracing::warn!(message_id = %r.id(), "relay: {why}");
+        if let Err(err) = outbox
+            .dead_letter(r, switchyard::reason::UNSUPPORTED, Some(&why))
+            .await
+        {
+            tracing::warn!(message_id = %r.id(), error = %err, "relay: could not dead-letter a message the broker refuses; it returns when its lease runs out");
+        }
+    }
+    rest
 }
 
 async fn pause(shutdown: &CancellationToken, d: Duration) {

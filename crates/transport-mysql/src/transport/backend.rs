@@ -358,11 +358,6 @@ impl SqlBackend for MySqlTransport {
         let moved = self
             .retrying("replay", || async {
                 let mut tx = self.pool.begin().await?;
-                self.lock_dead_keys(
-                    &mut tx,
-                    bind_selection!(sqlx::query_as(&self.sql.dead_keys), q, id, before),
-                )
-                .await?;
                 bind_selection!(sqlx::query(&self.sql.unbury), q, id, before)
                     .execute(&mut *tx)
                     .await?;
@@ -372,6 +367,9 @@ impl SqlBackend for MySqlTransport {
                 bind_selection!(sqlx::query(&self.sql.replay_dead), q, id, before)
                     .execute(&mut *tx)
                     .await?;
+                // A replayed message with an ordering key goes behind its key's messages,
+                // those published while this replay waits for the key's lock included.
+                self.lock_new_keys(&mut tx, max_seq).await?;
                 sqlx::query(&self.sql.park_new)
                     .bind(max_seq)
                     .execute(&mut *tx)

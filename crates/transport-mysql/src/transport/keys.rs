@@ -80,8 +80,8 @@ impl MySqlTransport {
     }
 
     /// Hands each of `keys`, whose heads just left, to its oldest live message if that
-    /// one is parked; forgets the claim cursors of their queues and wakes this process's
-    /// workers.
+    /// one is parked, and forgets the claim cursors of their queues (the caller wakes
+    /// their workers once it has committed).
     pub(super) async fn hand_on(
         &self,
         conn: &mut MySqlConnection,
@@ -99,9 +99,16 @@ impl MySqlTransport {
         self.unpark(conn, &next).await?;
         for (queue, _) in keys {
             self.cursors.forget(queue);
-            self.engine.wakers.wake(queue);
         }
         Ok(())
+    }
+
+    /// Wakes this process's workers of the queues of `keys`, handed on by a committed
+    /// transaction.
+    pub(super) fn wake_keys(&self, keys: &[Key]) {
+        self.engine
+            .wakers
+            .wake_each(keys.iter().map(|(queue, _)| queue.as_str()));
     }
 
     /// Makes the parked rows among `seqs` claimable (or due at their time).
@@ -142,13 +149,14 @@ impl MySqlTransport {
         .await
     }
 
-    /// The keys of the dead letters a replay selects, locked, before it runs.
-    pub(super) async fn lock_dead_keys(
+    /// Locks the keys of the rows above seq `after` (just replayed).
+    pub(super) async fn lock_new_keys(
         &self,
         conn: &mut MySqlConnection,
-        query: sqlx::query::QueryAs<'_, MySql, (Vec<u8>, Vec<u8>), sqlx::mysql::MySqlArguments>,
+        after: i64,
     ) -> std::result::Result<(), sqlx::Error> {
-        let mut keys: Vec<Key> = query
+        let mut keys: Vec<Key> = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&self.sql.new_keys)
+            .bind(after)
             .fetch_all(&mut *conn)
             .await?
             .into_iter()

@@ -127,25 +127,17 @@ impl SqlBackend for PgTransport {
     async fn by_pairs(&self, op: PairOp, reservations: &[Reservation]) -> Result<AckReport> {
         match op {
             PairOp::Ack => {
-                // Keyed messages hand their keys on, under the keys' locks; the rest are
-                // one plain statement.
+                // A batch with keyed messages is acked in one transaction under their
+                // keys' locks, which hands each key on (rows without a key hand nothing
+                // on); the rest is one plain statement.
                 if reservations
                     .iter()
                     .all(|r| r.envelope.ordering_key.is_none())
                 {
-                    return self.pairs(&self.sql.ack_batch, reservations, None).await;
+                    self.pairs(&self.sql.ack_batch, reservations, None).await
+                } else {
+                    self.ack_keyed(reservations).await
                 }
-                let (keyed, plain): (Vec<Reservation>, Vec<Reservation>) = reservations
-                    .iter()
-                    .cloned()
-                    .partition(|r| r.envelope.ordering_key.is_some());
-                let mut report = self.ack_keyed(&keyed).await?;
-                if !plain.is_empty() {
-                    let rest = self.pairs(&self.sql.ack_batch, &plain, None).await?;
-                    report.acked.extend(rest.acked);
-                    report.lost.extend(rest.lost);
-                }
-                Ok(report)
             }
             PairOp::Start(lease) => {
                 self.pairs(&self.sql.start_batch, reservations, Some(lease))
@@ -263,20 +255,39 @@ impl SqlBackend for PgTransport {
         age_us: Option<i64>,
     ) -> Result<Replayed> {
         let mut tx = self.pool.begin().await.backend()?;
-        sqlx::query(&self.sql.lock_dead_keys)
-            .bind(queue.map(QueueName::as_str))
-            .bind(id)
-            .bind(age_us)
-            .execute(&mut *tx)
-            .await
-            .backend()?;
-        let moved: Vec<(String, i64)> = sqlx::query_as(&self.sql.replay_dead)
+        let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(&self.sql.replay_dead)
             .bind(queue.map(QueueName::as_str))
             .bind(id)
             .bind(age_us)
             .fetch_all(&mut *tx)
             .await
             .backend()?;
+        // A replayed message with an ordering key goes behind its key's messages, those
+        // published while this replay waits for the key's lock included.
+        let keyed: Vec<&(String, String, Option<String>)> =
+            rows.iter().filter(|(_, _, key)| key.is_some()).collect();
+        if !keyed.is_empty() {
+            let mut locks: Vec<String> = keyed
+                .iter()
+                .filter_map(|(q, _, k)| k.as_deref().map(|k| keys::key_lock(q, k)))
+                .collect();
+            locks.sort();
+            locks.dedup();
+            self.lock_keys(&mut tx, &locks).await.backend()?;
+            let ids: Vec<&str> = keyed.iter().map(|(_, id, _)| id.as_str()).collect();
+            sqlx::query(&self.sql.park_replayed)
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await
+                .backend()?;
+        }
+        let mut moved: Vec<(String, i64)> = Vec::new();
+        for (q, _, _) in &rows {
+            match moved.iter_mut().find(|(m, _)| m == q) {
+                Some((_, n)) => *n += 1,
+                None => moved.push((q.clone(), 1)),
+            }
+        }
         let queues: Vec<String> = moved.iter().map(|(q, _)| q.clone()).collect();
         if self.options.notify && !queues.is_empty() {
             sqlx::query(&self.sql.notify_queues)
