@@ -183,8 +183,9 @@ impl PartialEq for Envelope {
 /// Bytes in an ordering key.
 pub const MAX_ORDERING_KEY_LEN: usize = 255;
 
-/// Checks an ordering key: 1 to 255 bytes, no control characters, and no space at either
-/// end (MySQL's binary collation ignores trailing spaces, so `"k "` would be `"k"` there).
+/// Checks an ordering key: 1 to 255 bytes, no control characters, and no whitespace at
+/// either end (MySQL's binary collation ignores trailing spaces, so `"k "` would be `"k"`
+/// there).
 pub fn check_ordering_key(key: &str) -> Result<()> {
     if key.is_empty()
         || key.len() > MAX_ORDERING_KEY_LEN
@@ -192,7 +193,7 @@ pub fn check_ordering_key(key: &str) -> Result<()> {
         || key.trim() != key
     {
         return Err(Error::InvalidInput(format!(
-            "invalid ordering key {}: expected 1 to {MAX_ORDERING_KEY_LEN} bytes without control characters or spaces at either end",
+            "invalid ordering key {}: expected 1 to {MAX_ORDERING_KEY_LEN} bytes without control characters or whitespace at either end",
             crate::error::shown(key)
         )));
     }

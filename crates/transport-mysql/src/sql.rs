@@ -142,14 +142,13 @@ pub(crate) const LOCK_KEYS: &str = "INSERT INTO `switchyard_jobs_keys` (queue, o
 ON DUPLICATE KEY UPDATE okey = okey";
 
 /// Which of the keys in `{KEYS}` (`(queue = ? AND ordering_key = ?)` each) have a live
-/// message stored: a message published for one of them is parked behind it. A locking
-/// read, so that it sees the latest commit even in a caller's REPEATABLE READ
-/// transaction (an outbox publish), whose snapshot may predate the key's lock.
+/// message stored: a message published for one of them is parked behind it. Read after
+/// the keys' locks, at READ COMMITTED (an outbox publish in a transaction at another
+/// level is refused), so that it sees every commit made before them.
 pub(crate) const KEYS_IN_USE: &str =
     "SELECT DISTINCT CAST(queue AS BINARY), CAST(ordering_key AS BINARY)
   FROM `switchyard_jobs` FORCE INDEX (keys_idx)
- WHERE ready < 2 AND ({KEYS})
-  LOCK IN SHARE MODE";
+ WHERE ready < 2 AND ({KEYS})";
 
 /// The oldest live message of each key in `{KEYS}`: after its head left, the next.
 pub(crate) const NEXT_OF_KEYS: &str = "SELECT MIN(seq)
@@ -164,17 +163,14 @@ pub(crate) const HAND_ON: &str = "UPDATE `switchyard_jobs`
    SET ready = (available_at <= {NOW}), visible_at = GREATEST(available_at, {NOW})
  WHERE seq IN ({IN}) AND visible_at = {PARKED} AND ready = 0";
 
-/// Parks the keyed rows above seq `?` (just replayed, not yet handed out) that have
-/// another live message of their key ahead: an older one, or a head published while the
-/// replay waited for the key's lock (which may have a higher seq). Run under the keys'
-/// locks, taken after the replay's insert, so it sees every publish of those keys.
+/// Parks the keyed rows above seq `?` (just replayed, under their keys' locks) that have
+/// an older live message of their key.
 pub(crate) const PARK_NEW: &str = "UPDATE `switchyard_jobs` j
   JOIN (SELECT DISTINCT p.seq FROM `switchyard_jobs` p
          WHERE p.seq > ? AND p.ordering_key IS NOT NULL AND p.ready < 2 AND p.token IS NULL
            AND EXISTS (SELECT 1 FROM `switchyard_jobs` e FORCE INDEX (keys_idx)
                         WHERE e.queue = p.queue AND e.ordering_key = p.ordering_key
-                          AND e.seq <> p.seq AND e.ready < 2
-                          AND (e.seq < p.seq OR e.visible_at <> {PARKED}))) x ON j.seq = x.seq
+                          AND e.seq < p.seq AND e.ready < 2)) x ON j.seq = x.seq
    SET j.ready = 0, j.visible_at = {PARKED}";
 
 /// Parked messages with nothing live before them in their key: keys whose head left
@@ -196,11 +192,6 @@ pub(crate) const PRUNE_KEYS: &str = "DELETE FROM `switchyard_jobs_keys`
                     WHERE j.queue = `switchyard_jobs_keys`.queue
                       AND j.ordering_key = `switchyard_jobs_keys`.okey AND j.ready < 2)
  LIMIT 1000";
-
-/// The keys of the rows above seq `?` (just replayed).
-pub(crate) const NEW_KEYS: &str =
-    "SELECT DISTINCT CAST(queue AS BINARY), CAST(ordering_key AS BINARY)
-  FROM `switchyard_jobs` WHERE seq > ? AND ordering_key IS NOT NULL";
 
 /// The rows of a batch, locked, to match them against their tokens.
 pub(crate) const LOCK_BY_IDS: &str =
@@ -325,14 +316,22 @@ pub(crate) const REPLAY_DEAD: &str = "INSERT INTO `switchyard_jobs`
 SELECT id, queue, kind, priority, -priority, 0, 1, {NOW}, {NOW}, NULL, last_error, {NOW}, envelope,
        labels, ordering_key
   FROM `switchyard_jobs_dead` d
- WHERE {DEAD_SELECTION}
+ WHERE d.id IN ({IN})
    AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = d.id)
  ORDER BY dead_at, id";
 
 /// Deletes the dead letters the replay just inserted (rows above the old maximum seq).
 pub(crate) const DELETE_REPLAYED: &str = "DELETE d FROM `switchyard_jobs_dead` d
   JOIN `switchyard_jobs` j ON j.id = d.id AND j.seq > ?
- WHERE {DEAD_SELECTION}";
+ WHERE d.id IN ({IN})";
+
+/// The dead letters a replay selects, locked, with their keys: the replay takes the
+/// keys' locks and then moves exactly these, so that the key's messages it sees are all
+/// there are and its rows' seqs come after them.
+pub(crate) const SELECT_REPLAYED: &str = "SELECT CAST(d.id AS BINARY), CAST(d.queue AS BINARY),
+       CAST(d.ordering_key AS BINARY)
+  FROM `switchyard_jobs_dead` d
+ WHERE {DEAD_SELECTION} ORDER BY d.dead_at, d.id FOR UPDATE";
 
 /// The ids of up to 4,096 selected dead letters, locked: a purge deletes exactly these
 /// and their tombstones, whatever is dead-lettered meanwhile.
@@ -348,12 +347,6 @@ pub(crate) const DELETE_TOMBSTONES_BY_IDS: &str =
 /// their ids are free again.
 pub(crate) const DELETE_ORPHAN_TOMBSTONES: &str = "DELETE j FROM `switchyard_jobs` j
  WHERE j.ready = 2 AND NOT EXISTS (SELECT 1 FROM `switchyard_jobs_dead` d WHERE d.id = j.id)";
-
-/// Removes the tombstones of the selected dead letters before a replay (same
-/// transaction): their ids may be published again.
-pub(crate) const UNBURY: &str = "DELETE j FROM `switchyard_jobs` j
-  JOIN `switchyard_jobs_dead` d ON d.id = j.id
- WHERE j.ready = 2 AND {DEAD_SELECTION}";
 
 /// The statements specialised for one database and table.
 #[derive(Debug)]
@@ -386,7 +379,7 @@ pub(crate) struct Statements {
     pub(crate) park_new: String,
     pub(crate) orphaned_heads: String,
     pub(crate) prune_keys: String,
-    pub(crate) new_keys: String,
+    pub(crate) select_replayed: String,
     pub(crate) lock_by_ids: String,
     pub(crate) delete_by_seqs: String,
     pub(crate) start_by_seqs: String,
@@ -397,7 +390,6 @@ pub(crate) struct Statements {
     pub(crate) copy_leased_to_dead: String,
     pub(crate) bury_leased: String,
     pub(crate) bury_by_seqs: String,
-    pub(crate) unbury: String,
     pub(crate) any_expired: String,
     pub(crate) lock_expired: String,
     pub(crate) copy_expired: String,
@@ -490,7 +482,7 @@ impl Statements {
             park_new: s(PARK_NEW),
             orphaned_heads: s(ORPHANED_HEADS),
             prune_keys: s(PRUNE_KEYS),
-            new_keys: s(NEW_KEYS),
+            select_replayed: s(SELECT_REPLAYED),
             lock_by_ids: s(LOCK_BY_IDS),
             delete_by_seqs: s(DELETE_BY_SEQS),
             start_by_seqs: s(START_BY_SEQS),
@@ -501,7 +493,6 @@ impl Statements {
             copy_leased_to_dead: s(COPY_LEASED_TO_DEAD),
             bury_leased: s(BURY_LEASED),
             bury_by_seqs: s(BURY_BY_SEQS),
-            unbury: s(UNBURY),
             any_expired: s(ANY_EXPIRED),
             lock_expired: s(LOCK_EXPIRED).replace("{SKIP}", skip),
             copy_expired: s(COPY_EXPIRED),

@@ -265,6 +265,23 @@ impl MySqlTransport {
     ) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         if rows.iter().any(|r| r.env.ordering_key.is_some()) {
+            // Whether a key is free is read after its lock is taken; a REPEATABLE READ
+            // snapshot older than that lock would miss a message published meanwhile (and
+            // a locking read there would lock gaps that hold up other publishers).
+            let variable = if self.server.mariadb {
+                "SELECT @@tx_isolation"
+            } else {
+                "SELECT @@transaction_isolation"
+            };
+            let isolation: String = sqlx::query_scalar(variable)
+                .fetch_one(&mut **tx)
+                .await
+                .backend()?;
+            if isolation != "READ-COMMITTED" {
+                return Err(queue_core::Error::InvalidInput(format!(
+                    "messages with ordering keys are published in a READ COMMITTED transaction, not {isolation}: a snapshot older than the key's lock could miss a message of the key published meanwhile (the transport's own connections, from pool(), run at READ COMMITTED)"
+                )));
+            }
             self.insert_keyed(tx, &rows).await.backend()?;
         } else {
             for chunk in rows.chunks(PUBLISH_CHUNK) {

@@ -27,6 +27,49 @@ fn job(q: &QueueName, n: usize) -> Envelope {
         .expect("a valid envelope")
 }
 
+/// A keyed outbox publish reads whether its key is free after taking the key's lock: a
+/// transaction at REPEATABLE READ (MySQL's default, not the transport's) is refused, and
+/// one on the transport's own READ COMMITTED connections parks the key's second message.
+#[test]
+fn keyed_outbox_publishes_need_read_committed() {
+    with_server(|| async {
+        use sqlx::Connection;
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let keyed = |n: usize| {
+            Envelope::builder(q.as_str(), format!("k{n}"))
+                .ordering_key("order-1")
+                .build()
+        };
+        let mut own = sqlx::MySqlConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
+        sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut own)
+            .await
+            .map_err(err)?;
+        let mut tx = own.begin().await.map_err(err)?;
+        match t.publish_tx(&mut tx, keyed(1)?).await {
+            Err(queue_core::Error::InvalidInput(why)) => {
+                assert!(why.contains("READ COMMITTED"), "{why}")
+            }
+            other => panic!("a keyed publish at REPEATABLE READ: {other:?}"),
+        }
+        tx.rollback().await.map_err(err)?;
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        t.publish_tx(&mut tx, keyed(1)?).await?;
+        t.publish_tx(&mut tx, keyed(2)?).await?;
+        tx.commit().await.map_err(err)?;
+        let first = t.reserve_batch(&q, 10).await?;
+        assert_eq!(first.len(), 1, "both messages of one key were claimable");
+        t.ack_batch(&first).await?;
+        let second = t.reserve_batch(&q, 10).await?;
+        assert_eq!(second.first().map(|r| r.envelope.kind.as_str()), Some("k2"));
+        Ok(())
+    });
+}
+
 #[test]
 fn publish_in_the_callers_transaction_exists_only_after_commit() {
     with_server(|| async {

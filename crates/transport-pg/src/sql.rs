@@ -401,7 +401,7 @@ const DEAD_SELECTION: &str =
 pub(crate) const REPLAY_DEAD: &str = "
 WITH moved AS (
     DELETE FROM \"switchyard_jobs_dead\" d
-     WHERE {DEAD_SELECTION}
+     WHERE {DEAD_SELECTION} AND d.id = ANY($4::text[])
        AND NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = d.id)
     RETURNING d.*),
 keyed AS (
@@ -422,17 +422,14 @@ ins AS (
     RETURNING queue, id, ordering_key)
 SELECT queue, id, ordering_key FROM ins";
 
-/// Parks the replayed messages $1 (ids) that have another live message of their key
-/// ahead: an older one, or a head published while the replay waited for the key's lock
-/// (which may have a higher seq). Run under the keys' locks, taken after the replay's
-/// insert, so that it sees every publish of those keys.
-pub(crate) const PARK_REPLAYED: &str = "
-UPDATE \"switchyard_jobs\" j SET ready = false, visible_at = 'infinity'
- WHERE j.id = ANY($1::text[]) AND j.ordering_key IS NOT NULL AND j.token IS NULL
-   AND j.visible_at <> 'infinity'
-   AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" e
-                WHERE e.queue = j.queue AND e.ordering_key = j.ordering_key AND e.seq <> j.seq
-                  AND (e.seq < j.seq OR e.visible_at <> 'infinity'))";
+/// The dead letters a replay selects, locked, with their keys' lock names: the replay
+/// takes those locks and then moves exactly these ($4 of [`REPLAY_DEAD`]), so that the
+/// key's messages it sees are all there are and its rows' seqs come after them.
+pub(crate) const SELECT_REPLAYED: &str = "
+SELECT d.id, CASE WHEN d.ordering_key IS NULL THEN NULL ELSE d.queue || chr(31) || d.ordering_key END
+  FROM \"switchyard_jobs_dead\" d
+ WHERE {DEAD_SELECTION}
+   FOR UPDATE";
 
 pub(crate) const PURGE_DEAD: &str = "DELETE FROM \"switchyard_jobs_dead\" d WHERE {DEAD_SELECTION}";
 
@@ -482,7 +479,7 @@ pub(crate) struct Statements {
     pub(crate) dead_exists: String,
     pub(crate) held: String,
     pub(crate) replay_dead: String,
-    pub(crate) park_replayed: String,
+    pub(crate) select_replayed: String,
     pub(crate) move_keyed_to_dead: String,
     pub(crate) ack_keyed: String,
     pub(crate) lock_keys: String,
@@ -568,7 +565,7 @@ impl Statements {
             dead_exists: s(DEAD_EXISTS),
             held: s(HELD),
             replay_dead: s(REPLAY_DEAD),
-            park_replayed: s(PARK_REPLAYED),
+            select_replayed: s(SELECT_REPLAYED),
             move_keyed_to_dead: s(&MOVE_KEYED_TO_DEAD
                 .replace("{HAND_ON}", HAND_ON)
                 .replace("{CHANNEL}", "$5")),

@@ -75,6 +75,7 @@ macro_rules! conformance_tests {
             invalid_labels_are_refused,
             claims_record_their_holder_and_lease_end,
             one_message_per_key_in_publish_order,
+            replays_of_a_key_come_back_in_order,
             delays_and_lapsed_leases_hold_the_key,
             an_expired_head_hands_its_key_on,
             concurrent_claimers_keep_every_key_in_order

@@ -6,14 +6,28 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::case_support::{applies, fresh_queue, message, reserve_within, with_lease};
-use super::harness::Harness;
-use crate::{DeadSelection, Envelope, QueueName, Reservation, Result, TransportExt};
+use super::harness::{Harness, Store};
+use crate::{DeadSelection, Envelope, QueueName, Reservation, Result, Transport, TransportExt};
 
 fn keyed(q: &QueueName, kind: &str, key: &str) -> Envelope {
     Envelope::builder(q.as_str(), kind)
         .ordering_key(key)
         .build()
         .expect("a valid envelope")
+}
+
+/// A store with a lease of `lease`, or `None` (having said why) when the backend does
+/// not keep ordering keys.
+async fn keyed_store(
+    h: &Arc<dyn Harness>,
+    lease: Duration,
+) -> Result<Option<(Box<dyn Store>, Arc<dyn Transport>)>> {
+    let store = h.store().await?;
+    let t = store.open(with_lease(lease)).await?;
+    if !applies(t.as_ref(), "ordering_keys", t.capabilities().ordering_keys) {
+        return Ok(None);
+    }
+    Ok(Some((store, t)))
 }
 
 fn kinds(rs: &[Reservation]) -> Vec<&str> {
@@ -25,11 +39,9 @@ fn kinds(rs: &[Reservation]) -> Vec<&str> {
 /// Only the oldest message of each key is claimable; the next one becomes claimable when
 /// it is acked, a retry keeps the key, and a dead letter hands it on.
 pub async fn one_message_per_key_in_publish_order(h: Arc<dyn Harness>) -> Result<()> {
-    let store = h.store().await?;
-    let t = store.open(with_lease(Duration::from_secs(30))).await?;
-    if !applies(t.as_ref(), "ordering_keys", t.capabilities().ordering_keys) {
+    let Some((_store, t)) = keyed_store(&h, Duration::from_secs(30)).await? else {
         return Ok(());
-    }
+    };
     let q = fresh_queue();
     t.publish(keyed(&q, "a1", "a")).await?;
     // A batch behind a stored message of its key, and with two of another key.
@@ -99,14 +111,37 @@ pub async fn one_message_per_key_in_publish_order(h: Arc<dyn Harness>) -> Result
     Ok(())
 }
 
+/// Dead letters of one key replayed together come back one at a time, in the order
+/// they died, behind a head published after them.
+pub async fn replays_of_a_key_come_back_in_order(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t)) = keyed_store(&h, Duration::from_secs(30)).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    t.publish_batch(vec![keyed(&q, "k1", "a"), keyed(&q, "k2", "a")])
+        .await?;
+    for kind in ["k1", "k2"] {
+        let r = t.reserve(&q).await?.expect("the key's head");
+        assert_eq!(r.envelope.kind, kind);
+        t.dead_letter(&r, "max_attempts", None).await?;
+    }
+    t.publish(keyed(&q, "k3", "a")).await?;
+    let replayed = t.dead_replay(Some(&q), &DeadSelection::All).await?;
+    assert_eq!(replayed, 2);
+    for kind in ["k3", "k1", "k2"] {
+        let got = t.reserve_batch(&q, 10).await?;
+        assert_eq!(kinds(&got), [kind], "the key's messages after a replay");
+        t.ack_batch(&got).await?;
+    }
+    Ok(())
+}
+
 /// A delayed head holds its key until it is due, and a lapsed lease keeps the key with
 /// the message that held it.
 pub async fn delays_and_lapsed_leases_hold_the_key(h: Arc<dyn Harness>) -> Result<()> {
-    let store = h.store().await?;
-    let t = store.open(with_lease(Duration::from_secs(1))).await?;
-    if !applies(t.as_ref(), "ordering_keys", t.capabilities().ordering_keys) {
+    let Some((_store, t)) = keyed_store(&h, Duration::from_secs(1)).await? else {
         return Ok(());
-    }
+    };
     let q = fresh_queue();
     let late = Envelope::builder(q.as_str(), "late")
         .ordering_key("k")
@@ -134,11 +169,9 @@ pub async fn delays_and_lapsed_leases_hold_the_key(h: Arc<dyn Harness>) -> Resul
 
 /// A head that expires while it waits is dead-lettered and hands its key on.
 pub async fn an_expired_head_hands_its_key_on(h: Arc<dyn Harness>) -> Result<()> {
-    let store = h.store().await?;
-    let t = store.open(with_lease(Duration::from_secs(30))).await?;
-    if !applies(t.as_ref(), "ordering_keys", t.capabilities().ordering_keys) {
+    let Some((_store, t)) = keyed_store(&h, Duration::from_secs(30)).await? else {
         return Ok(());
-    }
+    };
     let q = fresh_queue();
     let brief = Envelope::builder(q.as_str(), "brief")
         .ordering_key("k")
@@ -156,11 +189,9 @@ pub async fn an_expired_head_hands_its_key_on(h: Arc<dyn Harness>) -> Result<()>
 /// Eight claimers and a publisher at once, over 12 keys: for every key, handling starts
 /// in publish order and never while another message of the key is held.
 pub async fn concurrent_claimers_keep_every_key_in_order(h: Arc<dyn Harness>) -> Result<()> {
-    let store = h.store().await?;
-    let t = store.open(with_lease(Duration::from_secs(30))).await?;
-    if !applies(t.as_ref(), "ordering_keys", t.capabilities().ordering_keys) {
+    let Some((_store, t)) = keyed_store(&h, Duration::from_secs(30)).await? else {
         return Ok(());
-    }
+    };
     let q = fresh_queue();
     const KEYS: usize = 12;
     const EACH: usize = 15;

@@ -358,31 +358,48 @@ impl SqlBackend for MySqlTransport {
         let moved = self
             .retrying("replay", || async {
                 let mut tx = self.pool.begin().await?;
-                bind_selection!(sqlx::query(&self.sql.unbury), q, id, before)
-                    .execute(&mut *tx)
-                    .await?;
+                // The selected dead letters, locked, then their keys' locks, then exactly
+                // those moved: a replayed message with an ordering key goes behind every
+                // message of its key, and no publish or hand-over of the key runs between.
+                let selected: Vec<(Vec<u8>, Vec<u8>, Option<Vec<u8>>)> =
+                    bind_selection!(sqlx::query_as(&self.sql.select_replayed), q, id, before)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                let mut keys: Vec<keys::Key> = selected
+                    .iter()
+                    .filter_map(|(_, q, k)| Some((lossy(q.clone()), lossy(k.clone()?))))
+                    .collect();
+                keys.sort();
+                keys.dedup();
+                self.lock_keys(&mut tx, &keys).await?;
+                let ids: Vec<String> = selected.into_iter().map(|(id, _, _)| lossy(id)).collect();
                 let max_seq: i64 = sqlx::query_scalar(&self.sql.max_seq)
                     .fetch_one(&mut *tx)
                     .await?;
-                bind_selection!(sqlx::query(&self.sql.replay_dead), q, id, before)
-                    .execute(&mut *tx)
-                    .await?;
-                // A replayed message with an ordering key goes behind its key's messages,
-                // those published while this replay waits for the key's lock included.
-                self.lock_new_keys(&mut tx, max_seq).await?;
+                let mut moved = 0;
+                for chunk in ids.chunks(MAX_LIST) {
+                    // Their tombstones go first: the ids may be published again.
+                    let unbury = with_list(&self.sql.delete_tombstones_by_ids, chunk.len());
+                    let replay = with_list(&self.sql.replay_dead, chunk.len());
+                    let delete = with_list(&self.sql.delete_replayed, chunk.len());
+                    let mut u = sqlx::query(&unbury);
+                    let mut r = sqlx::query(&replay);
+                    for i in padded(chunk) {
+                        u = u.bind(i.clone());
+                        r = r.bind(i);
+                    }
+                    u.execute(&mut *tx).await?;
+                    r.execute(&mut *tx).await?;
+                    let mut d = sqlx::query(&delete).bind(max_seq);
+                    for i in padded(chunk) {
+                        d = d.bind(i);
+                    }
+                    moved += d.execute(&mut *tx).await?.rows_affected();
+                }
                 sqlx::query(&self.sql.park_new)
                     .bind(max_seq)
                     .execute(&mut *tx)
                     .await?;
-                let moved = bind_selection!(
-                    sqlx::query(&self.sql.delete_replayed).bind(max_seq),
-                    q,
-                    id,
-                    before
-                )
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
                 tx.commit().await?;
                 Ok(moved)
             })

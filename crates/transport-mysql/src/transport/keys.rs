@@ -148,21 +148,4 @@ impl MySqlTransport {
         })
         .await
     }
-
-    /// Locks the keys of the rows above seq `after` (just replayed).
-    pub(super) async fn lock_new_keys(
-        &self,
-        conn: &mut MySqlConnection,
-        after: i64,
-    ) -> std::result::Result<(), sqlx::Error> {
-        let mut keys: Vec<Key> = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&self.sql.new_keys)
-            .bind(after)
-            .fetch_all(&mut *conn)
-            .await?
-            .into_iter()
-            .map(|(q, k)| (lossy(q), lossy(k)))
-            .collect();
-        keys.sort();
-        self.lock_keys(conn, &keys).await
-    }
 }

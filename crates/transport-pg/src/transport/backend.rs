@@ -255,32 +255,29 @@ impl SqlBackend for PgTransport {
         age_us: Option<i64>,
     ) -> Result<Replayed> {
         let mut tx = self.pool.begin().await.backend()?;
-        let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(&self.sql.replay_dead)
+        // The selected dead letters, locked, then their keys' locks, then exactly those
+        // moved: a replayed message with an ordering key goes behind every message of
+        // its key, and no publish or hand-over of the key runs in between.
+        let selected: Vec<(String, Option<String>)> = sqlx::query_as(&self.sql.select_replayed)
             .bind(queue.map(QueueName::as_str))
             .bind(id)
             .bind(age_us)
             .fetch_all(&mut *tx)
             .await
             .backend()?;
-        // A replayed message with an ordering key goes behind its key's messages, those
-        // published while this replay waits for the key's lock included.
-        let keyed: Vec<&(String, String, Option<String>)> =
-            rows.iter().filter(|(_, _, key)| key.is_some()).collect();
-        if !keyed.is_empty() {
-            let mut locks: Vec<String> = keyed
-                .iter()
-                .filter_map(|(q, _, k)| k.as_deref().map(|k| keys::key_lock(q, k)))
-                .collect();
-            locks.sort();
-            locks.dedup();
-            self.lock_keys(&mut tx, &locks).await.backend()?;
-            let ids: Vec<&str> = keyed.iter().map(|(_, id, _)| id.as_str()).collect();
-            sqlx::query(&self.sql.park_replayed)
-                .bind(&ids)
-                .execute(&mut *tx)
-                .await
-                .backend()?;
-        }
+        let mut locks: Vec<String> = selected.iter().filter_map(|(_, k)| k.clone()).collect();
+        locks.sort();
+        locks.dedup();
+        self.lock_keys(&mut tx, &locks).await.backend()?;
+        let ids: Vec<&str> = selected.iter().map(|(id, _)| id.as_str()).collect();
+        let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(&self.sql.replay_dead)
+            .bind(queue.map(QueueName::as_str))
+            .bind(id)
+            .bind(age_us)
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .backend()?;
         let mut moved: Vec<(String, i64)> = Vec::new();
         for (q, _, _) in &rows {
             match moved.iter_mut().find(|(m, _)| m == q) {
