@@ -49,6 +49,7 @@ macro_rules! bind_selection {
 mod backend;
 mod claim;
 mod keys;
+mod outbox;
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
@@ -247,54 +248,6 @@ impl MySqlTransport {
         uninstall(&self.pool, self.schema.as_deref(), &self.table).await
     }
 
-    /// Publishes inside the caller's own transaction (the transactional outbox): the
-    /// message exists if and only if the transaction commits.
-    pub async fn publish_tx(
-        &self,
-        tx: &mut sqlx::Transaction<'_, MySql>,
-        envelope: Envelope,
-    ) -> Result<()> {
-        self.publish_batch_tx(tx, vec![envelope]).await
-    }
-
-    /// Publishes several messages inside the caller's own transaction.
-    pub async fn publish_batch_tx(
-        &self,
-        tx: &mut sqlx::Transaction<'_, MySql>,
-        envelopes: Vec<Envelope>,
-    ) -> Result<()> {
-        let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
-        if rows.iter().any(|r| r.env.ordering_key.is_some()) {
-            // Whether a key is free is read after its lock is taken; a REPEATABLE READ
-            // snapshot older than that lock would miss a message published meanwhile (and
-            // a locking read there would lock gaps that hold up other publishers).
-            let variable = if self.server.mariadb {
-                "SELECT @@tx_isolation"
-            } else {
-                "SELECT @@transaction_isolation"
-            };
-            let isolation: String = sqlx::query_scalar(variable)
-                .fetch_one(&mut **tx)
-                .await
-                .backend()?;
-            if isolation != "READ-COMMITTED" {
-                return Err(queue_core::Error::InvalidInput(format!(
-                    "messages with ordering keys are published in a READ COMMITTED transaction, not {isolation}: a snapshot older than the key's lock could miss a message of the key published meanwhile (the transport's own connections, from pool(), run at READ COMMITTED)"
-                )));
-            }
-            self.insert_keyed(tx, &rows).await.backend()?;
-        } else {
-            for chunk in rows.chunks(PUBLISH_CHUNK) {
-                self.insert_rows(tx, chunk).await.backend()?;
-            }
-        }
-        for Encoded { env, .. } in &rows {
-            self.cursors
-                .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
-        }
-        Ok(())
-    }
-
     /// The plan the server chooses for the locking read of a claim on `queue`, of
     /// messages carrying one of `labels` when there are any: one line per table, `table
     /// access key rows extra`, to check that the claim walks the claim index at any depth.
@@ -375,74 +328,6 @@ impl MySqlTransport {
                 other => return other.backend(),
             }
         }
-    }
-
-    /// Inserts `rows` with their ordering keys, the `parked` ones waiting for their key.
-    async fn insert_rows_keyed(
-        &self,
-        conn: &mut MySqlConnection,
-        rows: &[Encoded],
-        parked: &[bool],
-    ) -> std::result::Result<(), sqlx::Error> {
-        let values = vec![self.sql.publish_row_keyed.as_str(); rows.len()].join(", ");
-        let sql = self.sql.publish_keyed.replace("{ROWS}", &values);
-        let local_now = Utc::now();
-        let mut query = sqlx::query(&sql);
-        for (Encoded { env, json, labels }, parked) in rows.iter().zip(parked) {
-            let due = micros_between(local_now, env.available_at).max(0);
-            let expires = env.expires_at.map(|t| micros_between(local_now, t));
-            let priority = i32::from(env.priority);
-            query = query
-                .bind(env.id.to_string())
-                .bind(env.queue.as_str())
-                .bind(text::kind_column(&env.kind))
-                .bind(priority)
-                .bind(-priority)
-                .bind(i64::from(env.attempts))
-                .bind(i8::from(due == 0 && !parked))
-                .bind(due)
-                .bind(*parked)
-                .bind(expires)
-                .bind(env.last_error.as_deref().map(text::error_text))
-                .bind(json.as_str())
-                .bind(labels.as_deref())
-                .bind(env.ordering_key.as_deref());
-        }
-        query.execute(conn).await.map(|_| ())
-    }
-
-    async fn insert_rows(
-        &self,
-        conn: &mut MySqlConnection,
-        rows: &[Encoded],
-    ) -> std::result::Result<(), sqlx::Error> {
-        let values = vec![self.sql.publish_row.as_str(); rows.len()].join(", ");
-        let sql = self.sql.publish.replace("{ROWS}", &values);
-        let local_now = Utc::now();
-        let mut query = sqlx::query(&sql);
-        for Encoded { env, json, labels } in rows {
-            // Delay and expiry become offsets from the publisher's clock, applied to the
-            // server's.
-            let due = micros_between(local_now, env.available_at).max(0);
-            let expires = env.expires_at.map(|t| micros_between(local_now, t));
-            let priority = i32::from(env.priority);
-            query = query
-                .bind(env.id.to_string())
-                .bind(env.queue.as_str())
-                // The columns are indexes and operator views; the envelope JSON keeps
-                // every field as published.
-                .bind(text::kind_column(&env.kind))
-                .bind(priority)
-                .bind(-priority)
-                .bind(i64::from(env.attempts))
-                .bind(i8::from(due == 0))
-                .bind(due)
-                .bind(expires)
-                .bind(env.last_error.as_deref().map(text::error_text))
-                .bind(json.as_str())
-                .bind(labels.as_deref());
-        }
-        query.execute(conn).await.map(|_| ())
     }
 
     /// Starts the publish watch the first time a worker asks for a wake-up signal.

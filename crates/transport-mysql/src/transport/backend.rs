@@ -38,13 +38,13 @@ impl SqlBackend for MySqlTransport {
                 tx.commit().await
             } else if rows.len() <= PUBLISH_CHUNK {
                 let mut conn = self.kept.take_or(self.pool.acquire()).await?;
-                self.insert_rows(&mut conn, &rows).await?;
+                self.insert_rows(&mut conn, &rows, None).await?;
                 self.kept.keep(conn);
                 Ok(())
             } else {
                 let mut tx = self.pool.begin().await?;
                 for chunk in rows.chunks(PUBLISH_CHUNK) {
-                    self.insert_rows(&mut tx, chunk).await?;
+                    self.insert_rows(&mut tx, chunk, None).await?;
                 }
                 tx.commit().await
             }

@@ -74,7 +74,7 @@ impl MySqlTransport {
             })
             .collect();
         for (chunk, parked) in rows.chunks(PUBLISH_CHUNK).zip(parked.chunks(PUBLISH_CHUNK)) {
-            self.insert_rows_keyed(conn, chunk, parked).await?;
+            self.insert_rows(conn, chunk, Some(parked)).await?;
         }
         Ok(())
     }
