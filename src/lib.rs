@@ -35,6 +35,7 @@ use std::sync::Arc;
 
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
 pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
+pub use queue_core::tenants::TenantSelection;
 pub use queue_core::{labels, metrics, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
@@ -47,6 +48,7 @@ pub use queue_core::{
 
 mod router;
 pub use router::{canary_side, Router};
+pub mod tenants;
 
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -99,6 +101,14 @@ pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
 type Opened = (Arc<dyn Transport>, Option<Arc<dyn StatusStore>>);
 
 async fn open(config: &Config, create: bool) -> Result<Opened> {
+    if let Some(selection) = &config.tenants {
+        return Err(ConfigError::new(
+            "QUEUE_SCHEMA",
+            Some(selection.to_string()),
+            "one tenant: this names several, and a transport opens one tenant's store (`switchyard work`, `stats` and `dead list` serve several; in code, open each with switchyard::tenants::tenant_configs)",
+        )
+        .into());
+    }
     let (primary, primary_status) = open_backend(config, config.backend, create).await?;
     if !config.migrating() {
         return Ok((primary, primary_status));
@@ -151,7 +161,8 @@ pub async fn connect_existing_jobs(config: &Config) -> Result<Jobs> {
 
 async fn jobs(config: &Config, create: bool) -> Result<Jobs> {
     let (transport, store) = open(config, create).await?;
-    Ok(Jobs::new(transport, store.filter(|_| config.status)))
+    Ok(Jobs::new(transport, store.filter(|_| config.status))
+        .with_tenant(config.tenant.as_ref().map(Identifier::as_str)))
 }
 
 /// A worker for `queue` in one call: the transport `config` selects ([`connect`]) and,

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::error::ConfigError;
 use crate::names::Identifier;
 use crate::redact::{redact_url, SecretUrl};
+use crate::tenants::{self, TenantSelection};
 
 /// The lease a reservation holds unless configured otherwise.
 pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -147,8 +148,15 @@ pub struct Config {
     pub visibility_timeout: Duration,
     /// `QUEUE_TABLE`.
     pub table: Identifier,
-    /// `QUEUE_SCHEMA`.
+    /// The schema (PostgreSQL) or database (MySQL) of the store: `QUEUE_SCHEMA`'s one
+    /// tenant, unless `DATABASE_URL` takes the tenant's name itself (`{tenant}`).
     pub schema: Option<Identifier>,
+    /// The tenant this configuration opens: `QUEUE_SCHEMA` when it names one (see
+    /// [`crate::tenants`]).
+    pub tenant: Option<Identifier>,
+    /// Several tenants, or patterns (`QUEUE_SCHEMA=a,b` or `acme_*`); `None` for one or
+    /// none. [`Config::for_tenant`] gives each tenant's configuration.
+    pub tenants: Option<TenantSelection>,
     /// `QUEUE_DRAIN`.
     pub drain: DrainSetting,
     /// Whether `DATABASE_URL` was set (rather than defaulted).
@@ -178,6 +186,8 @@ impl Default for Config {
             table: Identifier::new("QUEUE_TABLE", Self::DEFAULT_TABLE)
                 .expect("the default table name is a valid identifier"),
             schema: None,
+            tenant: None,
+            tenants: None,
             drain: DrainSetting::Detect,
             database_url_set: false,
             amqp_url_set: false,
@@ -236,11 +246,14 @@ impl Config {
             cfg.backend = v.trim().parse()?;
         }
         if let Some(v) = get("DATABASE_URL") {
-            cfg.database_url = validate_database_url(v.trim())?;
+            // A URL that takes the tenant's name is checked with a name in its place.
+            validate_database_url(&tenants::fill(v.trim(), "tenant"))?;
+            cfg.database_url = SecretUrl::new(v.trim());
             cfg.database_url_set = true;
         }
         if let Some(v) = get("AMQP_URL") {
-            cfg.amqp_url = validate_amqp_url(v.trim())?;
+            validate_amqp_url(&tenants::fill(v.trim(), "tenant"))?;
+            cfg.amqp_url = SecretUrl::new(v.trim());
             cfg.amqp_url_set = true;
         }
         if let Some(v) = get("QUEUE_DRAIN") {
@@ -302,7 +315,10 @@ impl Config {
             };
         }
         if let Some(v) = get("QUEUE_SCHEMA") {
-            cfg.schema = Some(Identifier::new("QUEUE_SCHEMA", v.trim())?);
+            cfg.tenants = TenantSelection::parse("QUEUE_SCHEMA", v.trim())?;
+            if cfg.tenants.is_none() {
+                cfg.tenant = Some(Identifier::new("QUEUE_SCHEMA", v.trim())?);
+            }
         }
         if let Some(v) = get("AMQP_QUEUE_TYPE") {
             cfg.amqp_classic_queues = match v.trim() {
@@ -317,7 +333,68 @@ impl Config {
                 }
             };
         }
-        Ok(cfg)
+        cfg.check_tenants()?;
+        Ok(match cfg.tenant.clone() {
+            Some(tenant) => cfg.for_tenant(&tenant),
+            None => cfg,
+        })
+    }
+
+    /// The configuration of one tenant: `QUEUE_SCHEMA` set to it, and its name in
+    /// place of `{tenant}` in the URLs that say it (see [`crate::tenants`]).
+    pub fn for_tenant(&self, tenant: &Identifier) -> Config {
+        let db_template = tenants::is_template(self.database_url.expose());
+        let mut one = self.clone();
+        one.tenants = None;
+        one.tenant = Some(tenant.clone());
+        one.schema = (!db_template).then(|| tenant.clone());
+        one.database_url =
+            SecretUrl::new(tenants::fill(self.database_url.expose(), tenant.as_str()));
+        one.amqp_url = SecretUrl::new(tenants::fill(self.amqp_url.expose(), tenant.as_str()));
+        one
+    }
+
+    /// The URLs say `{tenant}` only where `QUEUE_SCHEMA` gives tenants, and several
+    /// tenants never share a SQLite file or a RabbitMQ vhost.
+    fn check_tenants(&self) -> Result<(), ConfigError> {
+        let named = self.tenant.is_some() || self.tenants.is_some();
+        for (setting, url, set) in [
+            ("DATABASE_URL", &self.database_url, self.database_url_set),
+            ("AMQP_URL", &self.amqp_url, self.amqp_url_set),
+        ] {
+            if set && tenants::is_template(url.expose()) && !named {
+                return Err(ConfigError::new(
+                    setting,
+                    Some(url.to_string()),
+                    "a URL without {tenant}, or QUEUE_SCHEMA (--schema) naming the tenants whose names go there",
+                ));
+            }
+        }
+        let Some(selection) = &self.tenants else {
+            return Ok(());
+        };
+        let sqlite = self.database_url.scheme() == "sqlite";
+        let sql_used = self.backend == BackendKind::Exec
+            || self.drain_from() == Some(BackendKind::Exec)
+            || self.database_url_set;
+        if sqlite && sql_used && !tenants::is_template(self.database_url.expose()) {
+            return Err(ConfigError::new(
+                "QUEUE_SCHEMA",
+                Some(selection.to_string()),
+                "one tenant per SQLite file: put {tenant} in DATABASE_URL's path (sqlite://data/{tenant}.db), or name one tenant",
+            ));
+        }
+        let amqp_used = self.backend == BackendKind::RabbitMq
+            || self.drain_from() == Some(BackendKind::RabbitMq)
+            || self.canary_percent > 0;
+        if amqp_used && !tenants::is_template(self.amqp_url.expose()) {
+            return Err(ConfigError::new(
+                "QUEUE_SCHEMA",
+                Some(selection.to_string()),
+                "one tenant per RabbitMQ vhost: put {tenant} as AMQP_URL's vhost (amqp://USER:PASSWORD@HOST/{tenant}), or name one tenant",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -408,6 +485,62 @@ mod tests {
         assert_eq!(cfg.visibility_timeout, Duration::from_secs(300));
         assert_eq!(cfg.schema.as_ref().map(|s| s.as_str()), Some("tenant_a"));
         assert!(!format!("{cfg:?}").contains("pw@"));
+    }
+
+    #[test]
+    fn one_tenant_goes_into_the_schema_or_where_a_url_says_tenant() {
+        let pg = from(&[
+            ("DATABASE_URL", "postgres://app@db/prod"),
+            ("QUEUE_SCHEMA", "acme"),
+        ])
+        .expect("valid");
+        assert_eq!(pg.tenant.as_ref().map(|t| t.as_str()), Some("acme"));
+        assert_eq!(pg.schema.as_ref().map(|s| s.as_str()), Some("acme"));
+        let file = from(&[
+            ("DATABASE_URL", "sqlite://data/{tenant}.db"),
+            ("AMQP_URL", "amqp://u:p@mq/{tenant}"),
+            ("QUEUE_SCHEMA", "acme"),
+        ])
+        .expect("valid");
+        assert_eq!(file.schema, None, "the file is the tenant's, not a schema");
+        assert_eq!(file.database_url.expose(), "sqlite://data/acme.db");
+        assert_eq!(file.amqp_url.expose(), "amqp://u:p@mq/acme");
+    }
+
+    #[test]
+    fn several_tenants_each_get_their_own_configuration() {
+        let cfg = from(&[
+            ("DATABASE_URL", "sqlite://data/{tenant}.db"),
+            ("QUEUE_SCHEMA", "a,b"),
+        ])
+        .expect("valid");
+        assert_eq!(cfg.tenant, None);
+        let selection = cfg.tenants.clone().expect("several");
+        let b = cfg.for_tenant(&selection.names[1]);
+        assert_eq!(b.tenant.as_ref().map(|t| t.as_str()), Some("b"));
+        assert_eq!(b.database_url.expose(), "sqlite://data/b.db");
+        assert!(b.tenants.is_none());
+    }
+
+    #[test]
+    fn tenants_never_share_a_file_or_a_vhost() {
+        let cases: [&[(&str, &str)]; 4] = [
+            &[
+                ("DATABASE_URL", "sqlite://jobs.db"),
+                ("QUEUE_SCHEMA", "a,b"),
+            ],
+            &[
+                ("QUEUE_BACKEND", "rabbitmq"),
+                ("AMQP_URL", "amqp://u:p@mq/%2f"),
+                ("QUEUE_SCHEMA", "a_*"),
+            ],
+            &[("DATABASE_URL", "sqlite://{tenant}.db")],
+            &[("AMQP_URL", "amqp://u:p@mq/{tenant}")],
+        ];
+        for pairs in cases {
+            let err = from(pairs).expect_err("refused").to_string();
+            assert!(err.contains("{tenant}"), "{pairs:?}: {err}");
+        }
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod registry;
 mod reservation;
 pub mod sql;
 pub mod status;
+pub mod tenants;
 pub mod text;
 mod time_units;
 mod transport;

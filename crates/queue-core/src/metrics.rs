@@ -2,6 +2,9 @@
 //! installs a recorder (the command line installs a Prometheus one for `serve` and
 //! `work --metrics-listen`).
 //!
+//! Every metric also carries a `tenant` label when it comes from a tenant's store or
+//! worker (`QUEUE_SCHEMA`, see [`crate::tenants`]).
+//!
 //! | name | type | labels |
 //! |---|---|---|
 //! | `switchyard_published_total` | counter | queue, kind |
@@ -63,26 +66,53 @@ pub fn describe() {
     );
 }
 
-pub(crate) fn published(queue: &str, kind: &str) {
-    count(PUBLISHED, queue, kind, 1);
+pub(crate) fn published(tenant: Option<&str>, queue: &str, kind: &str) {
+    count(PUBLISHED, tenant, queue, kind, 1);
 }
 
-pub(crate) fn count(name: &'static str, queue: &str, kind: &str, n: u64) {
-    metrics::counter!(name, "queue" => queue.to_owned(), "kind" => kind.to_owned()).increment(n);
+/// The labels of one metric: `tenant` first when there is one (see
+/// [`crate::tenants`]), then `pairs`.
+fn labels<const N: usize>(
+    tenant: Option<&str>,
+    pairs: [(&'static str, String); N],
+) -> Vec<metrics::Label> {
+    tenant
+        .map(|t| metrics::Label::new("tenant", t.to_owned()))
+        .into_iter()
+        .chain(pairs.map(|(k, v)| metrics::Label::new(k, v)))
+        .collect()
 }
 
-pub(crate) fn dead_lettered(queue: &str, kind: &str, reason: &str) {
-    metrics::counter!(DEAD_LETTERED, "queue" => queue.to_owned(), "kind" => kind.to_owned(), "reason" => reason.to_owned())
-        .increment(1);
+pub(crate) fn count(name: &'static str, tenant: Option<&str>, queue: &str, kind: &str, n: u64) {
+    let labels = labels(
+        tenant,
+        [("queue", queue.to_owned()), ("kind", kind.to_owned())],
+    );
+    metrics::counter!(name, labels).increment(n);
 }
 
-pub(crate) fn handler_duration(queue: &str, kind: &str, d: Duration) {
-    metrics::histogram!(HANDLER_DURATION, "queue" => queue.to_owned(), "kind" => kind.to_owned())
-        .record(d.as_secs_f64());
+pub(crate) fn dead_lettered(tenant: Option<&str>, queue: &str, kind: &str, reason: &str) {
+    let labels = labels(
+        tenant,
+        [
+            ("queue", queue.to_owned()),
+            ("kind", kind.to_owned()),
+            ("reason", reason.to_owned()),
+        ],
+    );
+    metrics::counter!(DEAD_LETTERED, labels).increment(1);
 }
 
-/// Sets the depth and age gauges from `stats`.
-pub fn record_stats(stats: &[QueueStats]) {
+pub(crate) fn handler_duration(tenant: Option<&str>, queue: &str, kind: &str, d: Duration) {
+    let labels = labels(
+        tenant,
+        [("queue", queue.to_owned()), ("kind", kind.to_owned())],
+    );
+    metrics::histogram!(HANDLER_DURATION, labels).record(d.as_secs_f64());
+}
+
+/// Sets the depth and age gauges from `stats` of `tenant`'s store (`None`: no tenant).
+pub fn record_stats(tenant: Option<&str>, stats: &[QueueStats]) {
     for s in stats {
         for (state, n) in [
             ("ready", s.ready),
@@ -90,11 +120,15 @@ pub fn record_stats(stats: &[QueueStats]) {
             ("reserved", s.reserved),
             ("dead", s.dead),
         ] {
-            metrics::gauge!(QUEUE_DEPTH, "queue" => s.queue.clone(), "state" => state)
-                .set(n as f64);
+            let labels = labels(
+                tenant,
+                [("queue", s.queue.clone()), ("state", state.to_owned())],
+            );
+            metrics::gauge!(QUEUE_DEPTH, labels).set(n as f64);
         }
         if let Some(age) = s.oldest_ready_age {
-            metrics::gauge!(OLDEST_READY_AGE, "queue" => s.queue.clone()).set(age.as_secs_f64());
+            let labels = labels(tenant, [("queue", s.queue.clone())]);
+            metrics::gauge!(OLDEST_READY_AGE, labels).set(age.as_secs_f64());
         }
     }
 }
@@ -103,13 +137,14 @@ pub fn record_stats(stats: &[QueueStats]) {
 /// [`GONE_AFTER`](crate::status::GONE_AFTER) (what its `workers()` returns). Every queue
 /// of `queues` gets a value, 0 when no worker serves it, so that a gauge never keeps the
 /// count of workers that are gone.
-pub fn record_workers(queues: &[QueueStats], workers: &[WorkerInfo]) {
+pub fn record_workers(tenant: Option<&str>, queues: &[QueueStats], workers: &[WorkerInfo]) {
     let mut per_queue: std::collections::BTreeMap<&str, u32> =
         queues.iter().map(|q| (q.queue.as_str(), 0)).collect();
     for w in workers {
         *per_queue.entry(w.queue.as_str()).or_default() += 1;
     }
     for (queue, n) in per_queue {
-        metrics::gauge!(WORKERS, "queue" => queue.to_owned()).set(f64::from(n));
+        let labels = labels(tenant, [("queue", queue.to_owned())]);
+        metrics::gauge!(WORKERS, labels).set(f64::from(n));
     }
 }

@@ -35,7 +35,9 @@ pub(crate) struct Global {
     /// Table name [env: QUEUE_TABLE]
     #[arg(long, global = true)]
     pub(crate) table: Option<String>,
-    /// Schema name [env: QUEUE_SCHEMA]
+    /// The tenant: a PostgreSQL schema, a MySQL database, or the name put for {tenant}
+    /// in DATABASE_URL (a SQLite file) and AMQP_URL (a RabbitMQ vhost). `work`, `stats` and
+    /// `dead list` take several (a,b,c) or a pattern (acme_*) [env: QUEUE_SCHEMA]
     #[arg(long, global = true)]
     pub(crate) schema: Option<String>,
     /// Print JSON instead of text
@@ -314,7 +316,7 @@ pub(crate) struct ServeArgs {
     pub(crate) alert_every: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct StatsArgs {
     /// Only this queue
     #[arg(long)]
@@ -327,7 +329,7 @@ pub(crate) struct StatsArgs {
     pub(crate) limit: usize,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub(crate) enum DeadCommand {
     /// List dead letters, oldest first
     List {

@@ -2,7 +2,7 @@
 //! worker started with `work --metrics-listen`.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -40,27 +40,37 @@ pub(crate) async fn health(transport: &dyn Transport) -> Result<serde_json::Valu
     Ok(serde_json::json!({ "status": "ok", "transport": transport.name() }))
 }
 
-/// The Prometheus text, with the queue gauges read now, and the workers gauge too when
-/// there is a status store (`serve`'s).
-pub(crate) async fn render(
-    transport: &dyn Transport,
-    store: Option<&dyn StatusStore>,
-    handle: &PrometheusHandle,
-) -> Response {
-    let queues = match transport.stats(None).await {
-        Ok(stats) => {
-            switchyard::metrics::record_stats(&stats);
-            stats
-        }
-        Err(err) => {
-            tracing::debug!(error = %err, "no queue gauges");
-            Vec::new()
-        }
-    };
-    if let Some(store) = store {
-        match store.workers().await {
-            Ok(workers) => switchyard::metrics::record_workers(&queues, &workers),
-            Err(err) => tracing::debug!(error = %err, "no worker gauges"),
+/// One tenant's store (or the one store), read for the gauges.
+#[derive(Clone)]
+pub(crate) struct Gauged {
+    pub(crate) tenant: Option<String>,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) store: Option<Arc<dyn StatusStore>>,
+}
+
+/// The stores a listener reads; a worker that finds new tenants adds theirs.
+pub(crate) type Sources = Arc<Mutex<Vec<Gauged>>>;
+
+/// The Prometheus text, with the queue gauges of each source read now (labelled with
+/// its tenant), and the workers gauge too where there is a status store (`serve`'s).
+pub(crate) async fn render(sources: &[Gauged], handle: &PrometheusHandle) -> Response {
+    for source in sources {
+        let tenant = source.tenant.as_deref();
+        let queues = match source.transport.stats(None).await {
+            Ok(stats) => {
+                switchyard::metrics::record_stats(tenant, &stats);
+                stats
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, tenant, "no queue gauges");
+                Vec::new()
+            }
+        };
+        if let Some(store) = &source.store {
+            match store.workers().await {
+                Ok(workers) => switchyard::metrics::record_workers(tenant, &queues, &workers),
+                Err(err) => tracing::debug!(error = %err, tenant, "no worker gauges"),
+            }
         }
     }
     handle.run_upkeep();
@@ -76,18 +86,24 @@ pub(crate) async fn render(
 
 /// What a worker's metrics listener serves from.
 struct Probe {
-    transport: Arc<dyn Transport>,
+    sources: Sources,
     metrics: PrometheusHandle,
 }
 
-/// Serves `/metrics` and `/healthz` of a worker on `addr` until `stop`.
+impl Probe {
+    fn sources(&self) -> Vec<Gauged> {
+        self.sources.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Serves `/metrics` and `/healthz` of a worker on `addr` until `stop`, over `sources`.
 pub(crate) async fn spawn(
     addr: SocketAddr,
-    transport: Arc<dyn Transport>,
+    sources: Sources,
     stop: CancellationToken,
 ) -> Result<()> {
     let probe = Arc::new(Probe {
-        transport,
+        sources,
         metrics: install_recorder()?,
     });
     let listener = crate::listen::bind(addr).await?;
@@ -111,8 +127,25 @@ pub(crate) async fn spawn(
     Ok(())
 }
 
+/// Healthy when every tenant's backend answers; the first that does not is named.
 async fn healthz(State(probe): State<Arc<Probe>>) -> Response {
-    match health(probe.transport.as_ref()).await {
+    let mut answer = Ok(serde_json::Value::Null);
+    for source in probe.sources() {
+        answer = health(source.transport.as_ref())
+            .await
+            .map_err(|err| match &source.tenant {
+                Some(tenant) => Error::backend(
+                    "metrics",
+                    err.is_transient(),
+                    format!("tenant {tenant}: {err}"),
+                ),
+                None => err,
+            });
+        if answer.is_err() {
+            break;
+        }
+    }
+    match answer {
         Ok(answer) => Json(answer).into_response(),
         Err(err) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -123,5 +156,5 @@ async fn healthz(State(probe): State<Arc<Probe>>) -> Response {
 }
 
 async fn metrics(State(probe): State<Arc<Probe>>) -> Response {
-    render(probe.transport.as_ref(), None, &probe.metrics).await
+    render(&probe.sources(), &probe.metrics).await
 }

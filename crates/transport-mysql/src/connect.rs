@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use queue_core::connect::{io_cause, tls_cause, Endpoint, TlsParams};
-use queue_core::{Error, Result, SecretUrl};
+use queue_core::{ConfigError, Error, Result, SecretUrl};
 use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError};
 use sqlx::Connection;
 use sqlx::MySqlConnection;
@@ -34,6 +34,21 @@ const TLS: TlsParams<'static> = TlsParams {
 /// Checks the URL's TLS settings before any connection.
 pub(crate) fn check_tls_settings(url: &SecretUrl) -> Result<()> {
     Ok(TLS.check(url.expose(), cfg!(feature = "tls"))?)
+}
+
+/// The driver's options for `url` (`mariadb://` read as `mysql://`), in utf8mb4.
+pub(crate) fn connect_options(url: &SecretUrl) -> Result<MySqlConnectOptions> {
+    use std::str::FromStr;
+    let plain = url.expose().replacen("mariadb://", "mysql://", 1);
+    Ok(MySqlConnectOptions::from_str(&plain)
+        .map_err(|e| {
+            ConfigError::new(
+                "DATABASE_URL",
+                Some(url.to_string()),
+                format!("expected mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE ({e})"),
+            )
+        })?
+        .charset("utf8mb4"))
 }
 
 /// Opens one connection within `timeout`, or fails naming the server and the cause.

@@ -17,6 +17,7 @@ mod options;
 mod server;
 mod sql;
 mod status;
+mod tenants;
 mod transport;
 mod watch;
 
@@ -25,4 +26,5 @@ pub use options::MySqlOptions;
 pub use server::ServerInfo;
 pub use sqlx;
 pub use status::MySqlStatusStore;
+pub use tenants::databases_with_table;
 pub use transport::MySqlTransport;

@@ -1,6 +1,5 @@
 use std::fmt;
 use std::future::Future;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -135,17 +134,8 @@ impl MySqlTransport {
         }
         .validate()?;
         connect::check_tls_settings(&options.url)?;
-        let url = options.url.expose().replacen("mariadb://", "mysql://", 1);
-        let connect = MySqlConnectOptions::from_str(&url)
-            .map_err(|e| {
-                ConfigError::new(
-                    "DATABASE_URL",
-                    Some(options.url.to_string()),
-                    format!("expected mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE ({e})"),
-                )
-            })?
-            .charset("utf8mb4");
-        let endpoint = Endpoint::from_url("MySQL", &url, 3306);
+        let connect = connect::connect_options(&options.url)?;
+        let endpoint = Endpoint::from_url("MySQL", options.url.expose(), 3306);
         let first = connect::first_connection(&connect, &endpoint, options.connect_timeout).await?;
         first.close().await.ok();
         let pool = MySqlPoolOptions::new()

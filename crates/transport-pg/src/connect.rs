@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use queue_core::connect::{io_cause, tls_cause, Endpoint, TlsParams};
-use queue_core::{Error, Result, SecretUrl};
+use queue_core::{ConfigError, Error, Result, SecretUrl};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::Connection;
 
@@ -34,6 +34,20 @@ const TLS: TlsParams<'static> = TlsParams {
 /// Checks the URL's TLS settings before any connection.
 pub(crate) fn check_tls_settings(url: &SecretUrl) -> Result<()> {
     Ok(TLS.check(url.expose(), cfg!(feature = "tls"))?)
+}
+
+/// The driver's options for `url`, named `switchyard` in `pg_stat_activity`.
+pub(crate) fn connect_options(url: &SecretUrl) -> Result<PgConnectOptions> {
+    use std::str::FromStr;
+    Ok(PgConnectOptions::from_str(url.expose())
+        .map_err(|e| {
+            ConfigError::new(
+                "DATABASE_URL",
+                Some(url.to_string()),
+                format!("expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE ({e})"),
+            )
+        })?
+        .application_name("switchyard"))
 }
 
 /// Opens one connection within `timeout`, or fails naming the server and the cause.

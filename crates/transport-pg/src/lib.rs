@@ -19,10 +19,12 @@ mod read_only;
 mod sql;
 mod standby;
 mod status;
+mod tenants;
 mod transport;
 
 pub use inbox::PgInbox;
 pub use options::PgOptions;
 pub use sqlx;
 pub use status::PgStatusStore;
+pub use tenants::schemas_with_table;
 pub use transport::{ClaimCounters, PgTransport};

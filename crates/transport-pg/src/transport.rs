@@ -1,6 +1,5 @@
 use std::collections::HashSet;
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,8 +13,8 @@ use queue_core::sql::{
     StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
-    text, AckReport, ClaimStrategy, ConfigError, DeadLetter, Envelope, LeaseToken, QueueName,
-    Reservation, Result,
+    text, AckReport, ClaimStrategy, DeadLetter, Envelope, LeaseToken, QueueName, Reservation,
+    Result,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -167,15 +166,7 @@ impl PgTransport {
         }
         .validate()?;
         connect::check_tls_settings(&options.url)?;
-        let connect = PgConnectOptions::from_str(options.url.expose())
-            .map_err(|e| {
-                ConfigError::new(
-                    "DATABASE_URL",
-                    Some(options.url.to_string()),
-                    format!("expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE ({e})"),
-                )
-            })?
-            .application_name("switchyard");
+        let connect = connect::connect_options(&options.url)?;
         let endpoint = Endpoint::from_url("PostgreSQL", options.url.expose(), 5432);
         let mut first =
             connect::first_connection(&connect, &endpoint, options.connect_timeout).await?;

@@ -82,7 +82,7 @@ impl SqliteTransport {
             return Err(ConfigError::new(
                 "QUEUE_SCHEMA",
                 Some(schema.clone()),
-                "SQLite has no schemas: unset QUEUE_SCHEMA and isolate tenants with QUEUE_TABLE or a separate database file",
+                "SQLite has no schemas: give each tenant its own file with {tenant} in DATABASE_URL's path (sqlite://data/{tenant}.db), or unset QUEUE_SCHEMA",
             )
             .into());
         }

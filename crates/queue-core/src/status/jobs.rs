@@ -44,12 +44,29 @@ pub enum WaitError {
 pub struct Jobs {
     transport: Arc<dyn Transport>,
     store: Option<Arc<dyn StatusStore>>,
+    tenant: Option<Arc<str>>,
 }
 
 impl Jobs {
     /// Over `transport`, recording status in `store` (`None`: publishing only).
     pub fn new(transport: Arc<dyn Transport>, store: Option<Arc<dyn StatusStore>>) -> Self {
-        Jobs { transport, store }
+        Jobs {
+            transport,
+            store,
+            tenant: None,
+        }
+    }
+
+    /// Names the tenant whose store `transport` opened (see [`crate::tenants`]): the
+    /// label of the publish metrics, and what [`Jobs::tenant`] answers.
+    pub fn with_tenant(mut self, tenant: Option<&str>) -> Self {
+        self.tenant = tenant.map(Arc::from);
+        self
+    }
+
+    /// The tenant, when there is one.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
     }
 
     /// The transport.
@@ -90,7 +107,7 @@ impl Jobs {
             .collect();
         self.transport.publish_batch(envelopes).await?;
         for (queue, kind) in counts {
-            crate::metrics::published(&queue, &kind);
+            crate::metrics::published(self.tenant.as_deref(), &queue, &kind);
         }
         if let Some(store) = &self.store {
             if let Err(err) = store.record(&updates).await {

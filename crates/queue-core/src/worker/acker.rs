@@ -37,6 +37,7 @@ impl Acker {
         capacity: usize,
         counters: Arc<WorkerCounters>,
         status: Option<StatusWriter>,
+        tenant: Option<Arc<str>>,
     ) -> (Acker, JoinHandle<()>) {
         let capacity = capacity.max(1);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -47,6 +48,7 @@ impl Acker {
             capacity,
             counters,
             status,
+            tenant,
             settled.clone(),
         ));
         let acker = Acker {
@@ -111,6 +113,7 @@ async fn flush_loop(
     capacity: usize,
     counters: Arc<WorkerCounters>,
     status: Option<StatusWriter>,
+    tenant: Option<Arc<str>>,
     settled: Arc<Notify>,
 ) {
     let mut pending = Vec::with_capacity(capacity);
@@ -130,6 +133,7 @@ async fn flush_loop(
             results,
             &counters,
             status.as_ref(),
+            tenant.as_deref(),
         )
         .await;
         drop(permits);
@@ -143,6 +147,7 @@ async fn flush(
     results: Vec<Done>,
     counters: &WorkerCounters,
     status: Option<&StatusWriter>,
+    tenant: Option<&str>,
 ) {
     let mut delay = Duration::from_millis(50);
     for attempt in 1..=ACK_RETRIES {
@@ -158,7 +163,7 @@ async fn flush(
                         continue;
                     }
                     let env = &r.envelope;
-                    crate::metrics::count(crate::metrics::ACKED, &env.queue, &env.kind, 1);
+                    crate::metrics::count(crate::metrics::ACKED, tenant, &env.queue, &env.kind, 1);
                     if let Some(status) = status {
                         status.send(
                             StatusUpdate::completed(env, env.attempts + 1, result).after(ran_for),

@@ -46,6 +46,8 @@ pub struct Worker {
     pub(super) holder: Arc<str>,
     /// The claims' label filter, checked.
     pub(super) labels: Arc<[String]>,
+    /// `options.tenant`, shared with each job's context.
+    pub(super) tenant: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Worker {
@@ -62,6 +64,7 @@ impl fmt::Debug for Worker {
 impl Worker {
     /// A worker for `queue` over `transport`.
     pub fn new(transport: Arc<dyn Transport>, queue: QueueName, options: WorkerOptions) -> Self {
+        let options_tenant = options.tenant.as_deref().map(Arc::from);
         Worker {
             transport,
             queue,
@@ -73,13 +76,18 @@ impl Worker {
             writer: OnceLock::new(),
             holder: Arc::from(crate::registry::process_holder()),
             labels: Arc::from(Vec::new()),
+            tenant: options_tenant,
         }
     }
 
     /// A worker for `queue` over the transport of `jobs` that records job status in
     /// its store when it has one: the jobs it runs show on the dashboard and answer
     /// `publish --wait` and [`Jobs::publish_and_wait`] with no further step.
-    pub fn for_jobs(jobs: &Jobs, queue: QueueName, options: WorkerOptions) -> Self {
+    /// The worker serves the tenant of `jobs` unless `options` name one.
+    pub fn for_jobs(jobs: &Jobs, queue: QueueName, mut options: WorkerOptions) -> Self {
+        if options.tenant.is_none() {
+            options.tenant = jobs.tenant().map(str::to_owned);
+        }
         let worker = Worker::new(jobs.transport().clone(), queue, options);
         match jobs.store() {
             Some(store) => worker.with_status(store.clone()),

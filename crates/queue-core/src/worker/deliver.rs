@@ -143,6 +143,7 @@ impl Worker {
             cancel: cancel.clone(),
             shutdown,
             report,
+            tenant: self.tenant.clone(),
         };
         let started = std::time::Instant::now();
         // Its own task, so that a panic is caught as a JoinError.
@@ -152,7 +153,7 @@ impl Worker {
         let ending = self.watch(&r, job, &cancel, &hard_stop).await;
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
-        crate::metrics::handler_duration(&env.queue, &env.kind, elapsed);
+        crate::metrics::handler_duration(self.tenant.as_deref(), &env.queue, &env.kind, elapsed);
         let result = match ending {
             Ending::Finished(Ok(())) => result.lock().ok().and_then(|mut slot| slot.take()),
             _ => None,
@@ -326,7 +327,13 @@ impl Worker {
             Ok(()) => {
                 self.counters.retried.fetch_add(1, Ordering::Relaxed);
                 let env = &r.envelope;
-                crate::metrics::count(crate::metrics::RELEASED, &env.queue, &env.kind, 1);
+                crate::metrics::count(
+                    crate::metrics::RELEASED,
+                    self.tenant.as_deref(),
+                    &env.queue,
+                    &env.kind,
+                    1,
+                );
                 self.record(|| ended(env, attempt, state, message, ran_for));
             }
             Err(err) => self.log_settle_error("release", &err),
@@ -346,7 +353,7 @@ impl Worker {
                 self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(reason = why, error = %message, "dead-lettered");
                 let env = &r.envelope;
-                crate::metrics::dead_lettered(&env.queue, &env.kind, why);
+                crate::metrics::dead_lettered(self.tenant.as_deref(), &env.queue, &env.kind, why);
                 let state = if why == reason::FAILED {
                     JobState::Failed
                 } else {

@@ -315,7 +315,13 @@ impl Fetcher {
         flight.pause = self.links.worker.options.poll_min;
         for (r, _) in &batch {
             let env = &r.envelope;
-            crate::metrics::count(crate::metrics::RESERVED, &env.queue, &env.kind, 1);
+            crate::metrics::count(
+                crate::metrics::RESERVED,
+                self.links.worker.tenant.as_deref(),
+                &env.queue,
+                &env.kind,
+                1,
+            );
         }
         flight.backlog = batch.len() >= asked;
         let at = std::time::Instant::now();

@@ -35,6 +35,7 @@ pub struct JobContext {
     /// period.
     pub shutdown: CancellationToken,
     pub(crate) report: Report,
+    pub(crate) tenant: Option<Arc<str>>,
 }
 
 /// Where a handler's progress and result go.
@@ -45,6 +46,13 @@ pub(crate) struct Report {
 }
 
 impl JobContext {
+    /// The tenant whose store the message came from, when the worker serves one
+    /// ([`WorkerOptions::with_tenant`](super::WorkerOptions::with_tenant); the command
+    /// line sets it from `--schema`).
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
     /// Deserializes the payload. Its error, through `?` in a handler, fails the job at
     /// once (see [`JobError`]'s `From`).
     pub fn payload<'a, T: serde::Deserialize<'a>>(&'a self) -> crate::Result<T> {

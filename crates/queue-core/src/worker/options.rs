@@ -55,6 +55,10 @@ pub struct WorkerOptions {
     /// message. Backends without [`Capabilities::label_claims`](crate::Capabilities)
     /// refuse to start such a worker.
     pub labels: Vec<String>,
+    /// The tenant whose store the worker's transport opened (see
+    /// [`crate::tenants`]): told to handlers ([`JobContext::tenant`](super::JobContext::tenant))
+    /// and put on the worker's metrics.
+    pub tenant: Option<String>,
 }
 
 impl Default for WorkerOptions {
@@ -72,6 +76,7 @@ impl Default for WorkerOptions {
             drain: false,
             name: None,
             labels: Vec::new(),
+            tenant: None,
         }
     }
 }
@@ -145,6 +150,13 @@ impl WorkerOptions {
         S: Into<String>,
     {
         self.labels = labels.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Names the tenant the worker serves (it serves whatever store its transport
+    /// opened; this only tells handlers and metrics which one that is).
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
         self
     }
 }

@@ -139,6 +139,7 @@ impl Services {
             worker.options.ack_batch,
             worker.counters.clone(),
             worker.writer.get().cloned(),
+            worker.tenant.clone(),
         );
         Services {
             acker,

@@ -22,11 +22,19 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
                 }
             }
             if json {
-                if !payload {
-                    return crate::output::json_line(&dead);
+                let mut rows: Vec<serde_json::Value> = if payload {
+                    dead.iter().map(crate::payload::with_payload).collect()
+                } else {
+                    dead.iter()
+                        .map(|d| serde_json::to_value(d).unwrap_or_default())
+                        .collect()
+                };
+                // Each row says whose it is when `--schema` names a tenant.
+                if let Some(tenant) = &config.tenant {
+                    for row in rows.iter_mut().filter_map(serde_json::Value::as_object_mut) {
+                        row.insert("tenant".into(), tenant.as_str().into());
+                    }
                 }
-                let rows: Vec<serde_json::Value> =
-                    dead.iter().map(crate::payload::with_payload).collect();
                 return crate::output::json_line(&rows);
             }
             if dead.is_empty() {

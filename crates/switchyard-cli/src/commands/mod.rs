@@ -16,7 +16,7 @@ mod work;
 
 use switchyard::{Config, Result};
 
-use crate::cli::{Cli, Command, Global};
+use crate::cli::{Cli, Command, DeadCommand, Global};
 
 pub(crate) async fn run(cli: Cli) -> Result<()> {
     let config = config(&cli.global)?;
@@ -25,7 +25,20 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Migrate => migrate::run(&config, json).await,
         Command::Publish(args) => publish::run(&config, args, json).await,
         Command::Work(args) => work::run(&config, args, json).await,
-        Command::Stats(args) => stats::run(&config, args, json).await,
+        Command::Stats(args) => {
+            each_tenant(&config, json, async |c| {
+                stats::run(c, args.clone(), json).await
+            })
+            .await
+        }
+        Command::Dead {
+            command: command @ DeadCommand::List { .. },
+        } => {
+            each_tenant(&config, json, async |c| {
+                dead::run(c, command.clone(), json).await
+            })
+            .await
+        }
         Command::Dead { command } => dead::run(&config, command, json).await,
         Command::Demo(args) => demo::run(&config, args, json).await,
         Command::Bench(args) => bench::run(&config, args, json).await,
@@ -35,6 +48,38 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Job(args) => job::run(&config, &args.id, json).await,
         Command::Serve(args) => serve::run(&config, args).await,
     }
+}
+
+/// Runs a reading command once per tenant when `--schema` names several (the text
+/// output of each under a `tenant NAME` line; its JSON says the tenant), else once.
+async fn each_tenant(
+    config: &Config,
+    json: bool,
+    run: impl AsyncFn(&Config) -> Result<()>,
+) -> Result<()> {
+    let Some(selection) = &config.tenants else {
+        return run(config).await;
+    };
+    let tenants = switchyard::tenants::tenant_configs(config).await?;
+    if tenants.is_empty() {
+        return Err(switchyard::ConfigError::new(
+            "QUEUE_SCHEMA",
+            Some(selection.to_string()),
+            "a pattern that matches at least one tenant's store; none does",
+        )
+        .into());
+    }
+    for (i, tenant) in tenants.iter().enumerate() {
+        if !json {
+            if i > 0 {
+                outln!();
+            }
+            let name = tenant.tenant.as_ref().map_or("", |t| t.as_str());
+            outln!("tenant {name}");
+        }
+        run(tenant).await?;
+    }
+    Ok(())
 }
 
 /// The configuration: each flag over its environment variable.

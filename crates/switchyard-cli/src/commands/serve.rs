@@ -42,6 +42,8 @@ const EVENTS_MAX: Duration = Duration::from_secs(3600);
 
 struct App {
     transport: Arc<dyn Transport>,
+    /// The tenant whose store this is (`--schema`): the label of its metrics.
+    tenant: Option<String>,
     store: Option<Arc<dyn StatusStore>>,
     metrics: PrometheusHandle,
     token: Option<String>,
@@ -70,6 +72,7 @@ pub(crate) async fn run(config: &Config, args: ServeArgs) -> Result<()> {
     let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
     let app = Arc::new(App {
         transport,
+        tenant: config.tenant.as_ref().map(|t| t.as_str().to_owned()),
         store,
         metrics,
         token,
@@ -216,7 +219,12 @@ async fn healthz(State(app): Shared) -> Answer {
 }
 
 async fn metrics(State(app): Shared) -> Response {
-    metrics_listener::render(app.transport.as_ref(), app.store.as_deref(), &app.metrics).await
+    let source = metrics_listener::Gauged {
+        tenant: app.tenant.clone(),
+        transport: app.transport.clone(),
+        store: app.store.clone(),
+    };
+    metrics_listener::render(&[source], &app.metrics).await
 }
 
 async fn stats(State(app): Shared) -> Answer {

@@ -24,11 +24,15 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     // process that delayed them counts them, and this one delayed none.
     let delayed_counted = transport.capabilities().delayed_stats;
     if json {
-        return crate::output::json_line(&serde_json::json!({
+        let mut line = serde_json::json!({
             "backend": transport.name(),
             "delayed_counted": delayed_counted,
             "queues": stats,
-        }));
+        });
+        if let (Some(tenant), Some(obj)) = (&config.tenant, line.as_object_mut()) {
+            obj.insert("tenant".into(), tenant.as_str().into());
+        }
+        return crate::output::json_line(&line);
     }
     if stats.is_empty() {
         outln!(

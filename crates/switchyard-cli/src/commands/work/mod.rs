@@ -1,14 +1,13 @@
 //! `switchyard work --exec CMD`: runs a command once per message, in any language.
 
 mod command_check;
+mod tenants;
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use switchyard::worker::{
-    Handler, JobContext, JobError, JobResult, RetryPolicy, Worker, WorkerOptions,
-};
+use switchyard::worker::{Handler, JobContext, JobError, JobResult, RetryPolicy, WorkerOptions};
 use switchyard::{parse_duration, CancellationToken, Config, QueueName, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
@@ -63,36 +62,57 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .as_deref()
         .map(|addr| crate::listen::parse_listen("--metrics-listen", addr))
         .transpose()?;
-    let jobs = switchyard::connect_jobs(config).await?;
-    let (transport, status) = (jobs.transport().clone(), jobs.store().cloned());
-    let mut worker = Worker::new(transport.clone(), queue, options).handle_any(ExecHandler {
-        command: args.exec.clone(),
-    });
-    if let Some(store) = &status {
-        worker = worker.with_status(store.clone());
-    }
     let (shutdown, abort) = (CancellationToken::new(), CancellationToken::new());
     crate::signals::spawn_signal_handler(shutdown.clone(), abort.clone())?;
+    let sources = crate::metrics_listener::Sources::default();
     if let Some(addr) = metrics {
-        crate::metrics_listener::spawn(addr, transport.clone(), shutdown.clone()).await?;
+        crate::metrics_listener::spawn(addr, sources.clone(), shutdown.clone()).await?;
     }
-    if let Some(older_than) = prune_older_than {
-        crate::pruning::start_periodic(transport, status, older_than, shutdown.clone()).await;
+    let serving = Serving {
+        queue,
+        options,
+        command: args.exec.clone(),
+        prune_older_than,
+        sources,
+        shutdown: shutdown.clone(),
+        abort,
+    };
+    let mut running = tenants::Running::default();
+    for tenant in switchyard::tenants::tenant_configs(config).await? {
+        running.start(&serving, &tenant).await?;
     }
-    let report = worker.run_until(shutdown, abort).await?;
-    if json {
-        crate::output::json_line(&report)
-    } else {
-        outln!(
-            "handled {}, retried {}, dead-lettered {}, lost {}, released at shutdown {}",
-            report.succeeded,
-            report.retried,
-            report.dead_lettered,
-            report.lost,
-            report.released_on_shutdown
-        );
-        Ok(())
+    // A pattern finds tenants added later too, unless the run ends when drained.
+    let patterns = config
+        .tenants
+        .as_ref()
+        .is_some_and(|t| !t.patterns.is_empty());
+    if patterns && !args.drain {
+        running.rescan(&serving, config).await;
     }
+    let reports = running.finish().await?;
+    let several = config.tenants.is_some();
+    for (tenant, report) in reports {
+        let tenant = tenant.filter(|_| several);
+        if json {
+            let mut line = serde_json::to_value(report)
+                .map_err(|e| switchyard::Error::InvalidInput(format!("report: {e}")))?;
+            if let (Some(t), Some(obj)) = (&tenant, line.as_object_mut()) {
+                obj.insert("tenant".into(), t.clone().into());
+            }
+            crate::output::json_line(&line)?;
+        } else {
+            let prefix = tenant.map(|t| format!("tenant {t}: ")).unwrap_or_default();
+            outln!(
+                "{prefix}handled {}, retried {}, dead-lettered {}, lost {}, released at shutdown {}",
+                report.succeeded,
+                report.retried,
+                report.dead_lettered,
+                report.lost,
+                report.released_on_shutdown
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The `--label` flags, checked here so that a bad one is named before anything connects.
@@ -103,6 +123,17 @@ fn labels_arg(labels: &[String]) -> Result<Vec<String>> {
         }
         other => other,
     })
+}
+
+/// What every tenant's worker of one `work` shares.
+pub(super) struct Serving {
+    queue: QueueName,
+    options: WorkerOptions,
+    command: String,
+    prune_older_than: Option<Duration>,
+    sources: crate::metrics_listener::Sources,
+    shutdown: CancellationToken,
+    abort: CancellationToken,
 }
 
 /// Runs `sh -c CMD` per message.
@@ -126,6 +157,7 @@ impl Handler for ExecHandler {
             .env("SWITCHYARD_LEASE_TOKEN", ctx.lease_token.to_string())
             .env("SWITCHYARD_TRACE_ID", env.trace_id.as_deref().unwrap_or(""))
             .env("SWITCHYARD_LABELS", env.labels.join(","))
+            .env("SWITCHYARD_TENANT", ctx.tenant().unwrap_or(""))
             .env(
                 "SWITCHYARD_ORDERING_KEY",
                 env.ordering_key.as_deref().unwrap_or(""),
