@@ -101,14 +101,6 @@ pub async fn connect_existing(config: &Config) -> Result<Arc<dyn Transport>> {
 type Opened = (Arc<dyn Transport>, Option<Arc<dyn StatusStore>>);
 
 async fn open(config: &Config, create: bool) -> Result<Opened> {
-    if let Some(selection) = &config.tenants {
-        return Err(ConfigError::new(
-            "QUEUE_SCHEMA",
-            Some(selection.to_string()),
-            "one tenant: this names several, and a transport opens one tenant's store (`switchyard work`, `stats` and `dead list` serve several; in code, open each with switchyard::tenants::tenant_configs)",
-        )
-        .into());
-    }
     let (primary, primary_status) = open_backend(config, config.backend, create).await?;
     if !config.migrating() {
         return Ok((primary, primary_status));
@@ -254,7 +246,22 @@ pub async fn connect_backend(
     Ok(open_backend(config, kind, create).await?.0)
 }
 
+/// The error for opening a store with several tenants named: a transport opens one
+/// tenant's store, and opening none of them (the URLs still say `{tenant}`) must not
+/// fall back to a shared one.
+pub fn several_tenants_error(selection: &TenantSelection) -> Error {
+    ConfigError::new(
+        "QUEUE_SCHEMA",
+        Some(selection.to_string()),
+        "one tenant: this names several, and a transport opens one tenant's store (`switchyard work`, `stats` and `dead list` serve several; in code, open each with switchyard::tenants::tenant_configs)",
+    )
+    .into()
+}
+
 async fn open_backend(config: &Config, kind: BackendKind, create: bool) -> Result<Opened> {
+    if let Some(selection) = &config.tenants {
+        return Err(several_tenants_error(selection));
+    }
     match kind {
         BackendKind::Exec => open_sql(config, create).await,
         BackendKind::RabbitMq => open_amqp(config, create).await,

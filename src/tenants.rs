@@ -18,7 +18,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use queue_core::tenants::{is_template, PLACEHOLDER};
+pub use queue_core::tenants::{fill, in_path, is_template, PLACEHOLDER};
 use queue_core::{BackendKind, Config, ConfigError, Identifier, Result};
 
 /// The configuration of each tenant `config` selects, sorted by name: the one tenant
@@ -45,10 +45,12 @@ pub async fn tenant_configs(config: &Config) -> Result<Vec<Config>> {
     }
     names.sort();
     names.dedup();
-    names
+    Ok(names
         .iter()
-        .map(|n| Ok(config.for_tenant(&Identifier::new("QUEUE_SCHEMA", n.as_str())?)))
-        .collect()
+        // A schema or database named unlike a tenant (`acme-eu`) is not one.
+        .filter_map(|n| Identifier::new("QUEUE_SCHEMA", n.as_str()).ok())
+        .map(|n| config.for_tenant(&n))
+        .collect())
 }
 
 /// Every tenant the store holds, whatever its name.
@@ -69,7 +71,7 @@ async fn find(config: &Config) -> Result<Vec<String>> {
         ));
     }
     if scheme == "sqlite" {
-        return sqlite_files(config);
+        return sqlite_stores(config).await;
     }
     if is_template(url) {
         return Err(refuse(
@@ -91,9 +93,36 @@ async fn find(config: &Config) -> Result<Vec<String>> {
     }
 }
 
-/// The tenants of a SQLite URL with `{tenant}` in its path: the files that exist.
-fn sqlite_files(config: &Config) -> Result<Vec<String>> {
-    let url = config.database_url.expose();
+/// The tenants of a SQLite URL with `{tenant}` in its path: the files that exist and
+/// hold `QUEUE_TABLE`.
+async fn sqlite_stores(config: &Config) -> Result<Vec<String>> {
+    let mut stores = Vec::new();
+    for (name, path) in sqlite_files(config)? {
+        #[cfg(feature = "sqlite")]
+        let holds = transport_sqlite::holds_table(&path, config.table.as_str()).await;
+        #[cfg(not(feature = "sqlite"))]
+        let holds: Result<bool> = {
+            let _ = path;
+            Ok(false)
+        };
+        match holds {
+            Ok(true) => stores.push(name),
+            Ok(false) => {}
+            Err(err) => tracing::debug!(tenant = name, error = %err, "not a tenant's store"),
+        }
+    }
+    Ok(stores)
+}
+
+/// The files that fit a SQLite URL with `{tenant}` in its path, with the tenant each
+/// names.
+fn sqlite_files(config: &Config) -> Result<Vec<(String, PathBuf)>> {
+    let url = config
+        .database_url
+        .expose()
+        .replace("%7btenant%7d", PLACEHOLDER)
+        .replace("%7Btenant%7D", PLACEHOLDER);
+    let url = url.as_str();
     let path = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
@@ -152,7 +181,7 @@ fn sqlite_files(config: &Config) -> Result<Vec<String>> {
             .and_then(|rest| rest.strip_suffix(after));
         // Files whose middle is not a tenant name (a backup, say) are not tenants.
         if let Some(name) = name.filter(|n| Identifier::new("tenant", *n).is_ok()) {
-            names.push(name.to_owned());
+            names.push((name.to_owned(), path.clone()));
         }
     }
     Ok(names)

@@ -369,11 +369,19 @@ impl Config {
                     "a URL without {tenant}, or QUEUE_SCHEMA (--schema) naming the tenants whose names go there",
                 ));
             }
+            if set && tenants::is_template(url.expose()) && !tenants::in_path(url.expose()) {
+                return Err(ConfigError::new(
+                    setting,
+                    Some(url.to_string()),
+                    "{tenant} only in the URL's path (the SQLite file, the database or the vhost), where each tenant gets a store of its own; elsewhere (the user, a query parameter) the tenants would share one",
+                ));
+            }
         }
         let Some(selection) = &self.tenants else {
             return Ok(());
         };
         let sqlite = self.database_url.scheme() == "sqlite";
+        // (A `{tenant}` anywhere but the path was refused above.)
         let sql_used = self.backend == BackendKind::Exec
             || self.drain_from() == Some(BackendKind::Exec)
             || self.database_url_set;

@@ -16,8 +16,8 @@ use crate::names::Identifier;
 
 /// Where a URL takes the tenant's name.
 pub const PLACEHOLDER: &str = "{tenant}";
-/// [`PLACEHOLDER`] as a URL parser writes it back.
-const PLACEHOLDER_ENCODED: &str = "%7Btenant%7D";
+/// [`PLACEHOLDER`] as a URL parser writes it back, in lower case.
+const PLACEHOLDER_ENCODED: &str = "%7btenant%7d";
 
 /// Several tenants, or patterns that find them: a `QUEUE_SCHEMA` with a comma or a
 /// wildcard.
@@ -91,13 +91,35 @@ impl std::fmt::Display for TenantSelection {
 
 /// Whether `url` takes the tenant's name (it says `{tenant}`).
 pub fn is_template(url: &str) -> bool {
-    url.contains(PLACEHOLDER) || url.contains(PLACEHOLDER_ENCODED)
+    url.contains(PLACEHOLDER) || url.to_ascii_lowercase().contains(PLACEHOLDER_ENCODED)
+}
+
+/// Whether every `{tenant}` of `url` is in its path (the SQLite file, the database, the
+/// vhost), where it gives each tenant a store of its own; one in the user name or a
+/// query parameter would leave the tenants sharing one.
+pub fn in_path(url: &str) -> bool {
+    let lower = url
+        .to_ascii_lowercase()
+        .replace(PLACEHOLDER_ENCODED, PLACEHOLDER);
+    let start = match lower.strip_prefix("sqlite:") {
+        Some(_) => "sqlite:".len(),
+        None => lower
+            .find("://")
+            .and_then(|i| lower[i + 3..].find('/').map(|j| i + 3 + j))
+            .unwrap_or(lower.len()),
+    };
+    let end = lower[start..]
+        .find(['?', '#'])
+        .map_or(lower.len(), |i| start + i);
+    let inside = lower[start..end].matches(PLACEHOLDER).count();
+    inside > 0 && inside == lower.matches(PLACEHOLDER).count()
 }
 
 /// `url` with the tenant's name in place of `{tenant}`.
 pub fn fill(url: &str, tenant: &str) -> String {
     url.replace(PLACEHOLDER, tenant)
         .replace(PLACEHOLDER_ENCODED, tenant)
+        .replace("%7Btenant%7D", tenant)
 }
 
 #[cfg(test)]
@@ -144,5 +166,26 @@ mod tests {
         assert!(!is_template("amqp://u:p@h/%2f"));
         assert_eq!(fill("sqlite://data/{tenant}.db", "a"), "sqlite://data/a.db");
         assert_eq!(fill("amqp://h/%7Btenant%7D", "b"), "amqp://h/b");
+    }
+
+    #[test]
+    fn only_a_tenant_in_the_path_gives_a_store_of_its_own() {
+        for url in [
+            "sqlite://data/{tenant}.db",
+            "sqlite:{tenant}.db?mode=rwc",
+            "amqp://u:p@mq:5672/{tenant}",
+            "amqp://u:p@mq/%7btenant%7d",
+            "postgres://app@db/{tenant}",
+        ] {
+            assert!(in_path(url), "{url}");
+        }
+        for url in [
+            "amqp://{tenant}:pw@mq/%2f",
+            "sqlite://jobs.db?cache={tenant}",
+            "postgres://app@db/app?application_name={tenant}",
+            "sqlite://data/{tenant}.db?x={tenant}",
+        ] {
+            assert!(!in_path(url), "{url}");
+        }
     }
 }

@@ -260,6 +260,9 @@ pub(crate) struct WorkArgs {
     /// Every hour, delete job results and dead letters older than this, e.g. 30d
     #[arg(long, value_name = "DUR")]
     pub(crate) prune_older_than: Option<String>,
+    /// With a pattern in --schema (acme_*): how often to look for new tenants to serve
+    #[arg(long, value_name = "DUR", default_value = "30s")]
+    pub(crate) tenant_rescan: String,
     /// Handle only messages carrying this label; repeat for any of several (none: every
     /// message). Not on RabbitMQ, which cannot pass over messages in a queue
     #[arg(long = "label", value_name = "LABEL")]

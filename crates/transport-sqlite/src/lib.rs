@@ -12,10 +12,12 @@ mod migrate;
 mod options;
 mod sql;
 mod status;
+mod tenants;
 mod transport;
 
 pub use inbox::SqliteInbox;
 pub use options::{SqliteOptions, SqliteSynchronous};
 pub use sqlx;
 pub use status::SqliteStatusStore;
+pub use tenants::holds_table;
 pub use transport::SqliteTransport;

@@ -21,6 +21,19 @@ use crate::cli::{Cli, Command, DeadCommand, Global};
 pub(crate) async fn run(cli: Cli) -> Result<()> {
     let config = config(&cli.global)?;
     let json = cli.global.json;
+    // Only these serve several tenants; every other command acts on one store, and
+    // must not reach a shared one (bench and demo build their transports themselves).
+    let several_ok = matches!(
+        cli.command,
+        Command::Work(_)
+            | Command::Stats(_)
+            | Command::Dead {
+                command: DeadCommand::List { .. }
+            }
+    );
+    if let (Some(selection), false) = (&config.tenants, several_ok) {
+        return Err(switchyard::several_tenants_error(selection));
+    }
     match cli.command {
         Command::Migrate => migrate::run(&config, json).await,
         Command::Publish(args) => publish::run(&config, args, json).await,

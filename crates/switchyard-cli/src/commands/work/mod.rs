@@ -68,7 +68,28 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     if let Some(addr) = metrics {
         crate::metrics_listener::spawn(addr, sources.clone(), shutdown.clone()).await?;
     }
+    let amqp_used = config.backend == switchyard::BackendKind::RabbitMq
+        || config.drain_from() == Some(switchyard::BackendKind::RabbitMq)
+        || config.canary_percent > 0;
+    if let (Some(tenant), true) = (&config.tenant, amqp_used) {
+        if !switchyard::tenants::is_template(config.amqp_url.expose()) {
+            // Its status is the tenant's own, but its messages are the vhost's: a worker
+            // of another tenant on the same vhost would take them.
+            tracing::warn!(%tenant, "QUEUE_SCHEMA names a tenant but AMQP_URL has no {{tenant}}: its RabbitMQ messages share the URL's vhost with any other tenant using it");
+        }
+    }
+    let rescan_every = parse_duration("--tenant-rescan", &args.tenant_rescan)?;
+    if rescan_every < Duration::from_millis(100) {
+        return Err(switchyard::ConfigError::new(
+            "--tenant-rescan",
+            Some(args.tenant_rescan.clone()),
+            "a duration of at least 100ms, such as 30s or 5m",
+        )
+        .into());
+    }
     let serving = Serving {
+        several: config.tenants.is_some(),
+        rescan_every,
         queue,
         options,
         command: args.exec.clone(),
@@ -79,7 +100,16 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
     };
     let mut running = tenants::Running::default();
     for tenant in switchyard::tenants::tenant_configs(config).await? {
-        running.start(&serving, &tenant).await?;
+        if shutdown.is_cancelled() {
+            break;
+        }
+        if let Err(err) = running.start(&serving, &tenant).await {
+            // The tenants started so far stop as at shutdown: their work released,
+            // their workers deregistered.
+            shutdown.cancel();
+            let _ = running.finish().await;
+            return Err(err);
+        }
     }
     // A pattern finds tenants added later too, unless the run ends when drained.
     let patterns = config
@@ -127,6 +157,10 @@ fn labels_arg(labels: &[String]) -> Result<Vec<String>> {
 
 /// What every tenant's worker of one `work` shares.
 pub(super) struct Serving {
+    /// `--schema` names several tenants (or a pattern): errors name their tenant.
+    several: bool,
+    /// `--tenant-rescan`.
+    rescan_every: Duration,
     queue: QueueName,
     options: WorkerOptions,
     command: String,

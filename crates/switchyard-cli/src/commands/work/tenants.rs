@@ -2,17 +2,12 @@
 //! connections, claims and handler slots (`--concurrency` each), so a backlog in one
 //! cannot hold back another's jobs: fairness by construction, not by scheduling.
 
-use std::time::Duration;
-
 use switchyard::worker::{Worker, WorkerReport};
 use switchyard::{Config, Error, Result};
 use tokio::task::JoinHandle;
 
 use super::{ExecHandler, Serving};
 use crate::metrics_listener::Gauged;
-
-/// How often a pattern (`--schema 'acme_*'`) is looked up again for new tenants.
-const RESCAN_EVERY: Duration = Duration::from_secs(30);
 
 /// The tenants' workers, started.
 #[derive(Default)]
@@ -24,8 +19,12 @@ impl Running {
     /// Opens `config`'s tenant and starts its worker.
     pub(super) async fn start(&mut self, serving: &Serving, config: &Config) -> Result<()> {
         let tenant = config.tenant.as_ref().map(|t| t.as_str().to_owned());
+        let several = serving.several;
         let jobs = switchyard::connect_jobs(config).await.inspect_err(|err| {
-            tracing::error!(tenant, error = %err, "cannot open the tenant's store");
+            // With one store the error is the command's own, reported once.
+            if several {
+                tracing::error!(tenant, error = %err, "cannot open the tenant's store");
+            }
         })?;
         let (transport, status) = (jobs.transport().clone(), jobs.store().cloned());
         let mut options = serving.options.clone();
@@ -60,7 +59,9 @@ impl Running {
                 if let Err(err) = &report {
                     // One tenant's worker failing stops them all, as it would stop a
                     // process serving one: the supervisor sees the exit and the cause.
-                    tracing::error!(tenant = name, error = %err, "the tenant's worker failed; stopping the others");
+                    if several {
+                        tracing::error!(tenant = name, error = %err, "the tenant's worker failed; stopping the others");
+                    }
                     shutdown.cancel();
                 }
                 report
@@ -73,14 +74,14 @@ impl Running {
         self.workers.iter().any(|(t, _)| t.as_deref() == tenant)
     }
 
-    /// Looks up the pattern's tenants every [`RESCAN_EVERY`] until shutdown, and starts
+    /// Looks up the pattern's tenants every `--tenant-rescan` until shutdown, and starts
     /// a worker for each one not yet served. A failed lookup or start is logged and
     /// tried again at the next one.
     pub(super) async fn rescan(&mut self, serving: &Serving, config: &Config) {
         loop {
             tokio::select! {
                 () = serving.shutdown.cancelled() => return,
-                () = tokio::time::sleep(RESCAN_EVERY) => {}
+                () = tokio::time::sleep(serving.rescan_every) => {}
             }
             let found = match switchyard::tenants::tenant_configs(config).await {
                 Ok(found) => found,
