@@ -161,7 +161,8 @@ impl Router {
             self.primary.capabilities().ordering_keys,
             self.other.capabilities().ordering_keys,
         ) {
-            (true, true) => Ok(fnv(key.as_bytes()) % 100 < u64::from(self.canary_percent)),
+            (true, true) => Ok(queue_core::stable_hash::fnv1a(key.as_bytes()) % 100
+                < u64::from(self.canary_percent)),
             (true, false) => Ok(false),
             (false, true) => Ok(true),
             (false, false) => Err(Error::NotSupported(format!(
@@ -182,19 +183,10 @@ fn marked(mut r: Reservation, origin: u8) -> Reservation {
 /// Whether `id` goes to the canary side at `percent`: a stable hash of the id (FNV-1a
 /// over its bytes), so the same message always lands on the same side.
 pub fn canary_side(id: &Uuid, percent: u8) -> bool {
-    fnv(id.as_bytes()) % 100 < u64::from(percent)
+    queue_core::stable_hash::fnv1a(id.as_bytes()) % 100 < u64::from(percent)
 }
 
 /// FNV-1a over `bytes`.
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 fn merge_reports(into: &mut AckReport, from: AckReport) {
     into.acked.extend(from.acked);
     into.lost.extend(from.lost);

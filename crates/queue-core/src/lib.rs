@@ -23,6 +23,7 @@ mod redact;
 mod registry;
 mod reservation;
 pub mod sql;
+pub mod stable_hash;
 pub mod status;
 pub mod tenants;
 pub mod text;

@@ -39,13 +39,6 @@ fn main() -> ExitCode {
     // The demo and the benchmark report on their own; their expected failures would
     // only clutter the screen. RUST_LOG overrides.
     let quiet = matches!(cli.command, cli::Command::Demo(_) | cli::Command::Bench(_));
-    // Reading commands probe RabbitMQ queues with passive declarations, and the broker
-    // answers a missing queue by closing the channel, which lapin logs as an error; the
-    // command reports the outcome itself, in one line.
-    let probing = matches!(
-        cli.command,
-        cli::Command::Stats(_) | cli::Command::Dead { .. }
-    );
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         // Its own report of a failed write is an `eprintln!`, which panics when stderr
@@ -56,11 +49,15 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
                 // lapin's connection loop logs each failed attempt as an error; the
                 // transport reports the failure itself, in one line naming the node
-                // and the cause (and warns at each reconnect).
-                tracing_subscriber::EnvFilter::new(match (quiet, probing) {
-                    (true, _) => "error,lapin::io_loop=off",
-                    (false, true) => "warn,lapin::channel=off,lapin::io_loop=off",
-                    (false, false) => "warn,lapin::io_loop=off",
+                // and the cause (and warns at each reconnect). The transport also probes
+                // queues with passive declarations (a queue's partitions, its dead-letter
+                // queue), which the broker answers by closing the channel when the queue
+                // is missing, and lapin logs that as an error too: an expected answer,
+                // and real channel failures reach the transport's caller as errors.
+                tracing_subscriber::EnvFilter::new(if quiet {
+                    "error,lapin::channel=off,lapin::io_loop=off"
+                } else {
+                    "warn,lapin::channel=off,lapin::io_loop=off"
                 })
             }),
         )

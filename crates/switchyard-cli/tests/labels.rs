@@ -155,7 +155,7 @@ fn a_bad_label_is_named_before_anything_is_stored() {
 }
 
 #[test]
-fn rabbitmq_refuses_labels_holdings_and_ordering_keys_and_says_why() {
+fn rabbitmq_refuses_labels_and_holdings_and_says_why() {
     let Some(sb) = Sandbox::rabbitmq() else {
         return;
     };
@@ -167,18 +167,6 @@ fn rabbitmq_refuses_labels_holdings_and_ordering_keys_and_says_why() {
     assert_one_line_error(&out, &["cannot claim by label", "queue of its own"]);
     let out = sb.run(&["stats", "--held"]);
     assert_one_line_error(&out, &["does not say which consumer holds which message"]);
-    let out = sb.run(&[
-        "publish",
-        "--queue",
-        &queue,
-        "--kind",
-        "k",
-        "--ordering-key",
-        "o-1",
-        "--payload",
-        "{}",
-    ]);
-    assert_one_line_error(&out, &["does not keep ordering keys yet"]);
     // The labelled message is still there, for an unfiltered worker.
     let out = sb.run(&[
         "work", "--queue", &queue, "--exec", "true", "--drain", "--json",

@@ -90,38 +90,46 @@ fn work(sb: &Sandbox, queue: &str) {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
-/// Whatever the canary share, a message with an ordering key goes to the SQL side, which
-/// keeps its key's order; RabbitMQ would refuse it.
+/// Both sides keep ordering keys, so a canary splits keys, not messages: every message of
+/// a key goes to the side its key's hash picks (FNV-1a, as the router computes it).
 #[test]
-fn keyed_messages_stay_on_the_sql_side_of_a_canary() {
+fn a_canary_sends_all_of_a_keys_messages_to_one_side() {
     let Some(mut sb) = both() else {
         return;
     };
     sb.set_env("QUEUE_BACKEND", "exec");
-    sb.set_env("QUEUE_CANARY_PERCENT", "100");
+    sb.set_env("QUEUE_CANARY_PERCENT", "50");
     let q = fresh_queue("keyedcanary");
-    for n in 0..5 {
-        let out = sb.run(&[
-            "publish",
-            "--queue",
-            &q,
-            "--kind",
-            &format!("s{n}"),
-            "--ordering-key",
-            "order-7",
-            "--payload",
-            "{}",
-        ]);
-        assert!(out.status.success(), "{}", text(&out.stderr));
+    let keys: Vec<String> = (0..10).map(|k| format!("order-{k}")).collect();
+    for n in 0..3 {
+        for key in &keys {
+            let out = sb.run(&[
+                "publish",
+                "--queue",
+                &q,
+                "--kind",
+                &format!("s{n}"),
+                "--ordering-key",
+                key,
+                "--payload",
+                "{}",
+            ]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
     }
-    publish(&sb, &q, 20);
+    let on_exec = keys
+        .iter()
+        .filter(|k| queue_core::stable_hash::fnv1a(k.as_bytes()) % 100 >= 50)
+        .count() as u64;
     let (exec, rabbit) = counts(&sb, &q);
     assert_eq!(
         (exec, rabbit),
-        (5, 20),
-        "keyed on exec, the rest on the canary"
+        (3 * on_exec, 3 * (10 - on_exec)),
+        "each key's three messages on its key's side"
     );
     work(&sb, &q);
+    assert_eq!(counts(&sb, &q), (0, 0));
+    support::delete_broker_queue(&q);
 }
 
 /// `QUEUE_CANARY_PERCENT=10`: about a tenth of 10,000 publishes land on RabbitMQ, an id
@@ -300,11 +308,10 @@ fn a_relay_killed_mid_run_loses_nothing() {
     eprintln!("relay killed with {left} left; {duplicates} forwarded twice, same ids");
 }
 
-/// A message with an ordering key in the outbox, which RabbitMQ cannot keep in order, is
-/// dead-lettered in the outbox saying why, and the messages around it are relayed: it
-/// does not hold up the relay.
+/// Keyed messages in the outbox are relayed in order to their key's partition on
+/// RabbitMQ, beside unkeyed ones, and come out of it one at a time in that order.
 #[test]
-fn a_keyed_message_is_set_aside_by_the_relay_not_stuck() {
+fn keyed_messages_are_relayed_in_their_order() {
     let Some(mut sb) = both() else {
         return;
     };
@@ -312,41 +319,59 @@ fn a_keyed_message_is_set_aside_by_the_relay_not_stuck() {
     sb.set_env("QUEUE_DRAIN", "none");
     let q = fresh_queue("keyed");
     let ids = publish(&sb, &q, 3);
-    let out = sb.run(&[
-        "publish",
-        "--queue",
-        &q,
-        "--kind",
-        "k",
-        "--ordering-key",
-        "order-1",
-        "--payload",
-        "{}",
-    ]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let keyed = text(&out.stdout).trim().to_owned();
+    for n in 0..5 {
+        let out = sb.run(&[
+            "publish",
+            "--queue",
+            &q,
+            "--kind",
+            &format!("s{n}"),
+            "--ordering-key",
+            "order-1",
+            "--payload",
+            "{}",
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
     let out = sb.run(&["relay", "--queue", &q, "--drain", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let dead = sb.dead(&q);
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0]["id"], keyed.as_str());
-    assert_eq!(dead[0]["reason"], "unsupported");
-    assert!(
-        dead[0]["last_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("cannot keep the order of ordering key")),
-        "{dead:?}"
-    );
-    let seen = runtime().block_on(consume_all(&q, Duration::from_secs(2)));
-    for id in &ids {
-        assert!(seen.contains_key(&uuid::Uuid::parse_str(id).expect("an id")));
-    }
-    assert_eq!(seen.len(), 3);
+    assert!(sb.dead(&q).is_empty(), "nothing is set aside");
+    let (unkeyed, keyed) = runtime().block_on(async {
+        let t = AmqpTransport::connect(AmqpOptions::new(amqp_url()))
+            .await
+            .expect("connect");
+        let queue = QueueName::new(q.as_str()).expect("name");
+        let (mut unkeyed, mut keyed) = (Vec::new(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while unkeyed.len() + keyed.len() < 8 && Instant::now() < deadline {
+            let got = t.reserve_batch(&queue, 10).await.expect("reserve");
+            assert!(
+                got.iter()
+                    .filter(|r| r.envelope.ordering_key.is_some())
+                    .count()
+                    <= 1,
+                "two messages of one key out at once"
+            );
+            for r in &got {
+                match r.envelope.ordering_key {
+                    Some(_) => keyed.push(r.envelope.kind.clone()),
+                    None => unkeyed.push(r.id().to_string()),
+                }
+            }
+            t.ack_batch(&got).await.expect("ack");
+        }
+        t.delete_queue(&queue).await.expect("delete");
+        t.close().await;
+        (unkeyed, keyed)
+    });
+    assert_eq!(keyed, ["s0", "s1", "s2", "s3", "s4"], "the key's order");
+    let mut unkeyed = unkeyed;
+    unkeyed.sort();
+    let mut ids = ids;
+    ids.sort();
+    assert_eq!(unkeyed, ids);
 }
 
-/// The transactional outbox: a message published in a transaction that rolls back never
-/// reaches RabbitMQ; one whose transaction commits does, once relayed.
-#[cfg(feature = "postgres")]
 #[test]
 fn a_rolled_back_outbox_publish_never_reaches_rabbitmq() {
     let Some(mut sb) = Sandbox::postgres() else {

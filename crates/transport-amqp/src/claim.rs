@@ -7,8 +7,7 @@ use chrono::Utc;
 use lapin::message::Delivery;
 use lapin::BasicProperties;
 use queue_core::{
-    reason, text, Envelope, LeaseToken, QueueName, Receipt, Reservation, Result,
-    DEFAULT_VISIBILITY_TIMEOUT,
+    reason, text, Envelope, LeaseToken, Receipt, Reservation, Result, DEFAULT_VISIBILITY_TIMEOUT,
 };
 use uuid::Uuid;
 
@@ -18,7 +17,7 @@ use crate::link::Connector;
 use crate::marks;
 use crate::options::QueueKind;
 use crate::publish::{publish_all, Publisher, Target};
-use crate::topology::{dead_queue, UNIT};
+use crate::topology::{dead_queue, physical_queue, UNIT};
 
 /// A claim on one queue's consumer, with what it publishes through when it settles a
 /// delivery on the way.
@@ -29,46 +28,74 @@ pub(crate) struct Claimer<'a> {
 }
 
 impl Claimer<'_> {
-    /// Up to `max` reservations of `queue` from the consumer, marked started or not.
+    /// Up to `max` reservations from the consumer of the broker queue `queue` (the
+    /// logical queue `logical` itself, or one of its partitions), marked started or not.
+    /// A partition's consumer hands out at most one message per ordering key at a time
+    /// (its [`KeyGate`](crate::gate::KeyGate)).
     pub(crate) async fn claim(
         &self,
-        queue: &QueueName,
+        queue: &str,
+        logical: &str,
         max: usize,
         started: bool,
     ) -> Result<Vec<Reservation>> {
-        let mut deliveries = self.consumer.pull(queue, max).await?;
-        let mut out = Vec::with_capacity(deliveries.len());
-        loop {
-            let settled_some = !deliveries.is_empty();
-            for d in deliveries {
-                if let Some(r) = self.admit(d, queue.as_str(), started).await? {
-                    out.push(r);
+        let gate = self.consumer.gate.as_ref();
+        let _one = match gate {
+            Some(_) => Some(self.consumer.claiming.lock().await),
+            None => None,
+        };
+        let mut out = gate.map(|g| g.ready(max)).unwrap_or_default();
+        if out.len() < max {
+            let mut deliveries = self.consumer.pull(queue, max - out.len()).await?;
+            loop {
+                let settled_some = !deliveries.is_empty();
+                for d in deliveries {
+                    let admitted = self.admit(d, queue, logical, started && gate.is_none());
+                    let Some(r) = admitted.await? else { continue };
+                    match gate {
+                        None => out.push(r),
+                        Some(g) => out.extend(g.offer(r)),
+                    }
                 }
+                // Everything taken was settled on the way (malformed, expired, early,
+                // parked behind its key): look again rather than report an empty queue
+                // that may hold more.
+                if !out.is_empty() || !settled_some {
+                    break;
+                }
+                deliveries = self.consumer.pull(queue, max).await?;
             }
-            // Everything taken was settled on the way (malformed, expired, early): look
-            // again rather than report an empty queue that may hold more.
-            if !out.is_empty() || !settled_some {
-                return Ok(out);
-            }
-            deliveries = self.consumer.pull(queue, max).await?;
         }
+        if gate.is_some() && started {
+            for r in &mut out {
+                self.consumer.hold(r.receipt.tag(), true);
+                r.started = true;
+            }
+        }
+        Ok(out)
     }
 
     /// Turns a delivery into a reservation, or settles it on the way: malformed and
     /// expired messages go to the dead-letter queue, early ones back into the delay
     /// chain, and one delivered again after a closed channel is published again with
     /// the attempt counted (classic queues count nothing themselves).
-    async fn admit(&self, d: Delivery, queue: &str, started: bool) -> Result<Option<Reservation>> {
+    async fn admit(
+        &self,
+        d: Delivery,
+        queue: &str,
+        logical: &str,
+        started: bool,
+    ) -> Result<Option<Reservation>> {
         let tag = d.delivery_tag;
         let text = String::from_utf8_lossy(&d.data).into_owned();
         let mut env = match Envelope::from_json(&text) {
             Ok(env) => env,
             Err(err) => {
-                self.quarantine(d, queue, &err.to_string()).await?;
+                self.quarantine(d, logical, &err.to_string()).await?;
                 return Ok(None);
             }
         };
-        if env.queue.as_str() != queue {
+        if physical_queue(&env) != queue {
             // A shovel, an operator's move or a misbinding put it here. Its lease would
             // be looked up under the queue it names, so no worker of this queue could
             // ever settle it: quarantined here, a replay sends it to its own queue.
@@ -77,10 +104,10 @@ impl Claimer<'_> {
                 env.queue
             );
             tracing::warn!(queue, message_id = %env.id, named = %env.queue, "message of another queue quarantined");
-            self.quarantine(d, queue, &why).await?;
+            self.quarantine(d, logical, &why).await?;
             return Ok(None);
         }
-        self.publisher.came_out(queue, env.id);
+        self.publisher.came_out(logical, env.id);
         let counted = self.deliveries_charged(&d, &env).await;
         let options = self.connector.options();
         let now = Utc::now();
@@ -89,9 +116,11 @@ impl Claimer<'_> {
         let expired = env.expires_at.is_some_and(|e| e <= now);
         // A classic queue counts no redelivery: publish it again with the attempt counted
         // (with start marks, the control store keeps the count instead).
+        // Not a keyed one: published again, it would go behind its key's later messages.
         let recount = d.redelivered
             && options.queue_kind == QueueKind::Classic
-            && options.control_store.is_none();
+            && options.control_store.is_none()
+            && env.ordering_key.is_none();
         if expired || early || recount {
             let mut again = env;
             again.attempts += counted;

@@ -15,11 +15,12 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, Basi
 use lapin::types::FieldTable;
 use lapin::Channel;
 use queue_core::sql::Wakers;
-use queue_core::{AckReport, QueueName, Result};
+use queue_core::{AckReport, Result};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::error::{broker, lock};
+use crate::gate::KeyGate;
 use crate::link::{Link, CONNECT_TIMEOUT};
 use crate::topology::passive;
 
@@ -32,6 +33,8 @@ const WARM_UP: Duration = Duration::from_millis(200);
 /// received but not yet handed out.
 pub(crate) struct QueueConsumer {
     pub(crate) generation: u64,
+    /// The broker queue it consumes.
+    pub(crate) queue: String,
     channel: Channel,
     buffer: Mutex<VecDeque<Delivery>>,
     /// Delivery tags taken from the buffer (being admitted, or handed out) and not yet
@@ -53,6 +56,14 @@ pub(crate) struct QueueConsumer {
     /// no `multiple` ack may be sent meanwhile.
     getting: AtomicUsize,
     closed: AtomicBool,
+    /// A partition's consumer (a single active consumer): its key gate. `basic.get`
+    /// would bypass the single active consumer, so it only takes what is pushed.
+    pub(crate) gate: Option<KeyGate>,
+    /// One claim at a time on a partition's consumer: deliveries must reach the gate in
+    /// the order they were delivered, and admitting one may wait (a control store
+    /// lookup) while a concurrent claim would offer a later one of the same key first.
+    pub(crate) claiming: tokio::sync::Mutex<()>,
+    prefetch: u16,
 }
 
 impl QueueConsumer {
@@ -65,6 +76,7 @@ impl QueueConsumer {
         generation: &AtomicU64,
         wakers: Arc<Wakers>,
         queue: &str,
+        logical: &str,
     ) -> Result<(Arc<QueueConsumer>, u32)> {
         let channel = link.conn.create_channel().await.map_err(broker)?;
         channel
@@ -89,6 +101,7 @@ impl QueueConsumer {
             .map_err(broker)?;
         let consumer = Arc::new(QueueConsumer {
             generation: generation.fetch_add(1, Ordering::SeqCst),
+            queue: queue.to_owned(),
             channel,
             buffer: Mutex::default(),
             held: Mutex::default(),
@@ -98,13 +111,16 @@ impl QueueConsumer {
             acking: tokio::sync::Mutex::default(),
             getting: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            gate: (queue != logical).then(KeyGate::default),
+            claiming: tokio::sync::Mutex::default(),
+            prefetch,
         });
         tokio::spawn(receive(
             stream,
             consumer.clone(),
             wakers,
             link,
-            queue.to_owned(),
+            (queue.to_owned(), logical.to_owned()),
         ));
         Ok((consumer, ready))
     }
@@ -156,13 +172,13 @@ impl QueueConsumer {
     /// consumer (the broker may send deliveries queued for the channel after it), so an
     /// empty pull waits a moment for them: a reserve right after a confirmed publish
     /// finds the message.
-    pub(crate) async fn pull(&self, queue: &QueueName, max: usize) -> Result<Vec<Delivery>> {
+    pub(crate) async fn pull(&self, queue: &str, max: usize) -> Result<Vec<Delivery>> {
         let mut out = self.take(max);
-        while out.len() < max {
+        while out.len() < max && self.gate.is_none() {
             self.getting.fetch_add(1, Ordering::SeqCst);
             let got = self
                 .channel
-                .basic_get(queue.as_str().into(), BasicGetOptions::default())
+                .basic_get(queue.into(), BasicGetOptions::default())
                 .await;
             if let Ok(Some(m)) = &got {
                 lock(&self.held).insert(m.delivery.delivery_tag, false);
@@ -224,6 +240,17 @@ impl QueueConsumer {
                 std::task::Poll::Pending => break,
             }
         }
+    }
+
+    /// Waits until the broker has processed every ack sent on this channel before now:
+    /// AMQP does not answer an ack, so a synchronous method (`basic.qos`, restating the
+    /// prefetch) is the barrier; the broker handles a channel's frames in order. `false`
+    /// when the channel closed, and the acks may not have counted.
+    pub(crate) async fn acks_processed(&self) -> bool {
+        self.channel
+            .basic_qos(self.prefetch, BasicQosOptions::default())
+            .await
+            .is_ok()
     }
 
     /// Acks `tags` (with their messages' ids) on this consumer's channel, adding each to
@@ -292,14 +319,16 @@ impl QueueConsumer {
 }
 
 /// Moves deliveries from the broker into the consumer's buffer until its channel
-/// closes or the broker cancels the consumer, waking the queue's idle workers.
+/// closes or the broker cancels the consumer, waking the idle workers of the logical
+/// queue (`names`: the broker queue, and the logical queue it belongs to).
 async fn receive(
     mut stream: lapin::Consumer,
     c: Arc<QueueConsumer>,
     wakers: Arc<Wakers>,
     link: Arc<Link>,
-    queue: String,
+    names: (String, String),
 ) {
+    let (queue, logical) = names;
     loop {
         // Taken from the stream and buffered under the buffer's lock, so that a reserve
         // never misses a delivery that is between the two.
@@ -326,7 +355,7 @@ async fn receive(
             break;
         }
         c.arrived.notify_waiters();
-        wakers.wake(&queue);
+        wakers.wake(&logical);
     }
     // The channel closed, or the broker cancelled the consumer (its queue was deleted,
     // its leader moved): close the channel, so that every delivery it holds goes back
@@ -346,7 +375,7 @@ async fn receive(
         );
         let _ = c.channel.close(200, "consumer cancelled".into()).await;
     }
-    wakers.wake(&queue);
+    wakers.wake(&logical);
 }
 
 /// Acks one delivery still in `held`; `false` when it was not (settled already) or its

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::consumer::{ack_one, retire, QueueConsumer};
 use crate::error::lock;
 use crate::link::Connector;
+use crate::topology::physical_queue;
 
 /// The consumer of each queue.
 pub(crate) struct Consumers {
@@ -32,12 +33,14 @@ impl Consumers {
         }
     }
 
-    /// The live consumer of `queue`, started (again, with a new generation) when there is
-    /// none or its channel closed.
+    /// The live consumer of the broker queue `queue` (of the logical queue `logical`:
+    /// itself, or one of its partitions), started (again, with a new generation) when
+    /// there is none or its channel closed.
     pub(crate) async fn get(
         &self,
         connector: &Connector,
         queue: &str,
+        logical: &str,
     ) -> Result<Arc<QueueConsumer>> {
         if let Some(c) = self.live(queue) {
             return Ok(c);
@@ -55,7 +58,7 @@ impl Consumers {
         let prefetch = connector.options().prefetch;
         let wakers = connector.wakers().clone();
         let (consumer, ready) =
-            QueueConsumer::open(link, prefetch, &self.generation, wakers, queue).await?;
+            QueueConsumer::open(link, prefetch, &self.generation, wakers, queue, logical).await?;
         lock(&self.map).insert(queue.to_owned(), consumer.clone());
         consumer
             .warm_up(ready.min(u32::from(prefetch)) as usize)
@@ -70,7 +73,7 @@ impl Consumers {
     /// The consumer that handed out `r`, if it still holds it: the lease.
     pub(crate) fn holder(&self, r: &Reservation) -> Option<Arc<QueueConsumer>> {
         let (generation, tag) = r.token().0.as_u64_pair();
-        let c = self.live(r.envelope.queue.as_str())?;
+        let c = self.live(&physical_queue(&r.envelope))?;
         let held = c.generation == generation && tag == r.receipt.tag() && c.holds(tag);
         held.then_some(c)
     }

@@ -126,9 +126,15 @@ impl AmqpTransport {
                     env.expires_at = None;
                     // It goes to the queue it names, which may not be this one (a
                     // quarantined message of another queue) nor declared yet.
-                    self.queues
-                        .ensure(&self.connector, env.queue.as_str())
-                        .await?;
+                    if env.ordering_key.is_some() {
+                        self.queues
+                            .ensure_partitions(&self.connector, env.queue.as_str())
+                            .await?;
+                    } else {
+                        self.queues
+                            .ensure(&self.connector, env.queue.as_str())
+                            .await?;
+                    }
                     self.publisher
                         .send(&self.connector, vec![(env, None, Target::Queue)])
                         .await?;

@@ -16,6 +16,7 @@ mod consumer;
 mod consumers;
 mod dead;
 mod error;
+mod gate;
 mod link;
 mod marks;
 mod options;

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::codec::short_string;
 use crate::error::{broker, lock, TRANSPORT};
 use crate::link::{Connector, Link};
-use crate::topology::{dead_queue, delay_key, level_name, units, LEVELS, UNIT};
+use crate::topology::{dead_queue, delay_key, level_name, physical_queue, units, LEVELS, UNIT};
 
 /// How long past its due time a delayed message still counts as delayed when this
 /// process has not seen it come out (another process took it).
@@ -74,18 +74,17 @@ impl Publisher {
                         let ms = (exp - now).num_milliseconds().max(0);
                         props = props.with_expiration(ms.to_string().as_str().into());
                     }
+                    // A keyed message goes to its key's partition, through the chain too.
+                    let route = physical_queue(&env).into_owned();
                     let delay = (env.available_at - now).to_std().unwrap_or(Duration::ZERO);
                     if delay >= UNIT / 2 {
                         lock(&self.delayed)
                             .entry(env.queue.as_str().to_owned())
                             .or_default()
                             .insert(env.id, Instant::now() + delay + DELAY_GRACE);
-                        (
-                            level_name(LEVELS - 1),
-                            delay_key(units(delay), env.queue.as_str()),
-                        )
+                        (level_name(LEVELS - 1), delay_key(units(delay), &route))
                     } else {
-                        (String::new(), env.queue.as_str().to_owned())
+                        (String::new(), route)
                     }
                 }
                 Target::Dead => (String::new(), dead_queue(env.queue.as_str())),

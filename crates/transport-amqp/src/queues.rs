@@ -14,7 +14,8 @@ use crate::error::{broker, declare_error, lock};
 use crate::link::Connector;
 use crate::options::QueueKind;
 use crate::topology::{
-    dead_queue, delivery_binding, durable, passive, DELIVERY_EXCHANGE, MAX_QUEUE_NAME,
+    dead_queue, delivery_binding, durable, partition_name, passive, DELIVERY_EXCHANGE,
+    MAX_QUEUE_NAME, PARTITIONS,
 };
 
 /// The logical queues this transport declared.
@@ -33,9 +34,33 @@ impl Queues {
                 queue.len()
             )));
         }
+        self.declare(connector, queue, queue, false).await
+    }
+
+    /// Declares `queue` and its [`PARTITIONS`] partition queues for keyed messages,
+    /// each with a single active consumer, dead-lettering to `queue`'s dead-letter queue.
+    pub(crate) async fn ensure_partitions(&self, connector: &Connector, queue: &str) -> Result<()> {
+        self.ensure(connector, queue).await?;
+        for n in 0..PARTITIONS {
+            self.declare(connector, &partition_name(queue, n), queue, true)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Declares the broker queue `name` of the logical queue `queue` (itself, or one of
+    /// its partitions, `single`: with a single active consumer) once per connection,
+    /// and `queue`'s dead-letter queue with the logical one.
+    async fn declare(
+        &self,
+        connector: &Connector,
+        name: &str,
+        queue: &str,
+        single: bool,
+    ) -> Result<()> {
         let link = connector.link().await?;
         let options = connector.options();
-        if lock(&link.declared).contains(queue) {
+        if lock(&link.declared).contains(name) {
             return Ok(());
         }
         // A channel of its own: a refused declaration closes the channel it ran on.
@@ -54,13 +79,14 @@ impl Queues {
         // it takes and gives back messages, which a quorum queue counts as deliveries;
         // with no delivery limit on it that costs nothing. A dead-letter queue declared
         // classic by an earlier version is kept as it is.
-        let declare_dead = match options.queue_kind {
-            QueueKind::Quorum => {
-                dead_args.insert("x-queue-type".into(), long_string("quorum"));
-                !queue_exists(connector, &dead).await?
-            }
-            QueueKind::Classic => true,
-        };
+        let declare_dead = !single
+            && match options.queue_kind {
+                QueueKind::Quorum => {
+                    dead_args.insert("x-queue-type".into(), long_string("quorum"));
+                    !queue_exists(connector, &dead).await?
+                }
+                QueueKind::Classic => true,
+            };
         if declare_dead {
             ch.queue_declare(dead.as_str().into(), durable(), dead_args)
                 .await
@@ -68,6 +94,10 @@ impl Queues {
         }
         args.insert("x-dead-letter-exchange".into(), long_string(""));
         args.insert("x-dead-letter-routing-key".into(), long_string(&dead));
+        if single {
+            // One consumer at a time takes the partition, in order; the others wait.
+            args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        }
         match options.queue_kind {
             QueueKind::Quorum => {
                 args.insert("x-queue-type".into(), long_string("quorum"));
@@ -80,21 +110,23 @@ impl Queues {
                 args.insert("x-max-priority".into(), AMQPValue::ShortShortUInt(9));
             }
         }
-        ch.queue_declare(queue.into(), durable(), args)
+        ch.queue_declare(name.into(), durable(), args)
             .await
-            .map_err(|e| declare_error(queue, e))?;
+            .map_err(|e| declare_error(name, e))?;
         ch.queue_bind(
-            queue.into(),
+            name.into(),
             DELIVERY_EXCHANGE.into(),
-            delivery_binding(queue).as_str().into(),
+            delivery_binding(name).as_str().into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
         .map_err(broker)?;
         let _ = ch.close(200, "declared".into()).await;
-        lock(&link.declared).insert(queue.to_owned());
-        lock(&self.known).insert(queue.to_owned());
+        lock(&link.declared).insert(name.to_owned());
+        if !single {
+            lock(&self.known).insert(queue.to_owned());
+        }
         Ok(())
     }
 
@@ -102,13 +134,19 @@ impl Queues {
     pub(crate) async fn delete(&self, connector: &Connector, queue: &QueueName) -> Result<()> {
         let link = connector.link().await?;
         let ch = link.conn.create_channel().await.map_err(broker)?;
-        for name in [queue.as_str().to_owned(), dead_queue(queue.as_str())] {
+        let partitions = (0..PARTITIONS).map(|n| partition_name(queue.as_str(), n));
+        let names: Vec<String> = [queue.as_str().to_owned(), dead_queue(queue.as_str())]
+            .into_iter()
+            .chain(partitions)
+            .collect();
+        // Deleting a queue that does not exist (partitions never used) succeeds.
+        for name in &names {
             ch.queue_delete(name.as_str().into(), QueueDeleteOptions::default())
                 .await
                 .map_err(broker)?;
+            lock(&link.declared).remove(name.as_str());
         }
         let _ = ch.close(200, "done".into()).await;
-        lock(&link.declared).remove(queue.as_str());
         lock(&self.known).remove(queue.as_str());
         Ok(())
     }

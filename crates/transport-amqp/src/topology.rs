@@ -42,6 +42,27 @@ pub(crate) fn level_name(k: u32) -> String {
     format!("{DELAY_EXCHANGE}.{k}")
 }
 
+/// The partition queues of each logical queue that keyed messages go to.
+pub(crate) const PARTITIONS: u64 = 8;
+
+/// Partition `n` of `queue`. `~` is outside queue names' characters, so no logical
+/// queue can be named like a partition, and is literal in topic routing keys.
+pub(crate) fn partition_name(queue: &str, n: u64) -> String {
+    format!("{queue}~k{n}")
+}
+
+/// The broker queue that holds `env`: its queue, or for a message with an ordering
+/// key the partition its key hashes to (the same in every process: FNV-1a).
+pub(crate) fn physical_queue(env: &queue_core::Envelope) -> std::borrow::Cow<'_, str> {
+    match &env.ordering_key {
+        None => std::borrow::Cow::Borrowed(env.queue.as_str()),
+        Some(key) => std::borrow::Cow::Owned(partition_name(
+            env.queue.as_str(),
+            queue_core::stable_hash::fnv1a(key.as_bytes()) % PARTITIONS,
+        )),
+    }
+}
+
 /// The dead-letter queue of `queue`.
 pub(crate) fn dead_queue(queue: &str) -> String {
     format!("{queue}.dead")

@@ -4,8 +4,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -23,13 +24,13 @@ use crate::claim::Claimer;
 use crate::codec::dead_headers;
 use crate::consumer::{retire, QueueConsumer};
 use crate::consumers::Consumers;
-use crate::error::{broker, lost, TRANSPORT};
+use crate::error::{broker, lock, lost, TRANSPORT};
 use crate::link::Connector;
 use crate::marks;
 use crate::options::{AmqpOptions, QueueKind};
 use crate::publish::{publish_all, Publisher, Target};
-use crate::queues::Queues;
-use crate::topology::{dead_queue, passive};
+use crate::queues::{queue_exists, Queues};
+use crate::topology::{dead_queue, partition_name, passive, physical_queue, PARTITIONS};
 
 /// RabbitMQ over AMQP 0-9-1.
 ///
@@ -54,7 +55,17 @@ pub struct AmqpTransport {
     pub(crate) queues: Queues,
     pub(crate) publisher: Publisher,
     consumers: Consumers,
+    /// Per logical queue: whether it has partitions (`None`: yes), or when it was last
+    /// found without them.
+    partitions: Mutex<HashMap<String, Option<Instant>>>,
+    next_partition: AtomicU64,
 }
+
+/// How often a queue without partitions is looked at again for them: the first keyed
+/// message published by another process is found within this. The look is a passive
+/// declaration, which the broker logs as a channel error when the queue is missing, so
+/// it is not made on every claim.
+const PARTITION_CHECK: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for AmqpTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -82,6 +93,8 @@ impl AmqpTransport {
             queues: Queues::default(),
             publisher: Publisher::default(),
             consumers: Consumers::new(),
+            partitions: Mutex::default(),
+            next_partition: AtomicU64::new(0),
         })
     }
 
@@ -138,7 +151,8 @@ impl AmqpTransport {
     }
 
     /// Up to `max` reservations of `queue`, marked started (a reserve) or not (a
-    /// prefetch).
+    /// prefetch): from its partitions first, when it has them (at most one message of a
+    /// key at a time), then from the queue itself.
     async fn take_deliveries(
         &self,
         queue: &QueueName,
@@ -148,19 +162,104 @@ impl AmqpTransport {
         if max == 0 {
             return Ok(Vec::new());
         }
-        self.queues.ensure(&self.connector, queue.as_str()).await?;
-        let c = self.consumers.get(&self.connector, queue.as_str()).await?;
+        let q = queue.as_str();
+        self.queues.ensure(&self.connector, q).await?;
+        let mut out = Vec::new();
+        if self.partitioned(q).await? {
+            self.queues.ensure_partitions(&self.connector, q).await?;
+            // A different first partition each time, so that none waits behind the others.
+            let first = self.next_partition.fetch_add(1, Ordering::Relaxed);
+            for i in 0..PARTITIONS {
+                if out.len() >= max {
+                    break;
+                }
+                let name = partition_name(q, (first + i) % PARTITIONS);
+                match self.take_from(&name, q, max - out.len(), started).await {
+                    Ok(taken) => out.extend(taken),
+                    // What other partitions handed out is held: return it, not the error.
+                    Err(err) if !out.is_empty() => {
+                        tracing::warn!(queue = name, error = %err, "a partition's claim failed");
+                        return Ok(out);
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        if out.len() < max {
+            match self.take_from(q, q, max - out.len(), started).await {
+                Ok(taken) => out.extend(taken),
+                Err(err) if !out.is_empty() => {
+                    tracing::warn!(queue = q, error = %err, "a claim failed");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `max` reservations from the consumer of the broker queue `name` of the
+    /// logical queue `queue`.
+    async fn take_from(
+        &self,
+        name: &str,
+        queue: &str,
+        max: usize,
+        started: bool,
+    ) -> Result<Vec<Reservation>> {
+        let c = self.consumers.get(&self.connector, name, queue).await?;
         let claimer = Claimer {
             connector: &self.connector,
             publisher: &self.publisher,
             consumer: &c,
         };
-        let claimed = claimer.claim(queue, max, started).await;
+        let claimed = claimer.claim(name, queue, max, started).await;
         if claimed.is_err() {
             // Deliveries taken on the way would stay unacknowledged: give them all back.
             retire(&c).await;
         }
         claimed
+    }
+
+    /// Whether `queue` has partition queues (a message with an ordering key was
+    /// published to it, by any process): known for good once seen, and looked up again
+    /// at most every [`PARTITION_CHECK`] while not.
+    async fn partitioned(&self, queue: &str) -> Result<bool> {
+        let first = partition_name(queue, 0);
+        if lock(&self.connector.link().await?.declared).contains(&first) {
+            return Ok(true);
+        }
+        match lock(&self.partitions).get(queue) {
+            Some(None) => return Ok(true),
+            Some(Some(at)) if at.elapsed() < PARTITION_CHECK => return Ok(false),
+            _ => {}
+        }
+        let exists = queue_exists(&self.connector, &first).await?;
+        lock(&self.partitions).insert(queue.to_owned(), (!exists).then(Instant::now));
+        Ok(exists)
+    }
+
+    /// Keeps the failed keyed head `r` (with `env`, its attempt counted) in its
+    /// partition consumer's gate, to go out again after `delay`, and wakes the queue's
+    /// workers then.
+    fn retry_in_place(&self, c: &QueueConsumer, r: &Reservation, env: Envelope, delay: Duration) {
+        let Some(gate) = &c.gate else { return };
+        c.hold(r.receipt.tag(), false);
+        let mut again = r.clone();
+        again.envelope = env;
+        again.started = false;
+        gate.retry(again, Instant::now() + delay);
+        let wakers = self.connector.wakers().clone();
+        let queue = r.envelope.queue.as_str().to_owned();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            wakers.wake(&queue);
+        });
+    }
+
+    /// The consumer holding `r`'s delivery, if it is a partition's (a keyed message).
+    fn gate_of(&self, r: &Reservation) -> Option<Arc<QueueConsumer>> {
+        r.envelope.ordering_key.as_ref()?;
+        self.consumers.holder(r).filter(|c| c.gate.is_some())
     }
 
     /// Publishes the message that takes `r`'s place (released, given back, or dead),
@@ -184,13 +283,6 @@ const LABELS_UNSUPPORTED: &str = "RabbitMQ cannot claim by label: a queue hands 
     to consumers in its own order, so a consumer cannot pass over the ones it does not want \
     (and routing each label to a queue of its own would deliver a message with two labels \
     twice); give that work a queue of its own";
-
-/// Why RabbitMQ refuses messages with ordering keys.
-const ORDERING_UNSUPPORTED: &str = "RabbitMQ does not keep ordering keys yet: a queue with \
-    several consumers hands a key's messages to them in parallel, and a retry goes through \
-    the delay chain to the back of the queue; keeping a key's order there needs partition \
-    queues with a single active consumer and retries held by the consumer, which this \
-    version does not have. Publish keyed messages to a SQL backend, or without a key";
 
 /// Why RabbitMQ cannot list held messages.
 const HOLDINGS_UNSUPPORTED: &str = "RabbitMQ does not say which consumer holds which \
@@ -220,6 +312,7 @@ impl Transport for AmqpTransport {
         caps.expiry = true;
         caps.wake_signal = true;
         caps.max_payload_bytes = self.options().max_payload_bytes;
+        caps.ordering_keys = true;
         caps.charges_only_started = self.options().control_store.is_some();
         caps.start_marks_in_status = self.options().control_store.is_some();
         caps
@@ -234,14 +327,19 @@ impl Transport for AmqpTransport {
             // Labels travel in the envelope, checked as on every backend.
             env.normalize_for_store()?;
             env.check_size(self.options().max_payload_bytes)?;
-            // Refused rather than delivered out of order.
-            if env.ordering_key.is_some() {
-                return Err(queue_core::Error::NotSupported(ORDERING_UNSUPPORTED.into()));
-            }
         }
+        let keyed: HashSet<&str> = envelopes
+            .iter()
+            .filter(|e| e.ordering_key.is_some())
+            .map(|e| e.queue.as_str())
+            .collect();
         let queues: HashSet<&str> = envelopes.iter().map(|e| e.queue.as_str()).collect();
         for q in queues {
-            self.queues.ensure(&self.connector, q).await?;
+            if keyed.contains(q) {
+                self.queues.ensure_partitions(&self.connector, q).await?;
+            } else {
+                self.queues.ensure(&self.connector, q).await?;
+            }
         }
         self.publisher
             .send(
@@ -301,8 +399,31 @@ impl Transport for AmqpTransport {
                 None => report.lost.push(r.id()),
             }
         }
+        let mut gated = Vec::new();
         for (c, tags) in by_consumer.into_values() {
             c.ack_batch(tags, &mut report).await;
+            if c.gate.is_some() {
+                gated.push(c);
+            }
+        }
+        // Each acked head of a key lets the key's next message go out, once the broker
+        // has the ack: were the process to die with the ack unsent, the head would come
+        // back after its successor had started.
+        for c in gated {
+            let Some(gate) = &c.gate else { continue };
+            if !c.acks_processed().await {
+                continue;
+            }
+            for r in reservations {
+                let Some(key) = &r.envelope.ordering_key else {
+                    continue;
+                };
+                let mine = physical_queue(&r.envelope) == c.queue.as_str();
+                if mine && report.acked.contains(&r.id()) {
+                    gate.release(key);
+                    self.connector.wakers().wake(r.envelope.queue.as_str());
+                }
+            }
         }
         Ok(report)
     }
@@ -321,6 +442,11 @@ impl Transport for AmqpTransport {
                     // As bounded and NUL-free as on the SQL backends, where the message may move.
                     env.last_error = Some(text::error_text(e));
                 }
+                if let Some(c) = self.gate_of(reservation) {
+                    // Kept, not published again behind the key's later messages.
+                    self.retry_in_place(&c, reservation, env, delay);
+                    return Ok(());
+                }
                 self.replace(reservation, (env, None, Target::Queue)).await
             }
             GiveBack::Unstarted => {
@@ -330,6 +456,17 @@ impl Transport for AmqpTransport {
                 let started = c.started(reservation.receipt.tag());
                 if let (true, Some(store)) = (started, &self.options().control_store) {
                     marks::close_unrun(store.as_ref(), &reservation.envelope).await;
+                }
+                if let (Some(gate), Some(_)) = (&c.gate, &reservation.envelope.ordering_key) {
+                    // First of its key again, here or (when the channel closes) at the broker.
+                    c.hold(reservation.receipt.tag(), false);
+                    let mut back = reservation.clone();
+                    back.started = false;
+                    gate.put_back(back);
+                    self.connector
+                        .wakers()
+                        .wake(reservation.envelope.queue.as_str());
+                    return Ok(());
                 }
                 self.replace(
                     reservation,
@@ -358,7 +495,19 @@ impl Transport for AmqpTransport {
         }
         let headers = dead_headers(&text::reason_text(reason));
         self.replace(reservation, (env, Some(headers), Target::Dead))
-            .await
+            .await?;
+        // The key moves on without it (the dead letter records that it broke the key),
+        // once the broker has the ack (see `ack_batch`).
+        if let (Some(gate), Some(key)) = (&c.gate, &reservation.envelope.ordering_key) {
+            if !c.acks_processed().await {
+                return Ok(());
+            }
+            gate.release(key);
+            self.connector
+                .wakers()
+                .wake(reservation.envelope.queue.as_str());
+        }
+        Ok(())
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -415,7 +564,6 @@ impl Transport for AmqpTransport {
                 )
                 .await
                 .map_err(broker)?;
-            let _ = ch.close(200, "done".into()).await;
             let mut s = QueueStats::new(q.as_str());
             // The broker counts only what it has not pushed to a consumer; deliveries
             // this process received and has not handed out are ready all the same.
@@ -424,6 +572,29 @@ impl Transport for AmqpTransport {
             s.delayed = self.publisher.delayed_count(&q);
             s.reserved = held;
             s.dead = u64::from(dead.message_count());
+            if self.partitioned(&q).await? {
+                for n in 0..PARTITIONS {
+                    let name = partition_name(&q, n);
+                    let Ok(p) = ch
+                        .queue_declare(name.as_str().into(), passive(), FieldTable::default())
+                        .await
+                    else {
+                        // Gone (NOT_FOUND closes the channel): nothing more to count.
+                        break;
+                    };
+                    s.ready += u64::from(p.message_count());
+                    if let Some(c) = self.consumers.live(&name) {
+                        let (buffered, held) = c.counts();
+                        // Parked behind a key's head: ready; a head awaiting its retry:
+                        // delayed; the rest held by handlers.
+                        let (parked, retrying) = c.gate.as_ref().map_or((0, 0), |g| g.counts());
+                        s.ready += buffered + parked;
+                        s.delayed += retrying;
+                        s.reserved += held.saturating_sub(parked + retrying);
+                    }
+                }
+            }
+            let _ = ch.close(200, "done".into()).await;
             out.push(s);
         }
         Ok(out)
