@@ -151,19 +151,18 @@ impl Router {
 impl Router {
     /// Whether `env` goes to the other side: the canary share, by its id; but a message
     /// with an ordering key goes where its key's order is kept, all of the key's messages
-    /// to the same side (the one side that keeps keys, say the SQL store beside
-    /// RabbitMQ, or by a hash of the key when both do). Refused when neither does.
+    /// to the same side: the primary when it keeps keys (whatever the canary share, so
+    /// that changing the share never moves a key while its messages wait on the other
+    /// side), else the side that does. Refused when neither does.
     fn to_other(&self, env: &Envelope) -> Result<bool> {
-        let Some(key) = &env.ordering_key else {
+        if env.ordering_key.is_none() {
             return Ok(canary_side(&env.id, self.canary_percent));
-        };
+        }
         match (
             self.primary.capabilities().ordering_keys,
             self.other.capabilities().ordering_keys,
         ) {
-            (true, true) => Ok(queue_core::stable_hash::fnv1a(key.as_bytes()) % 100
-                < u64::from(self.canary_percent)),
-            (true, false) => Ok(false),
+            (true, _) => Ok(false),
             (false, true) => Ok(true),
             (false, false) => Err(Error::NotSupported(format!(
                 "message {}: neither {} nor {} keeps ordering keys",
@@ -186,7 +185,7 @@ pub fn canary_side(id: &Uuid, percent: u8) -> bool {
     queue_core::stable_hash::fnv1a(id.as_bytes()) % 100 < u64::from(percent)
 }
 
-/// FNV-1a over `bytes`.
+/// Adds `from`'s acked and lost ids to `into`'s.
 fn merge_reports(into: &mut AckReport, from: AckReport) {
     into.acked.extend(from.acked);
     into.lost.extend(from.lost);

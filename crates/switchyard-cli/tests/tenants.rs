@@ -285,25 +285,7 @@ fn isolation(t: &Tenants) {
     }
 
     // The dashboard and metrics of b show nothing of a.
-    let served = {
-        let mut c = t.cmd(b, &["serve", "--listen", "127.0.0.1:0"]);
-        c.stdout(Stdio::piped()).stderr(Stdio::null());
-        let mut child = c.spawn().expect("serve");
-        let stdout = child.stdout.take().expect("serve's stdout");
-        let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-            .expect("serve's first line");
-        let url = line
-            .trim()
-            .rsplit(' ')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        support::Served {
-            child,
-            url: url.trim_end_matches('/').to_owned(),
-        }
-    };
+    let served = t.sb.serve_with(&["--schema", b], Stdio::null());
     for path in [
         "/api/jobs?limit=500",
         "/api/dead?queue=jobs",

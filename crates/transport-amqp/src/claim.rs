@@ -3,6 +3,8 @@
 //! another queue, expired ones, early ones, and redeliveries a classic queue did not
 //! count), with each delivery charged the attempts its returns cost.
 
+use std::time::Instant;
+
 use chrono::Utc;
 use lapin::message::Delivery;
 use lapin::BasicProperties;
@@ -13,6 +15,7 @@ use uuid::Uuid;
 
 use crate::codec::{dead_headers, delivery_count, long_string, H_ERROR};
 use crate::consumer::{ack_one, QueueConsumer};
+use crate::gate::KeyGate;
 use crate::link::Connector;
 use crate::marks;
 use crate::options::QueueKind;
@@ -66,13 +69,62 @@ impl Claimer<'_> {
                 deliveries = self.consumer.pull(queue, max).await?;
             }
         }
-        if gate.is_some() && started {
-            for r in &mut out {
-                self.consumer.hold(r.receipt.tag(), true);
-                r.started = true;
+        if let Some(g) = gate {
+            out = self.due_and_unexpired(g, out, logical).await?;
+            if started {
+                for r in &mut out {
+                    self.consumer.hold(r.receipt.tag(), true);
+                    r.started = true;
+                }
             }
         }
         Ok(out)
+    }
+
+    /// Of the messages a partition's gate let out, those that may run now. One that
+    /// expired while it waited behind its key is dead-lettered, and its key moves on;
+    /// one not due yet (a delay that came out of the chain early, or a publisher's clock
+    /// ahead of this one) waits in the gate as its key's head until it is due, rather
+    /// than going back through the delay chain behind its key's later messages.
+    async fn due_and_unexpired(
+        &self,
+        gate: &KeyGate,
+        out: Vec<Reservation>,
+        logical: &str,
+    ) -> Result<Vec<Reservation>> {
+        let now = Utc::now();
+        let mut kept = Vec::with_capacity(out.len());
+        for r in out {
+            let key = r.envelope.ordering_key.clone().unwrap_or_default();
+            if r.envelope.expires_at.is_some_and(|e| e <= now) {
+                let headers = Some(dead_headers(reason::EXPIRED));
+                self.publisher
+                    .send(
+                        self.connector,
+                        vec![(r.envelope.clone(), headers, Target::Dead)],
+                    )
+                    .await?;
+                if ack_one(self.consumer, r.receipt.tag()).await
+                    && self.consumer.acks_processed().await
+                {
+                    gate.release(&key);
+                }
+                continue;
+            }
+            let early = (r.envelope.available_at - now).to_std().unwrap_or_default();
+            if early > UNIT / 2 {
+                gate.retry(r, Instant::now() + early);
+                let wakers = self.connector.wakers().clone();
+                let queue = logical.to_owned();
+                tokio::spawn(async move {
+                    tokio::time::sleep(early).await;
+                    wakers.wake(&queue);
+                });
+                continue;
+            }
+            kept.push(r);
+        }
+        Ok(kept)
     }
 
     /// Turns a delivery into a reservation, or settles it on the way: malformed and
@@ -111,8 +163,10 @@ impl Claimer<'_> {
         let counted = self.deliveries_charged(&d, &env).await;
         let options = self.connector.options();
         let now = Utc::now();
-        let early =
-            env.available_at > now + chrono::Duration::milliseconds(UNIT.as_millis() as i64 / 2);
+        // A partition's consumer holds an early message in its gate instead (see
+        // `due_and_unexpired`): published again, it would go behind its key.
+        let early = self.consumer.gate.is_none()
+            && env.available_at > now + chrono::Duration::milliseconds(UNIT.as_millis() as i64 / 2);
         let expired = env.expires_at.is_some_and(|e| e <= now);
         // A classic queue counts no redelivery: publish it again with the attempt counted
         // (with start marks, the control store keeps the count instead).

@@ -166,9 +166,9 @@ impl QueueConsumer {
         )
     }
 
-    /// Up to `max` deliveries of `queue`: those the consumer received, then ready
-    /// messages the broker has not pushed (`basic.get`, which the prefetch does not
-    /// limit). An empty `basic.get` does not prove that nothing is on its way to the
+    /// Up to `max` deliveries of `queue`: those the consumer received, then (except on a
+    /// partition, where it would bypass the single active consumer) ready messages the
+    /// broker has not pushed (`basic.get`, which the prefetch does not limit). An empty `basic.get` does not prove that nothing is on its way to the
     /// consumer (the broker may send deliveries queued for the channel after it), so an
     /// empty pull waits a moment for them: a reserve right after a confirmed publish
     /// finds the message.

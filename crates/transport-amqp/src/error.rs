@@ -33,8 +33,16 @@ pub(crate) fn source_text(err: &Error) -> String {
 }
 
 pub(crate) fn broker(err: lapin::Error) -> Error {
-    // A closed channel or connection may recover; a refused declaration will not.
-    let transient = !matches!(err.kind(), lapin::ErrorKind::ProtocolError(_));
+    // A closed channel or connection may recover; a refused declaration will not. The
+    // broker's INTERNAL_ERROR closes the connection over a fault of its own (such as a
+    // consume of a quorum queue whose leader is not elected yet): it may recover too.
+    let transient = match err.kind() {
+        lapin::ErrorKind::ProtocolError(e) => matches!(
+            e.kind(),
+            lapin::protocol::AMQPErrorKind::Hard(lapin::protocol::AMQPHardError::INTERNALERROR)
+        ),
+        _ => true,
+    };
     Error::backend(TRANSPORT, transient, err)
 }
 

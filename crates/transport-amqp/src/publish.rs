@@ -61,7 +61,12 @@ impl Publisher {
                 .with_content_type("application/json".into())
                 .with_message_id(env.id.to_string().as_str().into())
                 .with_type(short_string(&env.kind))
-                .with_priority(u8::try_from(env.priority.clamp(0, 9)).unwrap_or(0));
+                .with_priority(match env.ordering_key {
+                    // A priority would let a key's later message overtake an earlier one
+                    // (RabbitMQ 4's quorum queues honour priorities too).
+                    Some(_) => 0,
+                    None => u8::try_from(env.priority.clamp(0, 9)).unwrap_or(0),
+                });
             if let Some(trace) = &env.trace_id {
                 props = props.with_correlation_id(short_string(trace));
             }

@@ -23,6 +23,12 @@ use crate::topology::{
 pub(crate) struct Queues {
     /// Every queue this transport used, for stats and dead-letter commands over all.
     known: Mutex<HashSet<String>>,
+    /// One declaration at a time. A second declaration of a quorum queue that another is
+    /// creating is answered at once, before the queue has elected its leader, and a
+    /// consume then crashes the broker's channel and the whole connection
+    /// (`{badmatch,{error,noproc}}` in RabbitMQ 3.10): waiting for the first one's
+    /// answer, which comes once the queue is up, avoids it.
+    declaring: tokio::sync::Mutex<()>,
 }
 
 impl Queues {
@@ -60,6 +66,10 @@ impl Queues {
     ) -> Result<()> {
         let link = connector.link().await?;
         let options = connector.options();
+        if lock(&link.declared).contains(name) {
+            return Ok(());
+        }
+        let _one = self.declaring.lock().await;
         if lock(&link.declared).contains(name) {
             return Ok(());
         }
@@ -106,9 +116,11 @@ impl Queues {
                     AMQPValue::LongInt(i32::try_from(options.delivery_limit).unwrap_or(i32::MAX)),
                 );
             }
-            QueueKind::Classic => {
+            // A partition keeps its keys' order, which priorities would break.
+            QueueKind::Classic if !single => {
                 args.insert("x-max-priority".into(), AMQPValue::ShortShortUInt(9));
             }
+            QueueKind::Classic => {}
         }
         ch.queue_declare(name.into(), durable(), args)
             .await

@@ -35,7 +35,9 @@ use crate::topology::{dead_queue, partition_name, passive, physical_queue, PARTI
 /// RabbitMQ over AMQP 0-9-1.
 ///
 /// Each logical queue is a durable queue of its own name (quorum by default, classic
-/// with priorities as an option) with a dead-letter queue `<queue>.dead`; delays go
+/// with priorities as an option) with a dead-letter queue `<queue>.dead`, and, once a
+/// message with an ordering key is published to it, 8 partition queues `<queue>~k<n>`
+/// with a single active consumer each (see the `gate` module); delays go
 /// through a fixed chain of TTL queues (see the `topology` module). Publishes wait for
 /// the broker's confirms, pipelined within a batch. Reserves take deliveries from a
 /// consumer with a bounded prefetch; a lease is a delivery, and its token is the
@@ -125,7 +127,9 @@ impl AmqpTransport {
 
     /// Deletes `queue` and its dead-letter queue, messages and all.
     pub async fn delete_queue(&self, queue: &QueueName) -> Result<()> {
-        self.queues.delete(&self.connector, queue).await
+        self.queues.delete(&self.connector, queue).await?;
+        lock(&self.partitions).remove(queue.as_str());
+        Ok(())
     }
 
     /// The queues this transport declared (the dead-letter queues not listed).
@@ -206,7 +210,7 @@ impl AmqpTransport {
         max: usize,
         started: bool,
     ) -> Result<Vec<Reservation>> {
-        let c = self.consumers.get(&self.connector, name, queue).await?;
+        let c = self.consumer_of(name, queue).await?;
         let claimer = Claimer {
             connector: &self.connector,
             publisher: &self.publisher,
@@ -218,6 +222,26 @@ impl AmqpTransport {
             retire(&c).await;
         }
         claimed
+    }
+
+    /// The consumer of the broker queue `name`, started when needed. A quorum queue
+    /// just declared may not have elected its leader yet, and RabbitMQ (3.10 at least)
+    /// answers a consume then by failing the channel and the connection
+    /// (`{badmatch,{error,noproc}}` in the broker's log): such a transient failure is
+    /// tried again, on a new connection, a few times.
+    async fn consumer_of(&self, name: &str, queue: &str) -> Result<Arc<QueueConsumer>> {
+        let mut pause = Duration::from_millis(50);
+        for _ in 0..3 {
+            match self.consumers.get(&self.connector, name, queue).await {
+                Err(err) if err.is_transient() => {
+                    tracing::debug!(queue = name, error = %err, "starting a consumer failed; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                done => return done,
+            }
+        }
+        self.consumers.get(&self.connector, name, queue).await
     }
 
     /// Whether `queue` has partition queues (a message with an ordering key was
