@@ -518,8 +518,27 @@ impl Transport for AmqpTransport {
             env.last_error = Some(text::error_text(e));
         }
         let headers = dead_headers(&text::reason_text(reason));
-        self.replace(reservation, (env, Some(headers), Target::Dead))
-            .await?;
+        let replaced = self
+            .replace(reservation, (env, Some(headers), Target::Dead))
+            .await;
+        if let (Err(err), Some(gate)) = (&replaced, &c.gate) {
+            // The dead letter was not stored and the delivery is still held: a worker
+            // waits for a lease to run out, which a delivery never does. Its key's head
+            // goes out again instead (and fails its way back here), rather than holding
+            // the key until the channel closes.
+            if !matches!(err, queue_core::Error::LeaseLost { .. })
+                && c.holds(reservation.receipt.tag())
+            {
+                c.hold(reservation.receipt.tag(), false);
+                let mut back = reservation.clone();
+                back.started = false;
+                gate.put_back(back);
+                self.connector
+                    .wakers()
+                    .wake(reservation.envelope.queue.as_str());
+            }
+        }
+        replaced?;
         // The key moves on without it (the dead letter records that it broke the key),
         // once the broker has the ack (see `ack_batch`).
         if let (Some(gate), Some(key)) = (&c.gate, &reservation.envelope.ordering_key) {
