@@ -280,6 +280,16 @@ impl AmqpTransport {
         });
     }
 
+    /// Puts the held keyed head `r` back in front of its key in `c`'s gate, not started,
+    /// and wakes the queue's workers to take it again.
+    fn put_back(&self, c: &QueueConsumer, gate: &crate::gate::KeyGate, r: &Reservation) {
+        c.hold(r.receipt.tag(), false);
+        let mut back = r.clone();
+        back.started = false;
+        gate.put_back(back);
+        self.connector.wakers().wake(r.envelope.queue.as_str());
+    }
+
     /// The consumer holding `r`'s delivery, if it is a partition's (a keyed message).
     fn gate_of(&self, r: &Reservation) -> Option<Arc<QueueConsumer>> {
         r.envelope.ordering_key.as_ref()?;
@@ -483,13 +493,7 @@ impl Transport for AmqpTransport {
                 }
                 if let (Some(gate), Some(_)) = (&c.gate, &reservation.envelope.ordering_key) {
                     // First of its key again, here or (when the channel closes) at the broker.
-                    c.hold(reservation.receipt.tag(), false);
-                    let mut back = reservation.clone();
-                    back.started = false;
-                    gate.put_back(back);
-                    self.connector
-                        .wakers()
-                        .wake(reservation.envelope.queue.as_str());
+                    self.put_back(&c, gate, reservation);
                     return Ok(());
                 }
                 self.replace(
@@ -529,13 +533,7 @@ impl Transport for AmqpTransport {
             if !matches!(err, queue_core::Error::LeaseLost { .. })
                 && c.holds(reservation.receipt.tag())
             {
-                c.hold(reservation.receipt.tag(), false);
-                let mut back = reservation.clone();
-                back.started = false;
-                gate.put_back(back);
-                self.connector
-                    .wakers()
-                    .wake(reservation.envelope.queue.as_str());
+                self.put_back(&c, gate, reservation);
             }
         }
         replaced?;
