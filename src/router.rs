@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use queue_core::{
     AckReport, BackendKind, CancellationToken, Capabilities, Claim, DeadLetter, DeadLetters,
-    DeadSelection, Envelope, Error, GiveBack, HeldSelection, Holding, Holdings, QueueName,
-    QueueStats, Reservation, Result, Transport,
+    DeadSelection, Envelope, Error, GiveBack, HeldSelection, Holding, Holdings, Published,
+    QueueName, QueueStats, Reservation, Result, Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -150,22 +150,22 @@ impl Router {
 
 impl Router {
     /// Whether `env` goes to the other side: the canary share, by its id; but a message
-    /// with an ordering key goes where its key's order is kept, all of the key's messages
-    /// to the same side: the primary when it keeps keys (whatever the canary share, so
-    /// that changing the share never moves a key while its messages wait on the other
-    /// side), else the side that does. Refused when neither does.
+    /// with an ordering key or a unique key goes where keys are kept, all of a key's
+    /// messages to the same side: the primary when it keeps them (whatever the canary
+    /// share, so that changing the share never moves a key while its messages wait on
+    /// the other side), else the side that does. Refused when neither does.
     fn to_other(&self, env: &Envelope) -> Result<bool> {
-        if env.ordering_key.is_none() {
-            return Ok(canary_side(&env.id, self.canary_percent));
-        }
-        match (
-            self.primary.capabilities().ordering_keys,
-            self.other.capabilities().ordering_keys,
-        ) {
+        let (a, b) = (self.primary.capabilities(), self.other.capabilities());
+        let (what, kept) = match (&env.ordering_key, &env.unique) {
+            (Some(_), _) => ("ordering keys", (a.ordering_keys, b.ordering_keys)),
+            (None, Some(_)) => ("unique keys", (a.unique_keys, b.unique_keys)),
+            (None, None) => return Ok(canary_side(&env.id, self.canary_percent)),
+        };
+        match kept {
             (true, _) => Ok(false),
             (false, true) => Ok(true),
             (false, false) => Err(Error::NotSupported(format!(
-                "message {}: neither {} nor {} keeps ordering keys",
+                "message {}: neither {} nor {} keeps {what}",
                 env.id,
                 self.primary.name(),
                 self.other.name()
@@ -223,6 +223,8 @@ impl Transport for Router {
         caps.label_claims = a.label_claims && b.label_claims;
         // A key's messages all go to one side that keeps their order (see `to_other`).
         caps.ordering_keys = a.ordering_keys || b.ordering_keys;
+        // Likewise a unique key's jobs: one side holds the key.
+        caps.unique_keys = a.unique_keys || b.unique_keys;
         // Each side lists what it holds; one that cannot adds nothing.
         caps.holders = a.holders || b.holders;
         caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);
@@ -258,7 +260,7 @@ impl Transport for Router {
         Some(ours)
     }
 
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<Published> {
         // Nothing is stored unless every envelope is valid and fits both sides. (Should
         // the second side then fail, the first side's part is stored and a retry
         // publishes it again: at least once.)
@@ -277,13 +279,14 @@ impl Transport for Router {
                 rest.push(env);
             }
         }
+        let mut published = Published::all_stored();
         if !rest.is_empty() {
-            self.primary.publish_batch(rest).await?;
+            published.merge(self.primary.publish_batch(rest).await?);
         }
         if !canary.is_empty() {
-            self.other.publish_batch(canary).await?;
+            published.merge(self.other.publish_batch(canary).await?);
         }
-        Ok(())
+        Ok(published)
     }
 
     async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {

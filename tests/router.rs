@@ -107,7 +107,7 @@ impl Transport for Down {
     fn capabilities(&self) -> queue_core::Capabilities {
         queue_core::Capabilities::default()
     }
-    async fn publish_batch(&self, _: Vec<queue_core::Envelope>) -> Result<()> {
+    async fn publish_batch(&self, _: Vec<queue_core::Envelope>) -> Result<queue_core::Published> {
         Err(down())
     }
     async fn claim(

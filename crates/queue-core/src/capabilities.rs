@@ -66,6 +66,11 @@ pub struct Capabilities {
     /// backends keep it in the claim. RabbitMQ keeps it per partition queue with a
     /// single active consumer, and not across delays (see its crate's documentation).
     pub ordering_keys: bool,
+    /// Unique keys ([`Unique`](crate::Unique)): at most one job of a queue holds a key
+    /// while its scope lasts, a second publish is rejected, debounces or is throttled,
+    /// and concurrent publishers of a key are serialised. The SQL backends keep each
+    /// key's holder in a table beside the queue's, in the publish's own transaction.
+    pub unique_keys: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -86,6 +91,7 @@ impl Default for Capabilities {
             label_claims: false,
             holders: false,
             ordering_keys: false,
+            unique_keys: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

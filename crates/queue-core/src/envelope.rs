@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::error::{DecodeError, Error, Result};
 use crate::names::QueueName;
+use crate::unique::{OnConflict, Unique};
 
 /// The wire format version this build reads and writes.
 pub const ENVELOPE_VERSION: u32 = 1;
@@ -58,6 +59,11 @@ pub struct Envelope {
     /// says how far each backend keeps it); left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordering_key: Option<String>,
+    /// A key at most one job of the queue holds, and what a publish that finds it held
+    /// does ([`Capabilities::unique_keys`](crate::Capabilities) says where it is kept);
+    /// left out of the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<Unique>,
 }
 
 impl Envelope {
@@ -77,6 +83,7 @@ impl Envelope {
             headers: BTreeMap::new(),
             labels: Vec::new(),
             ordering_key: None,
+            unique: None,
         }
     }
 
@@ -141,6 +148,9 @@ impl Envelope {
         if let Some(key) = &self.ordering_key {
             check_ordering_key(key).map_err(named)?;
         }
+        if let Some(unique) = &self.unique {
+            check_unique(unique, self.ordering_key.is_some()).map_err(named)?;
+        }
         Ok(())
     }
 
@@ -177,6 +187,7 @@ impl PartialEq for Envelope {
             && self.last_error == other.last_error
             && self.labels == other.labels
             && self.ordering_key == other.ordering_key
+            && self.unique == other.unique
     }
 }
 
@@ -195,6 +206,19 @@ pub fn check_ordering_key(key: &str) -> Result<()> {
         return Err(Error::InvalidInput(format!(
             "invalid ordering key {}: expected 1 to {MAX_ORDERING_KEY_LEN} bytes without control characters or whitespace at either end",
             crate::error::shown(key)
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a unique key's rules, and that a debounce does not move a message with an
+/// ordering key (its due time is its place within its key's order).
+fn check_unique(unique: &Unique, ordered: bool) -> Result<()> {
+    unique.check()?;
+    if ordered && unique.on_conflict == OnConflict::Replace {
+        return Err(Error::InvalidInput(format!(
+            "unique key {}: `replace` (debounce) cannot move a message with an ordering key; use `reject` or `throttle`, or leave out the ordering key",
+            crate::error::shown(&unique.key)
         )));
     }
     Ok(())
@@ -228,6 +252,7 @@ pub struct EnvelopeBuilder {
     headers: BTreeMap<String, String>,
     labels: Vec<String>,
     ordering_key: Option<String>,
+    unique: Option<Unique>,
 }
 
 impl std::fmt::Debug for Expiry {
@@ -326,6 +351,13 @@ impl EnvelopeBuilder {
         self
     }
 
+    /// Sets a unique key ([`Unique`]): at most one job of the queue holds it, and a
+    /// publish that finds it held is rejected, debounces or is throttled.
+    pub fn unique(mut self, unique: Unique) -> Self {
+        self.unique = Some(unique);
+        self
+    }
+
     /// Validates and builds the envelope.
     pub fn build(self) -> Result<Envelope> {
         let queue = QueueName::new(self.queue)?;
@@ -349,6 +381,9 @@ impl EnvelopeBuilder {
         let labels = crate::labels::normalize(self.labels)?;
         if let Some(key) = &self.ordering_key {
             check_ordering_key(key)?;
+        }
+        if let Some(unique) = &self.unique {
+            check_unique(unique, self.ordering_key.is_some())?;
         }
         let now = Utc::now();
         let available_at = match (self.available_at, self.delay) {
@@ -378,6 +413,7 @@ impl EnvelopeBuilder {
             last_error: None,
             labels,
             ordering_key: self.ordering_key,
+            unique: self.unique,
         })
     }
 }

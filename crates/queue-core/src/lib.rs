@@ -19,6 +19,7 @@ mod job_state;
 pub mod labels;
 pub mod metrics;
 mod names;
+mod published;
 mod redact;
 mod registry;
 mod reservation;
@@ -30,6 +31,7 @@ pub mod text;
 mod time_units;
 mod transport;
 mod transport_ext;
+mod unique;
 pub mod worker;
 
 #[cfg(feature = "conformance")]
@@ -47,10 +49,12 @@ pub use envelope::{
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use holdings::{HeldSelection, Holding, Holdings};
 pub use names::{Identifier, QueueName};
+pub use published::{Duplicate, Published};
 pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};
 pub use reservation::{AckReport, LeaseToken, Receipt, Reservation};
 pub use transport::{Claim, GiveBack, QueueStats, Scope, Start, Transport};
 pub use transport_ext::TransportExt;
+pub use unique::{OnConflict, Unique, UniqueScope, MAX_UNIQUE_KEY_LEN};
 
 pub use tokio_util::sync::CancellationToken;
 

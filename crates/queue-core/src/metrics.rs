@@ -8,6 +8,7 @@
 //! | name | type | labels |
 //! |---|---|---|
 //! | `switchyard_published_total` | counter | queue, kind |
+//! | `switchyard_unique_conflicts_total` | counter | queue, kind, outcome (rejected, replaced) |
 //! | `switchyard_reserved_total` | counter | queue, kind |
 //! | `switchyard_acked_total` | counter | queue, kind |
 //! | `switchyard_released_total` | counter | queue, kind |
@@ -24,6 +25,9 @@ use crate::transport::QueueStats;
 
 /// Messages published (by [`crate::status::Jobs`] and the command line).
 pub const PUBLISHED: &str = "switchyard_published_total";
+/// Publishes that found their unique key held: rejected (or throttled), or replaced
+/// (debounced).
+pub const UNIQUE_CONFLICTS: &str = "switchyard_unique_conflicts_total";
 /// Messages a worker reserved.
 pub const RESERVED: &str = "switchyard_reserved_total";
 /// Messages acknowledged after their handler succeeded.
@@ -45,6 +49,10 @@ pub const WORKERS: &str = "switchyard_workers";
 /// Describes every metric to the installed recorder (units and help texts).
 pub fn describe() {
     metrics::describe_counter!(PUBLISHED, "Messages published.");
+    metrics::describe_counter!(
+        UNIQUE_CONFLICTS,
+        "Publishes that found their unique key held, by outcome (rejected, replaced)."
+    );
     metrics::describe_counter!(RESERVED, "Messages reserved by workers.");
     metrics::describe_counter!(
         ACKED,
@@ -68,6 +76,19 @@ pub fn describe() {
 
 pub(crate) fn published(tenant: Option<&str>, queue: &str, kind: &str) {
     count(PUBLISHED, tenant, queue, kind, 1);
+}
+
+pub(crate) fn unique_conflict(tenant: Option<&str>, queue: &str, kind: &str, replaced: bool) {
+    let outcome = if replaced { "replaced" } else { "rejected" };
+    let labels = labels(
+        tenant,
+        [
+            ("queue", queue.to_owned()),
+            ("kind", kind.to_owned()),
+            ("outcome", outcome.to_owned()),
+        ],
+    );
+    metrics::counter!(UNIQUE_CONFLICTS, labels).increment(1);
 }
 
 /// The labels of one metric: `tenant` first when there is one (see

@@ -14,6 +14,7 @@ use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::holdings::Holdings;
 use crate::names::QueueName;
+use crate::published::Published;
 use crate::reservation::{AckReport, Reservation};
 
 /// What a [`Transport::claim`] takes.
@@ -199,8 +200,9 @@ pub trait Transport: DeadLetters + Holdings + Send + Sync + fmt::Debug {
 
     /// Stores messages, atomically where the backend can. Validates every envelope
     /// (size) before storing any; an id that is already stored stores nothing new and is
-    /// not an error.
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()>;
+    /// not an error. A message whose unique key another job holds is not stored (or
+    /// debounces that job): the outcome lists it with the holder's id.
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<Published>;
 
     /// Claims up to `claim.max` messages of `queue`, highest priority first, then in
     /// publish order; each [`Reservation`] says whether it is started. Claims exactly

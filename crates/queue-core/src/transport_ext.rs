@@ -7,14 +7,16 @@ use async_trait::async_trait;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::names::QueueName;
+use crate::published::Published;
 use crate::reservation::Reservation;
 use crate::transport::{Claim, GiveBack, Transport};
 
 /// The calls most code makes, each in terms of [`Transport`]'s own.
 #[async_trait]
 pub trait TransportExt: Transport {
-    /// Stores one message.
-    async fn publish(&self, envelope: Envelope) -> Result<()> {
+    /// Stores one message; the outcome says when its unique key was held by another
+    /// job.
+    async fn publish(&self, envelope: Envelope) -> Result<Published> {
         self.publish_batch(vec![envelope]).await
     }
 

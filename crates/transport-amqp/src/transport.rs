@@ -14,8 +14,8 @@ use lapin::types::FieldTable;
 use lapin::BasicProperties;
 use queue_core::status::StatusStore;
 use queue_core::{
-    text, AckReport, Capabilities, Claim, Envelope, GiveBack, QueueName, QueueStats, Reservation,
-    Result, Start, Transport,
+    text, AckReport, Capabilities, Claim, Envelope, GiveBack, Published, QueueName, QueueStats,
+    Reservation, Result, Start, Transport,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -318,6 +318,11 @@ const LABELS_UNSUPPORTED: &str = "RabbitMQ cannot claim by label: a queue hands 
     (and routing each label to a queue of its own would deliver a message with two labels \
     twice); give that work a queue of its own";
 
+/// Why RabbitMQ does not take unique keys yet.
+const UNIQUE_UNSUPPORTED: &str = "unique keys are not kept on RabbitMQ yet (a broker cannot \
+    look up a queued message by key; they are to live in the SQL control store beside it): \
+    publish without a unique key, or use PostgreSQL, MySQL or SQLite";
+
 /// Why RabbitMQ cannot list held messages.
 const HOLDINGS_UNSUPPORTED: &str = "RabbitMQ does not say which consumer holds which \
     message: `rabbitmqctl list_consumers` shows each consumer's connection, named \
@@ -356,11 +361,17 @@ impl Transport for AmqpTransport {
         Some(self.connector.wakers().get(queue.as_str()))
     }
 
-    async fn publish_batch(&self, mut envelopes: Vec<Envelope>) -> Result<()> {
+    async fn publish_batch(&self, mut envelopes: Vec<Envelope>) -> Result<Published> {
         for env in &mut envelopes {
             // Labels travel in the envelope, checked as on every backend.
             env.normalize_for_store()?;
             env.check_size(self.options().max_payload_bytes)?;
+            if env.unique.is_some() {
+                return Err(queue_core::Error::NotSupported(format!(
+                    "message {}: {UNIQUE_UNSUPPORTED}",
+                    env.id
+                )));
+            }
         }
         let keyed: HashSet<&str> = envelopes
             .iter()
@@ -383,7 +394,8 @@ impl Transport for AmqpTransport {
                     .map(|e| (e, None, Target::Queue))
                     .collect(),
             )
-            .await
+            .await?;
+        Ok(Published::all_stored())
     }
 
     async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {

@@ -25,6 +25,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         6,
         include_str!("../../../migrations/mysql/0006_ordering_keys.sql"),
     ),
+    (
+        7,
+        include_str!("../../../migrations/mysql/0007_unique_keys.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside
@@ -222,7 +226,7 @@ pub(crate) async fn uninstall(pool: &MySqlPool, schema: Option<&str>, table: &st
     pool.execute(
         specialise(
             "DROP TABLE IF EXISTS `switchyard_jobs`, `switchyard_jobs_dead`, `switchyard_jobs_status`,
-                 `switchyard_jobs_keys`",
+                 `switchyard_jobs_keys`, `switchyard_jobs_unique`",
             schema,
             table,
         )

@@ -49,6 +49,7 @@ mod backend;
 mod claim;
 mod keys;
 mod outbox;
+mod unique;
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
@@ -63,6 +64,7 @@ const MAX_LIST: usize = 4_096;
 pub struct MySqlTransport {
     pool: MySqlPool,
     sql: Arc<Statements>,
+    keys: Arc<unique::KeySql>,
     options: MySqlOptions,
     schema: Option<String>,
     table: String,
@@ -190,6 +192,7 @@ impl MySqlTransport {
                 &table,
                 server.skip_locked,
             )),
+            keys: Arc::new(unique::KeySql::new(schema.as_deref(), &table)),
             schema,
             table,
             server,

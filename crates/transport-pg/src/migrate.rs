@@ -31,6 +31,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         6,
         include_str!("../../../migrations/postgres/0006_ordering_keys.sql"),
     ),
+    (
+        7,
+        include_str!("../../../migrations/postgres/0007_unique_keys.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at
@@ -186,7 +190,7 @@ pub(crate) async fn uninstall(pool: &PgPool, schema: Option<&str>, table: &str) 
         .backend()?;
     tx.execute(
         specialise(
-            "DROP TABLE IF EXISTS \"switchyard_jobs\", \"switchyard_jobs_dead\", \"switchyard_jobs_status\"",
+            "DROP TABLE IF EXISTS \"switchyard_jobs\", \"switchyard_jobs_dead\", \"switchyard_jobs_status\", \"switchyard_jobs_unique\"",
             schema,
             table,
         )

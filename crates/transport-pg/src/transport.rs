@@ -13,8 +13,8 @@ use queue_core::sql::{
     StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
-    text, AckReport, ClaimStrategy, DeadLetter, Envelope, LeaseToken, QueueName, Reservation,
-    Result,
+    text, AckReport, ClaimStrategy, DeadLetter, Envelope, LeaseToken, Published, QueueName,
+    Reservation, Result,
 };
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -33,6 +33,7 @@ use crate::status::PgStatusStore;
 
 mod backend;
 mod keys;
+mod unique;
 
 /// Rows per publish statement: bounds the size of one statement's arrays.
 const PUBLISH_CHUNK: usize = 1_000;
@@ -50,6 +51,7 @@ pub struct PgTransport {
     pool: PgPool,
     connect: PgConnectOptions,
     sql: Arc<Statements>,
+    keys: Arc<unique::KeySql>,
     options: PgOptions,
     schema: Option<String>,
     table: String,
@@ -206,6 +208,7 @@ impl PgTransport {
             pool,
             connect,
             sql: Arc::new(Statements::new(schema.as_deref(), &table)),
+            keys: Arc::new(unique::KeySql::new(schema.as_deref(), &table)),
             channel: listener::channel(schema.as_deref(), &table),
             schema,
             table,
@@ -272,35 +275,30 @@ impl PgTransport {
         &self,
         tx: &mut sqlx::Transaction<'_, Postgres>,
         envelope: Envelope,
-    ) -> Result<()> {
+    ) -> Result<Published> {
         self.publish_batch_tx(tx, vec![envelope]).await
     }
 
-    /// Publishes several messages inside the caller's own transaction.
+    /// Publishes several messages inside the caller's own transaction. Messages with
+    /// ordering keys or unique keys need it to run at READ COMMITTED (the default).
     pub async fn publish_batch_tx(
         &self,
         tx: &mut sqlx::Transaction<'_, Postgres>,
-        envelopes: Vec<Envelope>,
-    ) -> Result<()> {
-        let batch = self.encode(envelopes)?;
-        if !batch.locks.is_empty() {
-            // Whether a key is free is read after its lock is taken; a transaction whose
-            // snapshot is older than that lock would miss a message published meanwhile.
-            let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
-                .fetch_one(&mut **tx)
-                .await
-                .backend()?;
-            if isolation != "read committed" {
-                return Err(queue_core::Error::InvalidInput(format!(
-                    "messages with ordering keys are published in a READ COMMITTED transaction, not {isolation}: a snapshot older than the key's lock could miss a message of the key published meanwhile"
-                )));
+        mut envelopes: Vec<Envelope>,
+    ) -> Result<Published> {
+        if envelopes.iter().any(|e| e.unique.is_some()) {
+            for env in &mut envelopes {
+                env.normalize_for_store()?;
+                env.check_size(self.options.max_payload_bytes)?;
             }
+            self.require_read_committed(tx, "unique keys").await?;
+            return self.publish_with_keys(tx, envelopes).await;
         }
-        self.lock_keys(tx, &batch.locks).await.backend()?;
-        for chunk in &batch.chunks {
-            self.insert_with(false, tx, chunk).await.backend()?;
+        if envelopes.iter().any(|e| e.ordering_key.is_some()) {
+            self.require_read_committed(tx, "ordering keys").await?;
         }
-        Ok(())
+        self.store_all_in(tx, envelopes).await?;
+        Ok(Published::all_stored())
     }
 
     /// The plan PostgreSQL chooses for the skip-locked claim on `queue` (`EXPLAIN`

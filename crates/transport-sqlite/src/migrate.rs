@@ -24,6 +24,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         5,
         include_str!("../../../migrations/sqlite/0005_ordering_keys.sql"),
     ),
+    (
+        6,
+        include_str!("../../../migrations/sqlite/0006_unique_keys.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

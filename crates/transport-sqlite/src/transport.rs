@@ -28,6 +28,7 @@ use crate::status::SqliteStatusStore;
 mod backend;
 mod keys;
 mod outbox;
+mod unique;
 
 /// Rows per multi-row INSERT: 11 parameters each, well under SQLite's 32,766.
 const INSERT_CHUNK: usize = 500;
@@ -42,6 +43,7 @@ pub struct SqliteTransport {
     writer: SqlitePool,
     reader: SqlitePool,
     sql: Arc<Statements>,
+    keys: Arc<unique::KeySql>,
     options: SqliteOptions,
     /// Wake-ups of this process's idle workers (SQLite tells of no other process's
     /// publishes: those are seen by polling) and the engine's pacing.
@@ -161,6 +163,7 @@ impl SqliteTransport {
             writer,
             reader,
             sql: Arc::new(Statements::new(table.as_str())),
+            keys: Arc::new(unique::KeySql::new(table.as_str())),
             options,
             engine: EngineState::default(),
         })

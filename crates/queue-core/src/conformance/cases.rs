@@ -16,6 +16,7 @@ pub use super::holder_cases::*;
 pub use super::label_cases::*;
 pub use super::lease_cases::*;
 pub use super::ordering_cases::*;
+pub use super::unique_cases::*;
 use crate::{reason, DeadSelection, Envelope, Error, Reservation, Result, TransportExt};
 
 /// A message comes back with the exact payload bytes, headers, trace id and metadata.

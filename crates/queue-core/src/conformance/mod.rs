@@ -21,6 +21,7 @@ pub mod status_cases;
 mod status_support;
 mod status_view_cases;
 mod suspect_cases;
+mod unique_cases;
 pub mod unreachable;
 pub mod worker_cases;
 mod worker_support;
@@ -78,7 +79,14 @@ macro_rules! conformance_tests {
             replays_of_a_key_come_back_in_order,
             delays_and_lapsed_leases_hold_the_key,
             an_expired_head_hands_its_key_on,
-            concurrent_claimers_keep_every_key_in_order
+            concurrent_claimers_keep_every_key_in_order,
+            a_held_unique_key_rejects_the_second_publish,
+            unique_scopes_decide_how_long_a_key_is_held,
+            done_periods_and_throttles_hold_a_key_past_its_job,
+            a_done_hold_is_set_only_under_the_jobs_lease,
+            debounce_moves_a_waiting_job_no_later_than_max_wait,
+            racing_publishers_leave_one_job_per_key,
+            invalid_unique_keys_are_refused
         );
         $crate::conformance_tests!(@worker $harness;
             worker_handles_every_message_once_and_coalesces_acks,

@@ -533,7 +533,7 @@ impl Transport for Faulty {
     fn wake_signal(&self, queue: &QueueName) -> Option<Arc<tokio::sync::Notify>> {
         self.inner.wake_signal(queue)
     }
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<crate::Published> {
         self.inner.publish_batch(envelopes).await
     }
     async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {

@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::claimed::{ClaimBy, ClaimedRow, PromotePacer, StartMode};
+use super::unique::KeyHold;
 use super::wakers::Wakers;
 use crate::config::ClaimStrategy;
 use crate::dead_letters::DeadLetter;
 use crate::envelope::Envelope;
 use crate::error::Result;
 use crate::names::QueueName;
+use crate::published::Published;
 use crate::reservation::{AckReport, LeaseToken, Reservation};
 
 /// The engine's state inside a backend's transport: the idle workers' wake-up signals
@@ -154,6 +156,15 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
     /// Stores envelopes atomically, skipping ids already stored; validates each one's
     /// size before storing any.
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()>;
+
+    /// Stores envelopes of which some carry unique keys (already validated), in one
+    /// transaction: the others as [`insert`](Self::insert) would, each one with a key
+    /// through [`publish_unique`](super::unique::publish_unique).
+    async fn insert_unique(&self, envelopes: Vec<Envelope>) -> Result<Published>;
+
+    /// Holds the keys of jobs about to be acked for their `done` period, each only
+    /// while its job is still held under its token.
+    async fn hold_keys(&self, holds: &[KeyHold]) -> Result<()>;
 
     /// One statement (or transaction) that claims up to `max` rows of `queue` under
     /// `token`: skipping rows other claims lock, or for a move (`StartMode::Move`) any

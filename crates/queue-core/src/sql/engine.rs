@@ -12,6 +12,7 @@ use super::backend::{LeaseOp, PairOp, SqlBackend};
 use super::claim::reserve_rows;
 use super::fence::{fenced, replay_refused};
 use super::store::sql_capabilities;
+use super::unique::holds_after_ack;
 use super::values::{attempts_u32, row_seq, selection_parts};
 use crate::capabilities::Capabilities;
 use crate::dead_letters::{DeadLetter, DeadLetters, DeadSelection};
@@ -19,6 +20,7 @@ use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::holdings::{HeldSelection, Holding, Holdings};
 use crate::names::QueueName;
+use crate::published::Published;
 use crate::reservation::{AckReport, Reservation};
 use crate::time_units::{micros, time_from_micros};
 use crate::transport::{Claim, GiveBack, QueueStats, Transport};
@@ -52,9 +54,9 @@ impl<B: SqlBackend> Transport for B {
         Some(self.engine().wakers.get(queue.as_str()))
     }
 
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
+    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<Published> {
         if envelopes.is_empty() {
-            return Ok(());
+            return Ok(Published::all_stored());
         }
         let mut queues: Vec<QueueName> = Vec::new();
         for env in &envelopes {
@@ -62,12 +64,22 @@ impl<B: SqlBackend> Transport for B {
                 queues.push(env.queue.clone());
             }
         }
-        self.insert(envelopes).await?;
+        let published = if envelopes.iter().any(|e| e.unique.is_some()) {
+            let mut envelopes = envelopes;
+            for env in &mut envelopes {
+                env.normalize_for_store()?;
+                env.check_size(self.max_payload_bytes())?;
+            }
+            self.insert_unique(envelopes).await?
+        } else {
+            self.insert(envelopes).await?;
+            Published::all_stored()
+        };
         // Workers of this transport need not wait for another process's signal.
         self.engine()
             .wakers
             .wake_each(queues.iter().map(QueueName::as_str));
-        Ok(())
+        Ok(published)
     }
 
     async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
@@ -91,6 +103,12 @@ impl<B: SqlBackend> Transport for B {
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
         if reservations.is_empty() {
             return Ok(AckReport::default());
+        }
+        // Before the ack: a key held once the job is gone could not be told from a
+        // key whose job was dead-lettered.
+        let holds = holds_after_ack(reservations);
+        if !holds.is_empty() {
+            self.hold_keys(&holds).await?;
         }
         self.by_pairs(PairOp::Ack, reservations).await
     }

@@ -13,6 +13,7 @@ mod engine;
 mod fence;
 mod status;
 mod store;
+pub mod unique;
 mod values;
 mod wakers;
 

@@ -155,6 +155,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         label_claims: true,
         holders: true,
         ordering_keys: true,
+        unique_keys: true,
         max_payload_bytes,
         ..Capabilities::default()
     }

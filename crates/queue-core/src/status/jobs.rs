@@ -13,6 +13,7 @@ use super::update::StatusUpdate;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::job_state::JobState;
+use crate::published::Published;
 use crate::transport::Transport;
 
 /// Why [`Jobs::publish_and_wait`] returned no result.
@@ -87,34 +88,45 @@ impl Jobs {
         })
     }
 
-    /// Publishes one message, recorded `pending`.
-    pub async fn publish(&self, envelope: Envelope) -> Result<()> {
+    /// Publishes one message, recorded `pending`; the outcome says when its unique key
+    /// was held by another job.
+    pub async fn publish(&self, envelope: Envelope) -> Result<Published> {
         self.publish_batch(vec![envelope]).await
     }
 
-    /// Publishes messages, then records them `pending`. A worker quick enough to
-    /// record `running` first keeps it (`pending` only ever creates a record). A failed
-    /// status write is logged, not returned: the messages are stored, and a caller told
+    /// Publishes messages, then records the stored ones `pending` (a duplicate of a
+    /// unique key is not stored, so it gets no record). A worker quick enough to record
+    /// `running` first keeps it (`pending` only ever creates a record). A failed status
+    /// write is logged, not returned: the messages are stored, and a caller told
     /// otherwise would publish them again.
-    pub async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<()> {
-        let updates: Vec<StatusUpdate> = match &self.store {
-            Some(_) => envelopes.iter().map(StatusUpdate::published).collect(),
+    pub async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<Published> {
+        let mut updates: Vec<(Uuid, StatusUpdate)> = match &self.store {
+            Some(_) => envelopes
+                .iter()
+                .map(|e| (e.id, StatusUpdate::published(e)))
+                .collect(),
             None => Vec::new(),
         };
-        let counts: Vec<(String, String)> = envelopes
+        let counts: Vec<(Uuid, String, String)> = envelopes
             .iter()
-            .map(|e| (e.queue.to_string(), e.kind.clone()))
+            .map(|e| (e.id, e.queue.to_string(), e.kind.clone()))
             .collect();
-        self.transport.publish_batch(envelopes).await?;
-        for (queue, kind) in counts {
-            crate::metrics::published(self.tenant.as_deref(), &queue, &kind);
+        let published = self.transport.publish_batch(envelopes).await?;
+        let tenant = self.tenant.as_deref();
+        for (id, queue, kind) in counts {
+            match published.duplicate_of(id) {
+                None => crate::metrics::published(tenant, &queue, &kind),
+                Some(d) => crate::metrics::unique_conflict(tenant, &queue, &kind, d.replaced),
+            }
         }
         if let Some(store) = &self.store {
+            updates.retain(|(id, _)| published.duplicate_of(*id).is_none());
+            let updates: Vec<StatusUpdate> = updates.into_iter().map(|(_, u)| u).collect();
             if let Err(err) = store.record(&updates).await {
                 tracing::warn!(error = %err, count = updates.len(), "published, but their pending status was not recorded");
             }
         }
-        Ok(())
+        Ok(published)
     }
 
     /// Replays the selected dead letters (see

@@ -1,6 +1,8 @@
 //! Publishing on MySQL: the rows of a publish, and publishing inside the caller's own
 //! transaction (the transactional outbox).
 
+use queue_core::Published;
+
 use super::*;
 
 impl MySqlTransport {
@@ -10,35 +12,37 @@ impl MySqlTransport {
         &self,
         tx: &mut sqlx::Transaction<'_, MySql>,
         envelope: Envelope,
-    ) -> Result<()> {
+    ) -> Result<Published> {
         self.publish_batch_tx(tx, vec![envelope]).await
     }
 
-    /// Publishes several messages inside the caller's own transaction.
+    /// Publishes several messages inside the caller's own transaction. Messages with
+    /// ordering keys or unique keys need it to run at READ COMMITTED (the transport's
+    /// own connections, from [`pool`](Self::pool), do).
     pub async fn publish_batch_tx(
         &self,
         tx: &mut sqlx::Transaction<'_, MySql>,
-        envelopes: Vec<Envelope>,
-    ) -> Result<()> {
+        mut envelopes: Vec<Envelope>,
+    ) -> Result<Published> {
+        if envelopes.iter().any(|e| e.unique.is_some()) {
+            for env in &mut envelopes {
+                env.normalize_for_store()?;
+                env.check_size(self.options.max_payload_bytes)?;
+            }
+            self.require_read_committed(tx, "unique keys").await?;
+            let queues: Vec<(String, i16)> = envelopes
+                .iter()
+                .map(|e| (e.queue.as_str().to_owned(), e.priority))
+                .collect();
+            let published = self.publish_with_keys(tx, envelopes).await?;
+            for (queue, priority) in queues {
+                self.cursors.forget_outranked(&queue, -i32::from(priority));
+            }
+            return Ok(published);
+        }
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         if rows.iter().any(|r| r.env.ordering_key.is_some()) {
-            // Whether a key is free is read after its lock is taken; a REPEATABLE READ
-            // snapshot older than that lock would miss a message published meanwhile (and
-            // a locking read there would lock gaps that hold up other publishers).
-            let variable = if self.server.mariadb {
-                "SELECT @@tx_isolation"
-            } else {
-                "SELECT @@transaction_isolation"
-            };
-            let isolation: String = sqlx::query_scalar(variable)
-                .fetch_one(&mut **tx)
-                .await
-                .backend()?;
-            if isolation != "READ-COMMITTED" {
-                return Err(queue_core::Error::InvalidInput(format!(
-                    "messages with ordering keys are published in a READ COMMITTED transaction, not {isolation}: a snapshot older than the key's lock could miss a message of the key published meanwhile (the transport's own connections, from pool(), run at READ COMMITTED)"
-                )));
-            }
+            self.require_read_committed(tx, "ordering keys").await?;
             self.insert_keyed(tx, &rows).await.backend()?;
         } else {
             for chunk in rows.chunks(PUBLISH_CHUNK) {
@@ -48,6 +52,28 @@ impl MySqlTransport {
         for Encoded { env, .. } in &rows {
             self.cursors
                 .forget_outranked(env.queue.as_str(), -i32::from(env.priority));
+        }
+        Ok(Published::all_stored())
+    }
+
+    /// Refuses a caller's transaction that is not READ COMMITTED for a publish that
+    /// reads keys (`what`): a REPEATABLE READ snapshot older than a key's lock would miss
+    /// a message published meanwhile (and a locking read there would lock gaps that hold
+    /// up other publishers).
+    async fn require_read_committed(&self, conn: &mut MySqlConnection, what: &str) -> Result<()> {
+        let variable = if self.server.mariadb {
+            "SELECT @@tx_isolation"
+        } else {
+            "SELECT @@transaction_isolation"
+        };
+        let isolation: String = sqlx::query_scalar(variable)
+            .fetch_one(conn)
+            .await
+            .backend()?;
+        if isolation != "READ-COMMITTED" {
+            return Err(queue_core::Error::InvalidInput(format!(
+                "messages with {what} are published in a READ COMMITTED transaction, not {isolation}: a snapshot older than the key's lock could miss a message of the key published meanwhile (the transport's own connections, from pool(), run at READ COMMITTED)"
+            )));
         }
         Ok(())
     }

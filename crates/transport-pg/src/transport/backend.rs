@@ -1,5 +1,7 @@
 //! The SQL engine's primitives over this backend's statements.
 
+use queue_core::sql::unique::KeyHold;
+
 use super::*;
 
 #[async_trait]
@@ -36,6 +38,14 @@ impl SqlBackend for PgTransport {
             Err(err) if is_unique_violation(&err) => self.store(false, &batch).await.backend(),
             stored => stored.backend(),
         }
+    }
+
+    async fn insert_unique(&self, envelopes: Vec<Envelope>) -> Result<Published> {
+        self.insert_unique_batch(envelopes).await
+    }
+
+    async fn hold_keys(&self, holds: &[KeyHold]) -> Result<()> {
+        self.hold_done_keys(holds).await
     }
 
     async fn claim_locked(

@@ -1,5 +1,8 @@
 //! The SQL engine's primitives over this backend's statements.
 
+use queue_core::sql::unique::KeyHold;
+use queue_core::Published;
+
 use super::*;
 
 #[async_trait]
@@ -38,6 +41,14 @@ impl SqlBackend for SqliteTransport {
         }
         tracing::debug!(count = rows.len(), "published");
         Ok(())
+    }
+
+    async fn insert_unique(&self, envelopes: Vec<Envelope>) -> Result<Published> {
+        self.insert_unique_batch(envelopes).await
+    }
+
+    async fn hold_keys(&self, holds: &[KeyHold]) -> Result<()> {
+        self.hold_done_keys(holds).await
     }
 
     async fn claim_locked(

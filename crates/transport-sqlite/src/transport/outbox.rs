@@ -1,5 +1,7 @@
 //! The transactional outbox: publishing inside the caller's own transaction.
 
+use queue_core::Published;
+
 use super::*;
 
 impl SqliteTransport {
@@ -28,7 +30,7 @@ impl SqliteTransport {
         &self,
         tx: &mut sqlx::Transaction<'_, Sqlite>,
         envelope: Envelope,
-    ) -> Result<()> {
+    ) -> Result<Published> {
         self.publish_batch_tx(tx, vec![envelope]).await
     }
 
@@ -37,13 +39,26 @@ impl SqliteTransport {
     pub async fn publish_batch_tx(
         &self,
         tx: &mut sqlx::Transaction<'_, Sqlite>,
-        envelopes: Vec<Envelope>,
-    ) -> Result<()> {
-        let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
-        self.insert_keyed(tx, &rows).await?;
+        mut envelopes: Vec<Envelope>,
+    ) -> Result<Published> {
+        let queues: Vec<String> = envelopes
+            .iter()
+            .map(|e| e.queue.as_str().to_owned())
+            .collect();
+        let published = if envelopes.iter().any(|e| e.unique.is_some()) {
+            for env in &mut envelopes {
+                env.normalize_for_store()?;
+                env.check_size(self.options.max_payload_bytes)?;
+            }
+            self.publish_with_keys(tx, envelopes).await?
+        } else {
+            let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
+            self.insert_keyed(tx, &rows).await?;
+            Published::all_stored()
+        };
         self.engine
             .wakers
-            .wake_each(rows.iter().map(|row| row.env.queue.as_str()));
-        Ok(())
+            .wake_each(queues.iter().map(String::as_str));
+        Ok(published)
     }
 }

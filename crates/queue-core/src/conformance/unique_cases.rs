@@ -1,0 +1,396 @@
+//! Cases of unique keys: who holds a key, for how long, and what a second publish does.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::case_support::{applies, fresh_queue, open, reserve_within, stats_of, with_lease};
+use super::harness::Harness;
+use crate::{Envelope, Error, QueueName, Result, Transport, TransportExt, Unique};
+
+fn keyed(q: &QueueName, kind: &str, unique: Unique) -> Envelope {
+    Envelope::builder(q.as_str(), kind)
+        .payload(&serde_json::json!({ "kind": kind }))
+        .unique(unique)
+        .build()
+        .expect("a valid envelope")
+}
+
+/// Whether unique keys apply to `t`; where they do not, a publish with one is refused
+/// and stores nothing.
+async fn unique_keys_apply(t: &dyn Transport, q: &QueueName) -> Result<bool> {
+    if applies(t, "unique_keys", t.capabilities().unique_keys) {
+        return Ok(true);
+    }
+    let refused = t.publish(keyed(q, "a", Unique::new("k"))).await;
+    assert!(
+        matches!(refused, Err(Error::NotSupported(_))),
+        "a unique key was not refused: {refused:?}"
+    );
+    assert_eq!(stats_of(t, q).await?.ready, 0, "a refused publish stored");
+    Ok(false)
+}
+
+/// A second publish of a held key stores nothing and names the job that holds it, in a
+/// batch too; keys are per queue; publishing the holder's id again is no conflict.
+pub async fn a_held_unique_key_rejects_the_second_publish(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    if !unique_keys_apply(t.as_ref(), &q).await? {
+        return Ok(());
+    }
+    let first = keyed(&q, "first", Unique::new("account-42"));
+    assert!(t.publish(first.clone()).await?.duplicates.is_empty());
+    let second = keyed(&q, "second", Unique::new("account-42"));
+    let out = t.publish(second.clone()).await?;
+    let dup = out
+        .duplicate_of(second.id)
+        .expect("reported as a duplicate");
+    assert_eq!((dup.existing, dup.replaced), (first.id, false));
+    assert!(
+        t.publish(first.clone()).await?.duplicates.is_empty(),
+        "the holder's own id again is an idempotent publish, not a conflict"
+    );
+    let (a, b) = (
+        keyed(&q, "batch-a", Unique::new("k2")),
+        keyed(&q, "batch-b", Unique::new("k2")),
+    );
+    let plain = super::case_support::message(&q, "plain");
+    let out = t
+        .publish_batch(vec![a.clone(), plain.clone(), b.clone()])
+        .await?;
+    assert_eq!(out.duplicates.len(), 1, "{out:?}");
+    assert_eq!(out.duplicates[0].id, b.id);
+    assert_eq!(out.duplicates[0].existing, a.id);
+    let other_queue = fresh_queue();
+    let elsewhere = keyed(&other_queue, "elsewhere", Unique::new("account-42"));
+    assert!(t.publish(elsewhere).await?.duplicates.is_empty());
+
+    let got = t.reserve_batch(&q, 10).await?;
+    let ids: HashSet<_> = got.iter().map(|r| r.id()).collect();
+    assert_eq!(ids, HashSet::from([first.id, a.id, plain.id]));
+    assert_eq!(got.len(), 3, "one message each");
+    t.ack_batch(&got).await?;
+    Ok(())
+}
+
+/// `pending` frees the key when a worker claims the job; `active` (the default) holds it
+/// until the ack or dead letter, and through a retry.
+pub async fn unique_scopes_decide_how_long_a_key_is_held(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    if !unique_keys_apply(t.as_ref(), &q).await? {
+        return Ok(());
+    }
+    let stored = |out: crate::Published| out.duplicates.is_empty();
+
+    let a = keyed(&q, "a", Unique::new("p").while_pending());
+    t.publish(a.clone()).await?;
+    let held_a = t.reserve(&q).await?.expect("a");
+    assert!(
+        stored(
+            t.publish(keyed(&q, "a2", Unique::new("p").while_pending()))
+                .await?
+        ),
+        "a claimed job kept a `pending` key"
+    );
+    t.ack(&held_a).await?;
+    let a2 = t.reserve(&q).await?.expect("a2");
+    t.ack(&a2).await?;
+
+    let c = keyed(&q, "c", Unique::new("act"));
+    t.publish(c.clone()).await?;
+    let held_c = t.reserve(&q).await?.expect("c");
+    let out = t.publish(keyed(&q, "c2", Unique::new("act"))).await?;
+    assert_eq!(
+        out.duplicates.first().map(|d| d.existing),
+        Some(c.id),
+        "a running job lost its key"
+    );
+    t.release(&held_c, Duration::ZERO, Some("retry")).await?;
+    let out = t.publish(keyed(&q, "c3", Unique::new("act"))).await?;
+    assert_eq!(
+        out.duplicates.first().map(|d| d.existing),
+        Some(c.id),
+        "a retry lost its key"
+    );
+    let held_c = reserve_within(t.as_ref(), &q, Duration::from_secs(5))
+        .await?
+        .expect("c again");
+    t.ack(&held_c).await?;
+    assert!(
+        stored(t.publish(keyed(&q, "c4", Unique::new("act"))).await?),
+        "an ack kept the key"
+    );
+    let c4 = t.reserve(&q).await?.expect("c4");
+    t.dead_letter(&c4, "failed", Some("boom")).await?;
+    assert!(
+        stored(t.publish(keyed(&q, "c5", Unique::new("act"))).await?),
+        "a dead letter kept the key"
+    );
+    let c5 = t.reserve(&q).await?.expect("c5");
+    assert_eq!(c5.envelope.kind, "c5");
+    t.ack(&c5).await?;
+    Ok(())
+}
+
+/// `done` holds a key for its period after the ack; a throttle for its ttl after the
+/// publish, whatever became of the job; both let go once the time is up.
+pub async fn done_periods_and_throttles_hold_a_key_past_its_job(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    if !unique_keys_apply(t.as_ref(), &q).await? {
+        return Ok(());
+    }
+    let hold = Duration::from_millis(1200);
+    let done = || Unique::new("done").until_done_for(hold);
+    let a = keyed(&q, "a", done());
+    t.publish(a.clone()).await?;
+    let r = t.reserve(&q).await?.expect("a");
+    t.ack(&r).await?;
+    let acked = Instant::now();
+    let out = t.publish(keyed(&q, "a2", done())).await?;
+    assert_eq!(
+        out.duplicates.first().map(|d| d.existing),
+        Some(a.id),
+        "the done period did not hold"
+    );
+
+    let throttle = || Unique::throttle("thr", hold);
+    let b = keyed(&q, "b", throttle());
+    t.publish(b.clone()).await?;
+    let published = Instant::now();
+    let r = t.reserve(&q).await?.expect("b");
+    t.ack(&r).await?;
+    let out = t.publish(keyed(&q, "b2", throttle())).await?;
+    assert_eq!(
+        out.duplicates.first().map(|d| d.existing),
+        Some(b.id),
+        "the throttle did not hold"
+    );
+
+    tokio::time::sleep((hold + Duration::from_millis(300)).saturating_sub(acked.elapsed())).await;
+    assert!(
+        t.publish(keyed(&q, "a3", done()))
+            .await?
+            .duplicates
+            .is_empty(),
+        "the done period never ended"
+    );
+    tokio::time::sleep((hold + Duration::from_millis(300)).saturating_sub(published.elapsed()))
+        .await;
+    assert!(
+        t.publish(keyed(&q, "b3", throttle()))
+            .await?
+            .duplicates
+            .is_empty(),
+        "the throttle never ended"
+    );
+    let rest = t.reserve_batch(&q, 10).await?;
+    let mut kinds: Vec<_> = rest.iter().map(|r| r.envelope.kind.clone()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["a3", "b3"]);
+    t.ack_batch(&rest).await?;
+    Ok(())
+}
+
+/// A stale worker's ack sets no `done` hold: only the lease that holds the job can.
+pub async fn a_done_hold_is_set_only_under_the_jobs_lease(h: Arc<dyn Harness>) -> Result<()> {
+    let store = h.store().await?;
+    let t = store.open(with_lease(Duration::from_millis(400))).await?;
+    let q = fresh_queue();
+    if !unique_keys_apply(t.as_ref(), &q).await? {
+        return Ok(());
+    }
+    if !applies(t.as_ref(), "lease_expiry", t.capabilities().lease_expiry) {
+        return Ok(());
+    }
+    let rule = || Unique::new("fenced").until_done_for(Duration::from_secs(60));
+    t.publish(keyed(&q, "a", rule())).await?;
+    let stale = t.reserve(&q).await?.expect("a");
+    let fresh = reserve_within(t.as_ref(), &q, Duration::from_secs(5))
+        .await?
+        .expect("reclaimed after the lease lapsed");
+    assert!(matches!(t.ack(&stale).await, Err(Error::LeaseLost { .. })));
+    t.dead_letter(&fresh, "failed", None).await?;
+    assert!(
+        t.publish(keyed(&q, "b", rule()))
+            .await?
+            .duplicates
+            .is_empty(),
+        "a stale ack held the key for its done period"
+    );
+    let b = t.reserve(&q).await?.expect("b");
+    t.ack(&b).await?;
+    Ok(())
+}
+
+/// Debounce: a publish while the job waits takes over its payload and due time, never
+/// past `max_wait` after the first publish; once a worker has claimed the job, the next
+/// publish is a job of its own (the claim wins the race, cleanly).
+pub async fn debounce_moves_a_waiting_job_no_later_than_max_wait(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    if !unique_keys_apply(t.as_ref(), &q).await? {
+        return Ok(());
+    }
+    let max_wait = Duration::from_millis(1500);
+    let event = |n: u32| {
+        Envelope::builder(q.as_str(), "sync")
+            .payload(&serde_json::json!({ "event": n }))
+            .delay(Duration::from_millis(700))
+            .unique(Unique::debounce("account-7", max_wait))
+            .build()
+            .expect("a valid envelope")
+    };
+    let first = event(0);
+    let started = Instant::now();
+    t.publish(first.clone()).await?;
+    // A burst of events every 150 ms: each pushes the job back 700 ms, so only
+    // max_wait brings it due.
+    let mut n = 0;
+    let mut claimed = None;
+    while claimed.is_none() && started.elapsed() < Duration::from_secs(6) {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        n += 1;
+        let out = t.publish(event(n)).await?;
+        if let Some(dup) = out.duplicates.first() {
+            assert_eq!((dup.existing, dup.replaced), (first.id, true));
+        }
+        claimed = t.reserve(&q).await?;
+    }
+    let job = claimed.expect("the debounced job came due");
+    let late = started.elapsed();
+    eprintln!("debounced job came due {late:?} after the first publish (max_wait {max_wait:?}, {n} events)");
+    assert_eq!(job.id(), first.id, "the job keeps the first publish's id");
+    assert!(
+        late >= Duration::from_millis(1000) && late <= max_wait + Duration::from_millis(700),
+        "due {late:?} after the first publish, max_wait {max_wait:?}"
+    );
+    let payload: serde_json::Value = job.envelope.payload_as()?;
+    assert!(
+        payload["event"].as_u64().unwrap_or(0) >= 1,
+        "the payload is a later event's: {payload}"
+    );
+    // The job is claimed: the next event is a job of its own.
+    let next = event(n + 1);
+    assert!(t.publish(next.clone()).await?.duplicates.is_empty());
+    t.ack(&job).await?;
+    let second = reserve_within(t.as_ref(), &q, Duration::from_secs(5))
+        .await?
+        .expect("the next run");
+    assert_eq!(second.id(), next.id);
+    t.ack(&second).await?;
+    Ok(())
+}
+
+/// Eight publishers racing 10,000 publishes over 500 keys leave exactly one job per
+/// key, and every duplicate names the job that is stored.
+pub async fn racing_publishers_leave_one_job_per_key(h: Arc<dyn Harness>) -> Result<()> {
+    let store = h.store().await?;
+    let q = fresh_queue();
+    let first = store.open(super::harness::OpenOptions::default()).await?;
+    if !unique_keys_apply(first.as_ref(), &q).await? {
+        return Ok(());
+    }
+    const PUBLISHERS: usize = 8;
+    const PUBLISHES: usize = 10_000;
+    const KEYS: usize = 500;
+    let mut tasks = Vec::new();
+    for p in 0..PUBLISHERS {
+        let t = store.open(super::harness::OpenOptions::default()).await?;
+        let q = q.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut stored = Vec::new();
+            let mut dups = Vec::new();
+            for n in 0..PUBLISHES / PUBLISHERS {
+                // Each publisher walks every key from another starting point.
+                let key = format!("key-{}", (n + p * 61) % KEYS);
+                let env = keyed(&q, "k", Unique::new(key.clone()));
+                let out = t.publish(env.clone()).await?;
+                match out.duplicates.first() {
+                    None => stored.push((key, env.id)),
+                    Some(d) => dups.push((key, d.existing)),
+                }
+            }
+            Ok::<_, Error>((stored, dups))
+        }));
+    }
+    let started = Instant::now();
+    let mut stored = Vec::new();
+    let mut dups = Vec::new();
+    for task in tasks {
+        let (s, d) = task.await.expect("a publisher panicked")?;
+        stored.extend(s);
+        dups.extend(d);
+    }
+    eprintln!(
+        "{PUBLISHES} racing publishes over {KEYS} keys in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(stored.len(), KEYS, "exactly one stored publish per key");
+    assert_eq!(dups.len(), PUBLISHES - KEYS);
+    let by_key: std::collections::HashMap<_, _> = stored.iter().cloned().collect();
+    assert_eq!(by_key.len(), KEYS, "two publishes of one key were stored");
+    for (key, existing) in &dups {
+        assert_eq!(
+            by_key.get(key),
+            Some(existing),
+            "a duplicate of {key} named another job"
+        );
+    }
+    let s = stats_of(first.as_ref(), &q).await?;
+    assert_eq!(s.ready + s.delayed + s.reserved, KEYS as u64, "{s:?}");
+    let mut seen = HashSet::new();
+    loop {
+        let got = first.reserve_batch(&q, 200).await?;
+        if got.is_empty() {
+            break;
+        }
+        for r in &got {
+            let key = r.envelope.unique.as_ref().map(|u| u.key.clone());
+            assert!(seen.insert(key), "two jobs of one key were stored");
+        }
+        first.ack_batch(&got).await?;
+    }
+    assert_eq!(seen.len(), KEYS);
+    Ok(())
+}
+
+/// A key that breaks the rules is refused with what is accepted, and nothing is
+/// stored; so is a debounce of a message with an ordering key.
+pub async fn invalid_unique_keys_are_refused(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    let built = Envelope::builder(q.as_str(), "k")
+        .unique(Unique::new(" padded"))
+        .build();
+    assert!(
+        matches!(&built, Err(Error::InvalidInput(m)) if m.contains("unique key")),
+        "{built:?}"
+    );
+    let debounce_in_order = Envelope::builder(q.as_str(), "k")
+        .ordering_key("order-1")
+        .unique(Unique::debounce("k", Duration::from_secs(1)))
+        .build();
+    assert!(
+        matches!(&debounce_in_order, Err(Error::InvalidInput(m)) if m.contains("ordering key")),
+        "{debounce_in_order:?}"
+    );
+    // Envelopes are plain data: one built by hand is checked when published.
+    let mut by_hand = super::case_support::message(&q, "k");
+    by_hand.unique = Some(Unique::new("k").throttled(Duration::ZERO));
+    let refused = t.publish(by_hand).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidInput(m)) if m.contains("ttl")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        stats_of(t.as_ref(), &q).await?.ready,
+        0,
+        "a refused publish stored"
+    );
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! Unique keys on a SQL store: what a publish of a message with a unique key does, inside
+//! the publish's own transaction, over a backend's statements ([`KeyStatements`]).
+//!
+//! Each backend keeps a key table beside the queue's: one row per (queue, key) naming
+//! the job that last took the key, its scope, when it took it, and until when the key
+//! stays held whatever that job's state (a throttle's `ttl`, or a `done` scope's period
+//! set by the job's ack). The row is locked while a publish decides, so publishers of one
+//! key are serialised by the table's primary key, never by a lock that outlives a
+//! transaction.
+//!
+//! Whether the named job still holds the key is read from the job's own row when a
+//! publish meets the key: waiting (not claimed), claimed, or gone (acked, dead-lettered,
+//! moved). Nothing has to clear a key when its job ends, so a crash cannot leave a key
+//! held: a key row whose job is gone and whose hold has run out is simply taken over.
+
+use async_trait::async_trait;
+use chrono::Utc;
+use uuid::Uuid;
+
+use crate::envelope::Envelope;
+use crate::error::{DecodeError, Error, Result};
+use crate::published::Duplicate;
+use crate::time_units::{micros, micros_between};
+use crate::unique::{OnConflict, Unique, UniqueScope};
+
+/// How many times a publish looks at a key again after a race it lost (another
+/// publisher created the key row first, or a claim took the job it was replacing).
+const ROUNDS: usize = 4;
+
+/// A key's row, locked by [`KeyStatements::lock_key`].
+#[derive(Debug, Clone)]
+pub struct KeyRow {
+    /// The job that took the key.
+    pub id: String,
+    /// Its scope, as stored ([`scope_name`]).
+    pub scope: String,
+    /// Whether the key is held whatever the job's state (the hold has not run out).
+    pub held: bool,
+    /// How long ago the job took the key, in microseconds.
+    pub age_us: i64,
+}
+
+/// The state of the job a key row names, read from the job's row.
+#[derive(Debug, Clone)]
+pub enum KeyHolder {
+    /// No such job: acked, dead-lettered or moved away.
+    Gone,
+    /// Waiting for a worker, with its stored envelope.
+    Waiting(String),
+    /// Claimed by a worker (running, or held ahead of its start).
+    Claimed,
+}
+
+/// A key row to write: `id` takes the key of `queue` now.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeKey<'a> {
+    /// The queue.
+    pub queue: &'a str,
+    /// The key.
+    pub key: &'a str,
+    /// The job that takes it.
+    pub id: &'a str,
+    /// Its scope ([`scope_name`]).
+    pub scope: &'static str,
+    /// Microseconds from now that the key stays held whatever the job's state (a
+    /// throttle's ttl), or `None`.
+    pub hold_us: Option<i64>,
+}
+
+/// An acked job's key to hold for its `done` period, fenced by the job's lease.
+#[derive(Debug, Clone)]
+pub struct KeyHold {
+    /// The queue.
+    pub queue: String,
+    /// The key.
+    pub key: String,
+    /// The job.
+    pub id: String,
+    /// The lease token the job is held under.
+    pub token: Uuid,
+    /// How long to hold the key from now, in microseconds.
+    pub period_us: i64,
+}
+
+/// A backend's statements on its key table and on the job rows keys name, run on the
+/// publish's transaction.
+#[async_trait]
+pub trait KeyStatements: Send {
+    /// Whether a job with this id is stored, live or dead (a publish of it stores
+    /// nothing new and takes no key).
+    async fn id_stored(&mut self, id: &str) -> Result<bool>;
+
+    /// The key's row, locked until the transaction ends; `None` when there is none.
+    async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>>;
+
+    /// Creates the key's row; `false` when another transaction created it first.
+    async fn insert_key(&mut self, take: TakeKey<'_>) -> Result<bool>;
+
+    /// Points the locked key row at a new job.
+    async fn move_key(&mut self, take: TakeKey<'_>) -> Result<()>;
+
+    /// The state of the job `id`.
+    async fn holder(&mut self, id: &str) -> Result<KeyHolder>;
+
+    /// Stores the job, as a publish without a unique key would.
+    async fn insert_job(&mut self, env: &Envelope) -> Result<()>;
+
+    /// Replaces the stored envelope of the job `id` and makes it due `due_us` from now,
+    /// if no worker has claimed it; whether it did.
+    async fn replace_job(&mut self, id: &str, envelope: &str, due_us: i64) -> Result<bool>;
+}
+
+/// The stored name of a scope.
+pub fn scope_name(scope: UniqueScope) -> &'static str {
+    match scope {
+        UniqueScope::Pending => "pending",
+        UniqueScope::Active => "active",
+        UniqueScope::Done => "done",
+    }
+}
+
+/// The keys of `reservations`' jobs whose scope holds them for a period after the ack.
+pub fn holds_after_ack(reservations: &[crate::Reservation]) -> Vec<KeyHold> {
+    reservations
+        .iter()
+        .filter_map(|r| {
+            let unique = r.envelope.unique.as_ref()?;
+            let period = unique.period()?;
+            Some(KeyHold {
+                queue: r.envelope.queue.as_str().to_owned(),
+                key: unique.key.clone(),
+                id: r.id().to_string(),
+                token: r.token().0,
+                period_us: micros(period),
+            })
+        })
+        .collect()
+}
+
+/// Publishes `env`, which has a unique key, on `s`'s transaction: stores it and takes the
+/// key, or, when another job holds the key, stores nothing (or debounces that job) and
+/// says which job holds it.
+pub async fn publish_unique<S: KeyStatements + ?Sized>(
+    s: &mut S,
+    env: &Envelope,
+) -> Result<Option<Duplicate>> {
+    let Some(unique) = &env.unique else {
+        s.insert_job(env).await?;
+        return Ok(None);
+    };
+    let id = env.id.to_string();
+    if s.id_stored(&id).await? {
+        return Ok(None);
+    }
+    let queue = env.queue.as_str();
+    let take = TakeKey {
+        queue,
+        key: &unique.key,
+        id: &id,
+        scope: scope_name(unique.scope),
+        hold_us: unique.ttl().map(micros),
+    };
+    for _ in 0..ROUNDS {
+        let Some(row) = s.lock_key(queue, &unique.key).await? else {
+            if s.insert_key(take).await? {
+                s.insert_job(env).await?;
+                return Ok(None);
+            }
+            continue;
+        };
+        let holder = s.holder(&row.id).await?;
+        let holds = row.held
+            || match &holder {
+                KeyHolder::Gone => false,
+                KeyHolder::Waiting(_) => true,
+                KeyHolder::Claimed => row.scope != scope_name(UniqueScope::Pending),
+            };
+        if !holds {
+            s.move_key(take).await?;
+            s.insert_job(env).await?;
+            return Ok(None);
+        }
+        let existing = Uuid::parse_str(&row.id).map_err(|e| {
+            Error::Decode(DecodeError::new(format!(
+                "the unique key {} of queue {queue} names job {}, which is not a message id: {e}",
+                crate::error::shown(&unique.key),
+                crate::error::shown(&row.id)
+            )))
+        })?;
+        if let (OnConflict::Replace, KeyHolder::Waiting(stored)) = (unique.on_conflict, &holder) {
+            if let Some((json, due_us)) = debounced(stored, env, unique, row.age_us) {
+                if s.replace_job(&row.id, &json, due_us).await? {
+                    return Ok(Some(Duplicate {
+                        id: env.id,
+                        existing,
+                        replaced: true,
+                    }));
+                }
+                // A worker claimed it meanwhile: look again.
+                continue;
+            }
+        }
+        return Ok(Some(Duplicate {
+            id: env.id,
+            existing,
+            replaced: false,
+        }));
+    }
+    Err(Error::backend(
+        "unique keys",
+        true,
+        format!(
+            "the unique key {} of queue {queue} kept changing hands while message {} was published; publish it again",
+            crate::error::shown(&unique.key),
+            env.id
+        ),
+    ))
+}
+
+/// The waiting job's envelope with `env`'s payload, headers and due time, the due time
+/// no later than `max_wait` after the job took its key (`age_us` ago); `None` when the
+/// stored envelope cannot be read (it then stays as it is).
+fn debounced(stored: &str, env: &Envelope, unique: &Unique, age_us: i64) -> Option<(String, i64)> {
+    let mut job = Envelope::from_json(stored).ok()?;
+    let now = Utc::now();
+    let wanted = micros_between(now, env.available_at).max(0);
+    let latest = unique
+        .max_wait()
+        .map_or(wanted, |w| micros(w).saturating_sub(age_us).max(0));
+    let due_us = wanted.min(latest);
+    job.payload.clone_from(&env.payload);
+    job.headers.clone_from(&env.headers);
+    job.trace_id.clone_from(&env.trace_id);
+    job.available_at = now + chrono::TimeDelta::microseconds(due_us);
+    Some((job.to_json(), due_us))
+}

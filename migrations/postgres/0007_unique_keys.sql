@@ -1,0 +1,18 @@
+-- Switchyard on PostgreSQL, schema version 7: unique keys.
+--
+-- One row per queue and unique key, naming the job that last took the key. Whether that
+-- job still holds it is read from the job's own row when a publish meets the key
+-- (waiting, claimed, or gone), so nothing has to clear a key when its job ends and a
+-- crash cannot leave one held. `hold_until` keeps a key held whatever its job's state:
+-- a throttle's ttl from the publish, or a `done` scope's period from the ack. Publishers
+-- of one key serialise on its row (`SELECT … FOR UPDATE`); nothing else touches this
+-- table, so messages without unique keys cost nothing.
+CREATE TABLE IF NOT EXISTS "switchyard_jobs_unique" (
+    queue      text COLLATE "C" NOT NULL,
+    unique_key text COLLATE "C" NOT NULL,
+    id         text COLLATE "C" NOT NULL,  -- the job that took the key
+    scope      text        NOT NULL,       -- pending, active or done
+    hold_until timestamptz,                -- held at least until then, whatever the job's state
+    first_at   timestamptz NOT NULL,       -- when the job took the key (a debounce's max_wait counts from it)
+    PRIMARY KEY (queue, unique_key)
+);
