@@ -184,8 +184,11 @@ struct KeptOpen {
     _owner: Arc<dyn Transport>,
 }
 
+// A forwarding impl: every method is written out, so that no default ever stands in
+// for the store's own.
 #[cfg(feature = "amqp")]
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl StatusStore for KeptOpen {
     async fn record(&self, updates: &[queue_core::status::StatusUpdate]) -> Result<()> {
         self.store.record(updates).await
@@ -232,6 +235,9 @@ impl StatusStore for KeptOpen {
     }
     fn watch(&self) -> Option<tokio::sync::broadcast::Receiver<uuid::Uuid>> {
         self.store.watch()
+    }
+    fn unique_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
+        self.store.unique_keys()
     }
 }
 

@@ -225,6 +225,11 @@ impl Transport for Router {
         caps.ordering_keys = a.ordering_keys || b.ordering_keys;
         // Likewise a unique key's jobs: one side holds the key.
         caps.unique_keys = a.unique_keys || b.unique_keys;
+        caps.unique_replace = if a.unique_keys {
+            a.unique_replace
+        } else {
+            b.unique_replace
+        };
         // Each side lists what it holds; one that cannot adds nothing.
         caps.holders = a.holders || b.holders;
         caps.max_payload_bytes = a.max_payload_bytes.min(b.max_payload_bytes);

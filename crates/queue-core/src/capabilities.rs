@@ -71,6 +71,9 @@ pub struct Capabilities {
     /// and concurrent publishers of a key are serialised. The SQL backends keep each
     /// key's holder in a table beside the queue's, in the publish's own transaction.
     pub unique_keys: bool,
+    /// A unique key's `replace` rule (debounce) moves a waiting job: RabbitMQ cannot
+    /// change a message it already queues.
+    pub unique_replace: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -92,6 +95,7 @@ impl Default for Capabilities {
             holders: false,
             ordering_keys: false,
             unique_keys: false,
+            unique_replace: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

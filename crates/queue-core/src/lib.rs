@@ -16,6 +16,7 @@ mod history;
 mod holdings;
 pub mod inbox;
 mod job_state;
+mod key_store;
 pub mod labels;
 pub mod metrics;
 mod names;
@@ -48,6 +49,7 @@ pub use envelope::{
 };
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use holdings::{HeldSelection, Holding, Holdings};
+pub use key_store::UniqueKeyStore;
 pub use names::{Identifier, QueueName};
 pub use published::{Duplicate, Published};
 pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};

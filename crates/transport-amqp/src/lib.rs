@@ -24,6 +24,7 @@ mod publish;
 mod queues;
 mod topology;
 mod transport;
+mod unique;
 
 pub use options::{AmqpOptions, QueueKind};
 pub use transport::AmqpTransport;

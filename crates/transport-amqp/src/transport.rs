@@ -15,7 +15,7 @@ use lapin::BasicProperties;
 use queue_core::status::StatusStore;
 use queue_core::{
     text, AckReport, Capabilities, Claim, Envelope, GiveBack, Published, QueueName, QueueStats,
-    Reservation, Result, Start, Transport,
+    Reservation, Result, Start, Transport, UniqueKeyStore,
 };
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -31,6 +31,7 @@ use crate::options::{AmqpOptions, QueueKind};
 use crate::publish::{publish_all, Publisher, Target};
 use crate::queues::{queue_exists, Queues};
 use crate::topology::{dead_queue, partition_name, passive, physical_queue, PARTITIONS};
+use crate::unique;
 
 /// RabbitMQ over AMQP 0-9-1.
 ///
@@ -61,6 +62,10 @@ pub struct AmqpTransport {
     /// found without them.
     partitions: Mutex<HashMap<String, Option<Instant>>>,
     next_partition: AtomicU64,
+    /// Where messages' unique keys live: the control store's key table.
+    unique_keys: Option<Arc<dyn UniqueKeyStore>>,
+    /// When key rows that hold nothing were last deleted.
+    keys_pruned: Mutex<Option<Instant>>,
 }
 
 /// How often a queue without partitions is looked at again for them: the first keyed
@@ -89,8 +94,14 @@ impl AmqpTransport {
     /// it fail at the first refusal. Errors that retrying cannot fix (a bad URL, refused
     /// credentials, a refused declaration) fail at once.
     pub async fn connect(options: AmqpOptions) -> Result<Self> {
+        let unique_keys = options
+            .control_store
+            .as_ref()
+            .and_then(|store| store.unique_keys());
         let connector = Connector::connect(options).await?;
         Ok(AmqpTransport {
+            unique_keys,
+            keys_pruned: Mutex::default(),
             connector,
             queues: Queues::default(),
             publisher: Publisher::default(),
@@ -148,6 +159,24 @@ impl AmqpTransport {
     /// ([`AmqpOptions::with_control_store`](crate::AmqpOptions::with_control_store)).
     pub fn control_store(&self) -> Option<Arc<dyn StatusStore>> {
         self.options().control_store.clone()
+    }
+
+    /// Deletes the control store's key rows that hold nothing, at most once a minute
+    /// (publishers of unique keys pace it); a failure is logged.
+    async fn prune_keys_now_and_then(&self) {
+        let Some(keys) = &self.unique_keys else {
+            return;
+        };
+        {
+            let mut last = lock(&self.keys_pruned);
+            if last.is_some_and(|t| t.elapsed() < unique::PRUNE_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        if let Err(err) = keys.prune(queue_core::sql::unique::PRUNE_AFTER).await {
+            tracing::warn!(error = %err, "deleting unique keys that hold nothing failed; retrying later");
+        }
     }
 
     pub(crate) fn options(&self) -> &AmqpOptions {
@@ -318,11 +347,6 @@ const LABELS_UNSUPPORTED: &str = "RabbitMQ cannot claim by label: a queue hands 
     (and routing each label to a queue of its own would deliver a message with two labels \
     twice); give that work a queue of its own";
 
-/// Why RabbitMQ does not take unique keys yet.
-const UNIQUE_UNSUPPORTED: &str = "unique keys are not kept on RabbitMQ yet (a broker cannot \
-    look up a queued message by key; they are to live in the SQL control store beside it): \
-    publish without a unique key, or use PostgreSQL, MySQL or SQLite";
-
 /// Why RabbitMQ cannot list held messages.
 const HOLDINGS_UNSUPPORTED: &str = "RabbitMQ does not say which consumer holds which \
     message: `rabbitmqctl list_consumers` shows each consumer's connection, named \
@@ -354,6 +378,7 @@ impl Transport for AmqpTransport {
         caps.ordering_keys = true;
         caps.charges_only_started = self.options().control_store.is_some();
         caps.start_marks_in_status = self.options().control_store.is_some();
+        caps.unique_keys = self.unique_keys.is_some();
         caps
     }
 
@@ -366,12 +391,20 @@ impl Transport for AmqpTransport {
             // Labels travel in the envelope, checked as on every backend.
             env.normalize_for_store()?;
             env.check_size(self.options().max_payload_bytes)?;
-            if env.unique.is_some() {
-                return Err(queue_core::Error::NotSupported(format!(
-                    "message {}: {UNIQUE_UNSUPPORTED}",
-                    env.id
-                )));
-            }
+        }
+        let taken = unique::take_keys(
+            self.unique_keys.as_ref(),
+            &mut envelopes,
+            self.options().confirm_timeout,
+        )
+        .await?;
+        if !taken.keyed.is_empty() || !taken.duplicates.is_empty() {
+            self.prune_keys_now_and_then().await;
+        }
+        if envelopes.is_empty() {
+            let mut published = Published::all_stored();
+            published.duplicates = taken.duplicates;
+            return Ok(published);
         }
         let keyed: HashSet<&str> = envelopes
             .iter()
@@ -386,7 +419,8 @@ impl Transport for AmqpTransport {
                 self.queues.ensure(&self.connector, q).await?;
             }
         }
-        self.publisher
+        let sent = self
+            .publisher
             .send(
                 &self.connector,
                 envelopes
@@ -394,8 +428,12 @@ impl Transport for AmqpTransport {
                     .map(|e| (e, None, Target::Queue))
                     .collect(),
             )
-            .await?;
-        Ok(Published::all_stored())
+            .await;
+        unique::settle(self.unique_keys.as_ref(), &taken, sent.is_ok()).await;
+        sent?;
+        let mut published = Published::all_stored();
+        published.duplicates = taken.duplicates;
+        Ok(published)
     }
 
     async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
@@ -433,6 +471,17 @@ impl Transport for AmqpTransport {
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        if let Some(keys) = &self.unique_keys {
+            // Only for deliveries this process still holds (a closed channel's are
+            // redelivered, not done).
+            let held: Vec<&Reservation> = reservations
+                .iter()
+                .filter(|r| r.envelope.unique.is_some() && self.consumers.holder(r).is_some())
+                .collect();
+            if !held.is_empty() {
+                unique::acking(keys.as_ref(), &held).await?;
+            }
+        }
         let mut report = AckReport::default();
         let mut by_consumer: HashMap<u64, (Arc<QueueConsumer>, Vec<(u64, Uuid)>)> = HashMap::new();
         for r in reservations {
@@ -526,6 +575,9 @@ impl Transport for AmqpTransport {
         let Some(c) = self.consumers.holder(reservation) else {
             return Err(lost(reservation));
         };
+        if let Some(keys) = &self.unique_keys {
+            unique::free_keys(keys.as_ref(), std::iter::once(reservation)).await?;
+        }
         let started = c.started(reservation.receipt.tag());
         let mut env = reservation.envelope.clone();
         env.attempts += u32::from(started);
@@ -568,7 +620,10 @@ impl Transport for AmqpTransport {
             let held = reservations
                 .iter()
                 .filter(|r| self.consumers.holder(r).is_some());
-            marks::mark_started(store.as_ref(), held.map(|r| &r.envelope)).await?;
+            marks::mark_started(store.as_ref(), held.clone().map(|r| &r.envelope)).await?;
+            if let Some(keys) = &self.unique_keys {
+                unique::free_keys(keys.as_ref(), held.filter(|r| unique::pending_scope(r))).await?;
+            }
         }
         let mut report = AckReport::default();
         for r in reservations {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use queue_core::worker::{handler_fn, JobContext, RetryPolicy, Worker, WorkerOptions};
 use queue_core::{
     reason, CancellationToken, DeadLetters, DeadSelection, Envelope, Error, QueueName, Result,
-    Transport, TransportExt,
+    Transport, TransportExt, Unique,
 };
 use support::url;
 use transport_amqp::{AmqpOptions, AmqpTransport, QueueKind};
@@ -254,6 +254,82 @@ fn with_a_control_store_a_dead_consumer_charges_only_what_it_started() {
             Ok(())
         });
     }
+}
+
+/// Unique keys of RabbitMQ's messages in the control store: a delivery whose consumer
+/// died keeps its key until its redelivery is acked; a key whose publish was never
+/// confirmed (the publisher died) and a message that expired on the broker free their
+/// keys when their time is up; rows that hold nothing are pruned.
+#[test]
+fn unique_keys_in_the_control_store_outlive_a_dead_consumer_but_not_a_dead_publisher() {
+    with_broker(|| async {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let sql = transport_sqlite::SqliteTransport::connect(transport_sqlite::SqliteOptions::new(
+            format!("sqlite://{}", dir.path().join("control.db").display()),
+        ))
+        .await?;
+        let store = sql.status_store();
+        let keys = store.unique_keys().expect("a SQL store keeps unique keys");
+        let marked = || options(QueueKind::Quorum).with_control_store(store.clone());
+        let q = queue();
+        let keyed = |key: &str| {
+            Envelope::builder(q.as_str(), key)
+                .unique(Unique::new(key))
+                .build()
+                .expect("a valid envelope")
+        };
+        let first = AmqpTransport::connect(marked()).await?;
+        assert!(first.capabilities().unique_keys);
+        let a = keyed("a");
+        first.publish(a.clone()).await?;
+        let held = reserve_n(&first, &q, 1, Duration::from_secs(5)).await?;
+        assert_eq!(held.first().map(|r| r.id()), Some(a.id));
+        first.close().await;
+        let second = AmqpTransport::connect(marked()).await?;
+        let out = second.publish(keyed("a")).await?;
+        assert_eq!(
+            out.duplicates.first().map(|d| d.existing),
+            Some(a.id),
+            "a delivery back from a dead consumer lost its key"
+        );
+        let again = reserve_n(&second, &q, 1, Duration::from_secs(10)).await?;
+        assert_eq!(again.first().map(|r| r.id()), Some(a.id));
+        second.ack_batch(&again).await?;
+        assert!(second.publish(keyed("a")).await?.duplicates.is_empty());
+
+        // A publisher that took a key and died before the broker's confirm.
+        let orphan = keyed("orphan");
+        assert!(keys
+            .take(std::slice::from_ref(&orphan), Duration::from_millis(300))
+            .await?
+            .is_empty());
+        assert_eq!(second.publish(keyed("orphan")).await?.duplicates.len(), 1);
+        // A message that expires on the broker, unconsumed.
+        let brief = Envelope::builder(q.as_str(), "brief")
+            .unique(Unique::new("brief"))
+            .expires_in(Duration::from_millis(300))
+            .build()?;
+        second.publish(brief).await?;
+        assert_eq!(second.publish(keyed("brief")).await?.duplicates.len(), 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            second.publish(keyed("orphan")).await?.duplicates.is_empty(),
+            "an unconfirmed key was held past its window"
+        );
+        assert!(
+            second.publish(keyed("brief")).await?.duplicates.is_empty(),
+            "an expired message kept its key"
+        );
+        let rest = reserve_n(&second, &q, 3, Duration::from_secs(10)).await?;
+        second.ack_batch(&rest).await?;
+        assert!(
+            keys.prune(Duration::ZERO).await? >= 3,
+            "the acked jobs' key rows were not pruned"
+        );
+        second.delete_queue(&q).await?;
+        second.close().await;
+        Ok(())
+    });
 }
 
 #[test]

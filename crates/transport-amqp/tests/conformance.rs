@@ -23,28 +23,49 @@ type Opened = Arc<Mutex<Vec<Arc<AmqpTransport>>>>;
 struct AmqpHarness {
     kind: QueueKind,
     opened: Opened,
+    /// Whether each store has a SQL control store beside the broker.
+    controlled: bool,
 }
 
 struct AmqpStore {
     kind: QueueKind,
     opened: Opened,
+    /// The SQLite control store every transport of this store shares, in its own
+    /// directory.
+    control: Option<(tempfile::TempDir, Arc<transport_sqlite::SqliteTransport>)>,
 }
 
 impl AmqpStore {
     fn options(&self, url: String) -> AmqpOptions {
-        AmqpOptions::new(url)
+        let options = AmqpOptions::new(url)
             .with_queue_kind(self.kind)
             .with_queue_expires(Duration::from_secs(600))
-            .with_reconnect_timeout(Duration::from_secs(2))
+            .with_reconnect_timeout(Duration::from_secs(2));
+        match &self.control {
+            Some((_, sql)) => options.with_control_store(sql.status_store()),
+            None => options,
+        }
     }
 }
 
 #[async_trait]
 impl Harness for AmqpHarness {
     async fn store(&self) -> Result<Box<dyn Store>> {
+        let control = if self.controlled {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let url = format!("sqlite://{}", dir.path().join("control.db").display());
+            let sql = transport_sqlite::SqliteTransport::connect(
+                transport_sqlite::SqliteOptions::new(url),
+            )
+            .await?;
+            Some((dir, Arc::new(sql)))
+        } else {
+            None
+        };
         Ok(Box::new(AmqpStore {
             kind: self.kind,
             opened: self.opened.clone(),
+            control,
         }))
     }
 
@@ -97,6 +118,16 @@ fn harness(kind: QueueKind) -> Arc<dyn Harness> {
     Arc::new(AmqpHarness {
         kind,
         opened: Opened::default(),
+        controlled: false,
+    })
+}
+
+/// Quorum queues with a SQLite control store beside the broker, where unique keys live.
+fn controlled() -> Arc<dyn Harness> {
+    Arc::new(AmqpHarness {
+        kind: QueueKind::Quorum,
+        opened: Opened::default(),
+        controlled: true,
     })
 }
 
@@ -107,4 +138,9 @@ mod quorum {
 /// Classic queues: priorities, and the attempt counted by republishing a redelivery.
 mod classic {
     queue_core::conformance_tests!(super::harness(transport_amqp::QueueKind::Classic));
+}
+
+/// The cases of unique keys, which RabbitMQ keeps in its control store.
+mod control_store {
+    queue_core::conformance_tests!(unique_keys: super::controlled());
 }

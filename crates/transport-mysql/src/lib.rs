@@ -8,6 +8,7 @@
 //!
 #![doc = include_str!("../README.md")]
 
+mod broker_keys;
 mod connect;
 mod cursor;
 mod error;
@@ -19,6 +20,7 @@ mod sql;
 mod status;
 mod tenants;
 mod transport;
+mod unique_sql;
 mod watch;
 
 pub use inbox::MySqlInbox;

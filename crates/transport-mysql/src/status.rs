@@ -1,6 +1,8 @@
 //! Job status and results in `<table>_status` (see `queue_core::status`). MySQL has no
 //! notifications: followers poll.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use queue_core::sql::{
     micros, BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
@@ -11,8 +13,10 @@ use sqlx::mysql::MySqlRow;
 use sqlx::{MySqlPool, Row};
 use uuid::Uuid;
 
+use crate::broker_keys::MySqlBrokerKeys;
 use crate::error::SqlxResultExt;
 use crate::sql::specialise;
+use crate::unique_sql::KeySql;
 
 const CREATE_HEAD: &str = "
 INSERT IGNORE INTO `switchyard_jobs_status`
@@ -153,6 +157,8 @@ pub struct MySqlStatusStore {
     stopped: String,
     workers: String,
     known: String,
+    /// The key table's statements, for the broker key store.
+    keys: Arc<KeySql>,
 }
 
 impl MySqlStatusStore {
@@ -187,6 +193,7 @@ impl MySqlStatusStore {
             stopped: s(STOPPED),
             workers: s(WORKERS),
             known: s("SELECT CAST(1 AS SIGNED) FROM `switchyard_jobs_procs` WHERE id = ?"),
+            keys: Arc::new(KeySql::new(schema, table)),
         }
     }
 }
@@ -301,6 +308,13 @@ impl MySqlStatusStore {
 
 #[async_trait]
 impl StatusBackend for MySqlStatusStore {
+    fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
+        Some(Arc::new(MySqlBrokerKeys::new(
+            self.pool.clone(),
+            self.keys.clone(),
+        )))
+    }
+
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
         if !batch.creates.is_empty() {
             self.create_rows(batch.creates).await?;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use queue_core::{
     Claim, ClaimStrategy, DeadLetters, DeadSelection, Envelope, QueueName, Transport, TransportExt,
+    Unique,
 };
 use support::{err, with_server, Database};
 use transport_mysql::MySqlTransport;
@@ -66,6 +67,81 @@ fn keyed_outbox_publishes_need_read_committed() {
         t.ack_batch(&first).await?;
         let second = t.reserve_batch(&q, 10).await?;
         assert_eq!(second.first().map(|r| r.envelope.kind.as_str()), Some("k2"));
+        Ok(())
+    });
+}
+
+/// A unique key in the caller's transaction: refused at REPEATABLE READ (a snapshot
+/// older than the key's lock), taken only if the transaction commits; and key rows
+/// whose jobs are gone are pruned while held keys and throttles stay.
+#[test]
+fn unique_keys_in_the_outbox_and_their_rows_pruned() {
+    with_server(|| async {
+        use sqlx::Connection;
+        let db = Database::fresh().await?;
+        let t = db.open(ClaimStrategy::SkipLocked).await?;
+        let q = queue();
+        let keyed = |key: &str| {
+            Envelope::builder(q.as_str(), key)
+                .unique(Unique::new(key))
+                .build()
+        };
+        let mut own = sqlx::MySqlConnection::connect(&support::url())
+            .await
+            .map_err(err)?;
+        sqlx::query("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .execute(&mut own)
+            .await
+            .map_err(err)?;
+        let mut tx = own.begin().await.map_err(err)?;
+        match t.publish_tx(&mut tx, keyed("a")?).await {
+            Err(queue_core::Error::InvalidInput(why)) => {
+                assert!(why.contains("READ COMMITTED"), "{why}")
+            }
+            other => panic!("a unique publish in a REPEATABLE READ transaction: {other:?}"),
+        }
+        tx.rollback().await.map_err(err)?;
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        assert!(t
+            .publish_tx(&mut tx, keyed("a")?)
+            .await?
+            .duplicates
+            .is_empty());
+        tx.rollback().await.map_err(err)?;
+        // The rolled-back publish took nothing: the key is free.
+        let a = keyed("a")?;
+        let mut tx = t.pool().begin().await.map_err(err)?;
+        assert!(t
+            .publish_tx(&mut tx, a.clone())
+            .await?
+            .duplicates
+            .is_empty());
+        let dup = t.publish_tx(&mut tx, keyed("a")?).await?;
+        assert_eq!(dup.duplicates.first().map(|d| d.existing), Some(a.id));
+        tx.commit().await.map_err(err)?;
+
+        let held = keyed("held")?;
+        t.publish(held).await?;
+        let throttled = Envelope::builder(q.as_str(), "thr")
+            .unique(Unique::throttle("thr", Duration::from_secs(3600)))
+            .build()?;
+        t.publish(throttled).await?;
+        let done = t.reserve_batch(&q, 10).await?;
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            done.into_iter().partition(|r| r.envelope.kind != "held");
+        t.ack_batch(&gone).await?;
+        assert_eq!(
+            t.prune_unique_keys(Duration::ZERO).await?,
+            1,
+            "only the acked job's key row holds nothing"
+        );
+        assert!(t.publish(keyed("a")?).await?.duplicates.is_empty());
+        assert_eq!(t.publish(keyed("held")?).await?.duplicates.len(), 1);
+        let thr = Envelope::builder(q.as_str(), "thr")
+            .unique(Unique::throttle("thr", Duration::from_secs(3600)))
+            .build()?;
+        assert_eq!(t.publish(thr).await?.duplicates.len(), 1);
+        t.ack_batch(&kept).await?;
         Ok(())
     });
 }

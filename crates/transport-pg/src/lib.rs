@@ -9,6 +9,7 @@
 //!
 #![doc = include_str!("../README.md")]
 
+mod broker_keys;
 mod connect;
 mod error;
 mod inbox;
@@ -21,6 +22,7 @@ mod standby;
 mod status;
 mod tenants;
 mod transport;
+mod unique_sql;
 
 pub use inbox::PgInbox;
 pub use options::PgOptions;

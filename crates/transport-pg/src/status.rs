@@ -1,7 +1,7 @@
 //! Job status and results in `<table>_status` (see `queue_core::status`), with every
 //! change announced by `NOTIFY` so that followers wake at once.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use queue_core::sql::{
@@ -15,9 +15,11 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::broker_keys::PgBrokerKeys;
 use crate::error::SqlxResultExt;
 use crate::listener;
 use crate::sql::specialise;
+use crate::unique_sql::KeySql;
 
 /// Counts the ids a statement returned and announces them, at most 200 per
 /// notification (a payload holds under 8,000 bytes).
@@ -190,6 +192,8 @@ pub struct PgStatusStore {
     heartbeat: String,
     stopped: String,
     workers: String,
+    /// The key table's statements, for the broker key store.
+    keys: Arc<KeySql>,
 }
 
 impl PgStatusStore {
@@ -235,6 +239,7 @@ impl PgStatusStore {
             heartbeat: s(HEARTBEAT),
             stopped: s(STOPPED),
             workers: s(WORKERS),
+            keys: Arc::new(KeySql::new(schema, table)),
         }
     }
 
@@ -385,6 +390,13 @@ impl PgStatusStore {
 
 #[async_trait]
 impl StatusBackend for PgStatusStore {
+    fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
+        Some(Arc::new(PgBrokerKeys::new(
+            self.pool.clone(),
+            self.keys.clone(),
+        )))
+    }
+
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
         if !batch.creates.is_empty() {
             self.create_rows(batch.creates).await?;

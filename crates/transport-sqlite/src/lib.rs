@@ -6,6 +6,7 @@
 //!
 #![doc = include_str!("../README.md")]
 
+mod broker_keys;
 mod error;
 mod inbox;
 mod migrate;
@@ -14,6 +15,7 @@ mod sql;
 mod status;
 mod tenants;
 mod transport;
+mod unique_sql;
 
 pub use inbox::SqliteInbox;
 pub use options::{SqliteOptions, SqliteSynchronous};

@@ -1,5 +1,7 @@
 //! Job status and results in `<table>_status` (see `queue_core::status`).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use queue_core::sql::{
     micros, BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
@@ -10,8 +12,10 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
+use crate::broker_keys::SqliteBrokerKeys;
 use crate::error::SqlxResultExt;
 use crate::sql::specialise;
+use crate::unique_sql::KeySql;
 
 /// Rows come as one JSON array of arrays: `[id, queue, kind, state, attempts, progress,
 /// note, result, error, final, starts_run, payload, worker, started_ago]`, so that a
@@ -150,6 +154,8 @@ pub struct SqliteStatusStore {
     heartbeat: String,
     stopped: String,
     workers: String,
+    /// The key table's statements, for the broker key store.
+    keys: Arc<KeySql>,
 }
 
 impl SqliteStatusStore {
@@ -180,6 +186,7 @@ impl SqliteStatusStore {
             heartbeat: s(HEARTBEAT),
             stopped: s(STOPPED),
             workers: s(WORKERS),
+            keys: Arc::new(KeySql::new(table)),
         }
     }
 }
@@ -251,6 +258,13 @@ fn try_rows(of: &[StatusUpdate]) -> String {
 
 #[async_trait]
 impl StatusBackend for SqliteStatusStore {
+    fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
+        Some(Arc::new(SqliteBrokerKeys::new(
+            self.writer.clone(),
+            self.keys.clone(),
+        )))
+    }
+
     /// One transaction, so that the single writer takes its lock once.
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
         let mut tx = self.writer.begin().await.backend()?;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use queue_core::{Envelope, Error, QueueName, TransportExt};
+use queue_core::{Envelope, Error, QueueName, Transport, TransportExt, Unique};
 use sqlx::Connection;
 use transport_sqlite::{SqliteOptions, SqliteTransport};
 
@@ -146,4 +146,77 @@ async fn an_oversized_message_stores_nothing_and_leaves_the_transaction_usable()
     assert_eq!(r.envelope.payload.get(), r#"{"invoice":2}"#);
     t.ack(&r).await.expect("ack");
     assert!(t.reserve(&q).await.expect("reserve").is_none());
+}
+
+/// A unique key in the caller's transaction is taken only if it commits; key rows whose
+/// jobs are gone are pruned while held keys and throttles stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unique_keys_in_the_outbox_and_their_rows_pruned() {
+    let (_dir, t) = open().await;
+    let q = QueueName::new("unique").expect("queue");
+    let keyed = |key: &str| {
+        Envelope::builder(q.as_str(), key)
+            .unique(Unique::new(key))
+            .build()
+            .expect("a valid envelope")
+    };
+    let mut tx = t.pool().begin().await.expect("begin");
+    assert!(t
+        .publish_tx(&mut tx, keyed("a"))
+        .await
+        .expect("publish")
+        .duplicates
+        .is_empty());
+    tx.rollback().await.expect("rollback");
+    let a = keyed("a");
+    let mut tx = t.pool().begin().await.expect("begin");
+    assert!(t
+        .publish_tx(&mut tx, a.clone())
+        .await
+        .expect("publish")
+        .duplicates
+        .is_empty());
+    let dup = t.publish_tx(&mut tx, keyed("a")).await.expect("publish");
+    assert_eq!(dup.duplicates.first().map(|d| d.existing), Some(a.id));
+    tx.commit().await.expect("commit");
+
+    t.publish(keyed("held")).await.expect("publish");
+    let throttle = || {
+        Envelope::builder(q.as_str(), "thr")
+            .unique(Unique::throttle("thr", Duration::from_secs(3600)))
+            .build()
+            .expect("a valid envelope")
+    };
+    t.publish(throttle()).await.expect("publish");
+    let done = t.reserve_batch(&q, 10).await.expect("reserve");
+    let (gone, kept): (Vec<_>, Vec<_>) = done.into_iter().partition(|r| r.envelope.kind != "held");
+    t.ack_batch(&gone).await.expect("ack");
+    assert_eq!(
+        t.prune_unique_keys(Duration::ZERO).await.expect("prune"),
+        1,
+        "only the acked job's key row holds nothing"
+    );
+    assert!(t
+        .publish(keyed("a"))
+        .await
+        .expect("publish")
+        .duplicates
+        .is_empty());
+    assert_eq!(
+        t.publish(keyed("held"))
+            .await
+            .expect("publish")
+            .duplicates
+            .len(),
+        1
+    );
+    assert_eq!(
+        t.publish(throttle())
+            .await
+            .expect("publish")
+            .duplicates
+            .len(),
+        1
+    );
+    t.ack_batch(&kept).await.expect("ack");
 }

@@ -166,6 +166,9 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
     /// while its job is still held under its token.
     async fn hold_keys(&self, holds: &[KeyHold]) -> Result<()>;
 
+    /// Deletes up to 1,000 unique-key rows that hold nothing any more; how many.
+    async fn prune_keys(&self) -> Result<u64>;
+
     /// One statement (or transaction) that claims up to `max` rows of `queue` under
     /// `token`: skipping rows other claims lock, or for a move (`StartMode::Move`) any
     /// row no worker holds.

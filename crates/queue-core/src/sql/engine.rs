@@ -227,6 +227,14 @@ async fn sweep<B: SqlBackend + ?Sized>(backend: &B) -> Result<()> {
         due
     };
     if repair {
+        // Rides on the key repair's pace: rows of unique keys whose jobs are gone.
+        match backend.prune_keys().await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(count = n, "unique keys that hold nothing were deleted"),
+            Err(err) => {
+                tracing::warn!(error = %err, "deleting unique keys that hold nothing failed; retrying later")
+            }
+        }
         let handed = backend.repair_keys().await?;
         if handed > 0 {
             tracing::info!(

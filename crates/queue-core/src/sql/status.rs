@@ -127,6 +127,11 @@ pub trait StatusBackend: Send + Sync + fmt::Debug + 'static {
     fn watch_changes(&self) -> Option<broadcast::Receiver<Uuid>> {
         None
     }
+
+    /// The unique keys of a broker's messages in this store's key table.
+    fn broker_keys(&self) -> Option<std::sync::Arc<dyn crate::UniqueKeyStore>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -231,6 +236,10 @@ impl<B: StatusBackend> StatusStore for B {
 
     fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
         self.watch_changes()
+    }
+
+    fn unique_keys(&self) -> Option<std::sync::Arc<dyn crate::UniqueKeyStore>> {
+        self.broker_keys()
     }
 }
 

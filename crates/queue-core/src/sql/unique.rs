@@ -23,6 +23,10 @@ use crate::published::Duplicate;
 use crate::time_units::{micros, micros_between};
 use crate::unique::{OnConflict, Unique, UniqueScope};
 
+/// How long after a job took a key its row may be deleted once it holds nothing: a
+/// publish taking a row over must have committed by then.
+pub const PRUNE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How many times a publish looks at a key again after a race it lost (another
 /// publisher created the key row first, or a claim took the job it was replacing).
 const ROUNDS: usize = 4;
@@ -38,6 +42,9 @@ pub struct KeyRow {
     pub held: bool,
     /// How long ago the job took the key, in microseconds.
     pub age_us: i64,
+    /// Whether a broker's job counts as gone: its publish was never confirmed in time,
+    /// it expired, or it was acked (its `done` period is `held`).
+    pub gone: bool,
 }
 
 /// The state of the job a key row names, read from the job's row.
@@ -65,6 +72,9 @@ pub struct TakeKey<'a> {
     /// Microseconds from now that the key stays held whatever the job's state (a
     /// throttle's ttl), or `None`.
     pub hold_us: Option<i64>,
+    /// For a broker's message: microseconds from now after which its job counts as gone
+    /// (until the broker confirms the publish).
+    pub gone_after_us: Option<i64>,
 }
 
 /// An acked job's key to hold for its `done` period, fenced by the job's lease.
@@ -99,8 +109,8 @@ pub trait KeyStatements: Send {
     /// Points the locked key row at a new job.
     async fn move_key(&mut self, take: TakeKey<'_>) -> Result<()>;
 
-    /// The state of the job `id`.
-    async fn holder(&mut self, id: &str) -> Result<KeyHolder>;
+    /// The state of the job `row` names.
+    async fn holder(&mut self, row: &KeyRow) -> Result<KeyHolder>;
 
     /// Stores the job, as a publish without a unique key would.
     async fn insert_job(&mut self, env: &Envelope) -> Result<()>;
@@ -117,6 +127,12 @@ pub fn scope_name(scope: UniqueScope) -> &'static str {
         UniqueScope::Active => "active",
         UniqueScope::Done => "done",
     }
+}
+
+/// Microseconds from now until `env` expires, if it does (a broker's key is held no
+/// longer: an expired message never reaches a worker to end its job).
+pub fn expires_in_us(env: &Envelope) -> Option<i64> {
+    env.expires_at.map(|t| micros_between(Utc::now(), t).max(0))
 }
 
 /// The keys of `reservations`' jobs whose scope holds them for a period after the ack.
@@ -140,9 +156,13 @@ pub fn holds_after_ack(reservations: &[crate::Reservation]) -> Vec<KeyHold> {
 /// Publishes `env`, which has a unique key, on `s`'s transaction: stores it and takes the
 /// key, or, when another job holds the key, stores nothing (or debounces that job) and
 /// says which job holds it.
+///
+/// A broker's message (`gone_after_us` set) is published after the transaction
+/// commits; see [`TakeKey::gone_after_us`].
 pub async fn publish_unique<S: KeyStatements + ?Sized>(
     s: &mut S,
     env: &Envelope,
+    gone_after_us: Option<i64>,
 ) -> Result<Option<Duplicate>> {
     let Some(unique) = &env.unique else {
         s.insert_job(env).await?;
@@ -159,6 +179,7 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
         id: &id,
         scope: scope_name(unique.scope),
         hold_us: unique.ttl().map(micros),
+        gone_after_us,
     };
     for _ in 0..ROUNDS {
         let Some(row) = s.lock_key(queue, &unique.key).await? else {
@@ -168,7 +189,7 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
             }
             continue;
         };
-        let holder = s.holder(&row.id).await?;
+        let holder = s.holder(&row).await?;
         let holds = row.held
             || match &holder {
                 KeyHolder::Gone => false,
@@ -233,4 +254,76 @@ fn debounced(stored: &str, env: &Envelope, unique: &Unique, age_us: i64) -> Opti
     job.trace_id.clone_from(&env.trace_id);
     job.available_at = now + chrono::TimeDelta::microseconds(due_us);
     Some((job.to_json(), due_us))
+}
+
+/// A backend's statements on its key table, for the keys of a broker's messages
+/// ([`OnBroker`]).
+#[async_trait]
+pub trait KeyTable: Send {
+    /// The key's row, locked until the transaction ends.
+    async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>>;
+
+    /// Creates the key's row (`move_to` false: `false` when another transaction created
+    /// it first) or points it at a new job.
+    async fn write_key(&mut self, take: TakeKey<'_>, move_to: bool) -> Result<bool>;
+}
+
+/// [`KeyStatements`] for messages a broker stores: the message is published once the
+/// key is committed, and the transport frees the key when its job leaves the key's
+/// scope, so a key row names a waiting or running job until it counts as gone (an
+/// unconfirmed publish, an expired message, an acked job's `done` period). A queued
+/// message cannot be changed: a debounce finds its key held.
+#[derive(Debug)]
+pub struct OnBroker<T>(pub T);
+
+#[async_trait]
+impl<T: KeyTable> KeyStatements for OnBroker<T> {
+    async fn id_stored(&mut self, _id: &str) -> Result<bool> {
+        Ok(false)
+    }
+
+    async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>> {
+        self.0.lock_key(queue, key).await
+    }
+
+    async fn insert_key(&mut self, take: TakeKey<'_>) -> Result<bool> {
+        self.0.write_key(take, false).await
+    }
+
+    async fn move_key(&mut self, take: TakeKey<'_>) -> Result<()> {
+        self.0.write_key(take, true).await.map(|_| ())
+    }
+
+    async fn holder(&mut self, row: &KeyRow) -> Result<KeyHolder> {
+        Ok(if row.gone {
+            KeyHolder::Gone
+        } else {
+            KeyHolder::Waiting(String::new())
+        })
+    }
+
+    async fn insert_job(&mut self, _env: &Envelope) -> Result<()> {
+        Ok(())
+    }
+
+    async fn replace_job(&mut self, _id: &str, _envelope: &str, _due_us: i64) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Takes the keys of `envelopes` (a broker's messages about to be published) on
+/// `table`'s transaction; the duplicates are not to be published.
+pub async fn take_broker_keys<T: KeyTable>(
+    table: T,
+    envelopes: &[Envelope],
+    confirm_within: std::time::Duration,
+) -> Result<Vec<Duplicate>> {
+    let mut s = OnBroker(table);
+    let mut dups = Vec::new();
+    for env in envelopes {
+        if let Some(dup) = publish_unique(&mut s, env, Some(micros(confirm_within))).await? {
+            dups.push(dup);
+        }
+    }
+    Ok(dups)
 }

@@ -120,4 +120,10 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     fn watch(&self) -> Option<broadcast::Receiver<Uuid>> {
         None
     }
+
+    /// The unique keys of a broker's messages, kept in this store when it can (the SQL
+    /// stores; see [`UniqueKeyStore`](crate::UniqueKeyStore)).
+    fn unique_keys(&self) -> Option<std::sync::Arc<dyn crate::UniqueKeyStore>> {
+        None
+    }
 }

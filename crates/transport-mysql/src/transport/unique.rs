@@ -10,68 +10,7 @@ use super::*;
 /// batches taking the same keys in different orders) or a lock wait.
 const DEADLOCK_TRIES: usize = 5;
 
-/// Whether a job with the id is stored, live, dead (a tombstone) or moved in dead.
-const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM `switchyard_jobs` WHERE id = ?)
-    OR EXISTS (SELECT 1 FROM `switchyard_jobs_dead` WHERE id = ?)";
-
-/// The key's row, locked: its job, scope, whether its hold lasts, and its age in µs.
-const LOCK_KEY: &str = "SELECT id, scope, COALESCE(hold_until > {NOW}, 0),
-       CAST({NOW} AS SIGNED) - first_at
-  FROM `switchyard_jobs_unique` WHERE queue = ? AND unique_key = ? FOR UPDATE";
-
-/// Creates a key's row; nothing when another transaction created it first.
-const INSERT_KEY: &str = "INSERT IGNORE INTO `switchyard_jobs_unique`
-    (queue, unique_key, id, scope, hold_until, first_at)
-    VALUES (?, ?, ?, ?, {NOW} + ?, {NOW})";
-
-/// Points a key's row at a new job.
-const MOVE_KEY: &str = "UPDATE `switchyard_jobs_unique`
-   SET id = ?, scope = ?, hold_until = {NOW} + ?, first_at = {NOW}
- WHERE queue = ? AND unique_key = ?";
-
-/// The state of a key's job (a tombstone is a gone job): claimed or not, and its
-/// envelope.
-const HOLDER: &str =
-    "SELECT token IS NOT NULL, envelope FROM `switchyard_jobs` WHERE id = ? AND ready < 2";
-
-/// Debounces a job no worker has claimed: its new envelope, due in some µs (out of the
-/// claim order until then, as a delayed publish).
-const REPLACE_JOB: &str = "UPDATE `switchyard_jobs`
-   SET envelope = ?, available_at = {NOW} + ?, visible_at = {NOW} + ?, ready = (? <= 0)
- WHERE id = ? AND token IS NULL AND ready < 2";
-
-/// Holds an acked job's key for its `done` period, while the job is still held under
-/// its token.
-const HOLD_KEY: &str = "UPDATE `switchyard_jobs_unique` u SET hold_until = {NOW} + ?
- WHERE u.queue = ? AND u.unique_key = ? AND u.id = ?
-   AND EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = ? AND j.token = ?)";
-
-/// The key table's statements, specialised for this transport's table.
-#[derive(Debug)]
-pub(crate) struct KeySql {
-    id_stored: String,
-    lock_key: String,
-    insert_key: String,
-    move_key: String,
-    holder: String,
-    replace_job: String,
-    hold_key: String,
-}
-
-impl KeySql {
-    pub(crate) fn new(schema: Option<&str>, table: &str) -> Self {
-        let s = |sql: &str| crate::sql::specialise(sql, schema, table);
-        KeySql {
-            id_stored: s(ID_STORED),
-            lock_key: s(LOCK_KEY),
-            insert_key: s(INSERT_KEY),
-            move_key: s(MOVE_KEY),
-            holder: s(HOLDER),
-            replace_job: s(REPLACE_JOB),
-            hold_key: s(HOLD_KEY),
-        }
-    }
-}
+pub(crate) use crate::unique_sql::KeySql;
 
 /// The statements on one transaction.
 struct MySqlKeys<'a> {
@@ -92,49 +31,24 @@ impl KeyStatements for MySqlKeys<'_> {
     }
 
     async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>> {
-        let row: Option<(Vec<u8>, Vec<u8>, i64, i64)> = sqlx::query_as(&self.t.keys.lock_key)
-            .bind(queue)
-            .bind(key)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .backend()?;
-        Ok(row.map(|(id, scope, held, age_us)| KeyRow {
-            id: lossy(id),
-            scope: lossy(scope),
-            held: held != 0,
-            age_us,
-        }))
+        self.t.keys.lock_key(self.conn, queue, key).await
     }
 
     async fn insert_key(&mut self, take: TakeKey<'_>) -> Result<bool> {
-        let done = sqlx::query(&self.t.keys.insert_key)
-            .bind(take.queue)
-            .bind(take.key)
-            .bind(take.id)
-            .bind(take.scope)
-            .bind(take.hold_us)
-            .execute(&mut *self.conn)
-            .await
-            .backend()?;
-        Ok(done.rows_affected() == 1)
+        self.t.keys.write_key(self.conn, take, false).await
     }
 
     async fn move_key(&mut self, take: TakeKey<'_>) -> Result<()> {
-        sqlx::query(&self.t.keys.move_key)
-            .bind(take.id)
-            .bind(take.scope)
-            .bind(take.hold_us)
-            .bind(take.queue)
-            .bind(take.key)
-            .execute(&mut *self.conn)
+        self.t
+            .keys
+            .write_key(self.conn, take, true)
             .await
-            .backend()
             .map(|_| ())
     }
 
-    async fn holder(&mut self, id: &str) -> Result<KeyHolder> {
+    async fn holder(&mut self, key: &KeyRow) -> Result<KeyHolder> {
         let row: Option<(i64, Vec<u8>)> = sqlx::query_as(&self.t.keys.holder)
-            .bind(id)
+            .bind(&key.id)
             .fetch_optional(&mut *self.conn)
             .await
             .backend()?;
@@ -181,7 +95,7 @@ impl MySqlTransport {
         let mut published = Published::all_stored();
         let mut keys = MySqlKeys { t: self, conn };
         for env in &unique {
-            if let Some(dup) = publish_unique(&mut keys, env).await? {
+            if let Some(dup) = publish_unique(&mut keys, env, None).await? {
                 published.duplicates.push(dup);
             }
         }
@@ -215,7 +129,23 @@ impl MySqlTransport {
         Ok(published)
     }
 
-    /// Holds acked jobs' keys for their `done` periods (see [`HOLD_KEY`]).
+    /// Deletes up to 1,000 unique-key rows that hold nothing any more (their holds have
+    /// run out and their jobs are gone), of keys last taken longer than `older_than`
+    /// ago; how many. Claims run it every minute with
+    /// [`PRUNE_AFTER`](queue_core::sql::unique::PRUNE_AFTER); a shorter age is for
+    /// tests and quiet stores (a key taken over meanwhile could be deleted).
+    pub async fn prune_unique_keys(&self, older_than: Duration) -> Result<u64> {
+        let done = self
+            .retrying("prune unique keys", || {
+                sqlx::query(&self.keys.prune_keys)
+                    .bind(micros(older_than))
+                    .execute(&self.pool)
+            })
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Holds acked jobs' keys for their `done` periods (fenced by their tokens).
     pub(super) async fn hold_done_keys(&self, holds: &[KeyHold]) -> Result<()> {
         for hold in holds {
             let token = hold.token.to_string();

@@ -51,6 +51,11 @@ impl SqlBackend for SqliteTransport {
         self.hold_done_keys(holds).await
     }
 
+    async fn prune_keys(&self) -> Result<u64> {
+        self.prune_unique_keys(queue_core::sql::unique::PRUNE_AFTER)
+            .await
+    }
+
     async fn claim_locked(
         &self,
         queue: &QueueName,

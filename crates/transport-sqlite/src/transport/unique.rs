@@ -9,66 +9,7 @@ use sqlx::SqliteConnection;
 
 use super::*;
 
-/// Whether a job with the id is stored, live or dead.
-const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE id = ?1)
-    OR EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = ?1)";
-
-/// The key's row: its job, scope, whether its hold lasts, and its age in µs.
-const LOCK_KEY: &str = "SELECT id, scope, COALESCE(hold_until > {NOW}, 0), {NOW} - first_at
-  FROM \"switchyard_jobs_unique\" WHERE queue = ?1 AND unique_key = ?2";
-
-/// Creates a key's row; nothing when it exists.
-const INSERT_KEY: &str = "INSERT INTO \"switchyard_jobs_unique\"
-    (queue, unique_key, id, scope, hold_until, first_at)
-    VALUES (?1, ?2, ?3, ?4, {NOW} + ?5, {NOW})
-    ON CONFLICT (queue, unique_key) DO NOTHING";
-
-/// Points a key's row at a new job.
-const MOVE_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
-   SET id = ?3, scope = ?4, hold_until = {NOW} + ?5, first_at = {NOW}
- WHERE queue = ?1 AND unique_key = ?2";
-
-/// The state of a key's job: claimed or not, and its envelope.
-const HOLDER: &str = "SELECT token IS NOT NULL, envelope FROM \"switchyard_jobs\" WHERE id = ?1";
-
-/// Debounces a job no worker has claimed: its new envelope, due ?3 µs from now (out of
-/// the claim index until then, as a delayed publish).
-const REPLACE_JOB: &str = "UPDATE \"switchyard_jobs\"
-   SET envelope = ?2, available_at = {NOW} + ?3, visible_at = {NOW} + ?3, ready = (?3 <= 0)
- WHERE id = ?1 AND token IS NULL";
-
-/// Holds an acked job's key for its `done` period, while the job is still held under
-/// its token.
-const HOLD_KEY: &str = "UPDATE \"switchyard_jobs_unique\" SET hold_until = {NOW} + ?4
- WHERE queue = ?1 AND unique_key = ?2 AND id = ?3
-   AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = ?3 AND j.token = ?5)";
-
-/// The key table's statements, specialised for this transport's table.
-#[derive(Debug)]
-pub(crate) struct KeySql {
-    id_stored: String,
-    lock_key: String,
-    insert_key: String,
-    move_key: String,
-    holder: String,
-    replace_job: String,
-    hold_key: String,
-}
-
-impl KeySql {
-    pub(crate) fn new(table: &str) -> Self {
-        let s = |sql: &str| crate::sql::specialise(sql, table);
-        KeySql {
-            id_stored: s(ID_STORED),
-            lock_key: s(LOCK_KEY),
-            insert_key: s(INSERT_KEY),
-            move_key: s(MOVE_KEY),
-            holder: s(HOLDER),
-            replace_job: s(REPLACE_JOB),
-            hold_key: s(HOLD_KEY),
-        }
-    }
-}
+pub(crate) use crate::unique_sql::KeySql;
 
 /// The statements on one transaction.
 struct SqliteKeys<'a> {
@@ -87,49 +28,24 @@ impl KeyStatements for SqliteKeys<'_> {
     }
 
     async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>> {
-        let row: Option<(String, String, bool, i64)> = sqlx::query_as(&self.t.keys.lock_key)
-            .bind(queue)
-            .bind(key)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .backend()?;
-        Ok(row.map(|(id, scope, held, age_us)| KeyRow {
-            id,
-            scope,
-            held,
-            age_us,
-        }))
+        self.t.keys.lock_key(self.conn, queue, key).await
     }
 
     async fn insert_key(&mut self, take: TakeKey<'_>) -> Result<bool> {
-        let done = sqlx::query(&self.t.keys.insert_key)
-            .bind(take.queue)
-            .bind(take.key)
-            .bind(take.id)
-            .bind(take.scope)
-            .bind(take.hold_us)
-            .execute(&mut *self.conn)
-            .await
-            .backend()?;
-        Ok(done.rows_affected() == 1)
+        self.t.keys.write_key(self.conn, take, false).await
     }
 
     async fn move_key(&mut self, take: TakeKey<'_>) -> Result<()> {
-        sqlx::query(&self.t.keys.move_key)
-            .bind(take.queue)
-            .bind(take.key)
-            .bind(take.id)
-            .bind(take.scope)
-            .bind(take.hold_us)
-            .execute(&mut *self.conn)
+        self.t
+            .keys
+            .write_key(self.conn, take, true)
             .await
-            .backend()
             .map(|_| ())
     }
 
-    async fn holder(&mut self, id: &str) -> Result<KeyHolder> {
+    async fn holder(&mut self, key: &KeyRow) -> Result<KeyHolder> {
         let row: Option<(bool, String)> = sqlx::query_as(&self.t.keys.holder)
-            .bind(id)
+            .bind(&key.id)
             .fetch_optional(&mut *self.conn)
             .await
             .backend()?;
@@ -174,7 +90,7 @@ impl SqliteTransport {
         let mut published = Published::all_stored();
         let mut keys = SqliteKeys { t: self, conn };
         for env in &unique {
-            if let Some(dup) = publish_unique(&mut keys, env).await? {
+            if let Some(dup) = publish_unique(&mut keys, env, None).await? {
                 published.duplicates.push(dup);
             }
         }
@@ -189,7 +105,21 @@ impl SqliteTransport {
         Ok(published)
     }
 
-    /// Holds acked jobs' keys for their `done` periods (see [`HOLD_KEY`]).
+    /// Deletes up to 1,000 unique-key rows that hold nothing any more (their holds have
+    /// run out and their jobs are gone), of keys last taken longer than `older_than`
+    /// ago; how many. Claims run it every minute with
+    /// [`PRUNE_AFTER`](queue_core::sql::unique::PRUNE_AFTER); a shorter age is for
+    /// tests and quiet stores (a key taken over meanwhile could be deleted).
+    pub async fn prune_unique_keys(&self, older_than: Duration) -> Result<u64> {
+        Ok(sqlx::query(&self.keys.prune_keys)
+            .bind(micros(older_than))
+            .execute(&self.writer)
+            .await
+            .backend()?
+            .rows_affected())
+    }
+
+    /// Holds acked jobs' keys for their `done` periods (fenced by their tokens).
     pub(super) async fn hold_done_keys(&self, holds: &[KeyHold]) -> Result<()> {
         for hold in holds {
             sqlx::query(&self.keys.hold_key)

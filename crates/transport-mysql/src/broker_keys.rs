@@ -1,0 +1,134 @@
+//! The unique keys of RabbitMQ's messages, kept in this database when it is the broker's
+//! control store, in the key table ([`queue_core::sql::unique::OnBroker`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::sql::micros;
+use queue_core::sql::unique::{
+    expires_in_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
+};
+use queue_core::{Duplicate, Envelope, Result, UniqueKeyStore};
+use sqlx::{MySqlConnection, MySqlPool};
+
+use crate::error::SqlxResultExt;
+use crate::unique_sql::KeySql;
+
+/// How many times a take runs again after losing a deadlock or a lock wait.
+const DEADLOCK_TRIES: usize = 5;
+
+/// The key store of a broker's messages in this database.
+#[derive(Debug)]
+pub(crate) struct MySqlBrokerKeys {
+    pool: MySqlPool,
+    sql: Arc<KeySql>,
+}
+
+impl MySqlBrokerKeys {
+    pub(crate) fn new(pool: MySqlPool, sql: Arc<KeySql>) -> Self {
+        MySqlBrokerKeys { pool, sql }
+    }
+
+    /// Runs `sql` on each envelope's key row: bound to `us` (µs) when given, then
+    /// queue, key and id.
+    async fn each_key(
+        &self,
+        sql: &str,
+        envelopes: &[Envelope],
+        us: Option<fn(&Envelope) -> Option<i64>>,
+    ) -> Result<()> {
+        for env in envelopes {
+            let Some(unique) = &env.unique else { continue };
+            let mut query = sqlx::query(sql);
+            if let Some(us) = us {
+                query = query.bind(us(env));
+            }
+            query
+                .bind(env.queue.as_str())
+                .bind(&unique.key)
+                .bind(env.id.to_string())
+                .execute(&self.pool)
+                .await
+                .backend()?;
+        }
+        Ok(())
+    }
+}
+
+/// The key table on one transaction.
+struct Table<'a> {
+    sql: &'a KeySql,
+    conn: &'a mut MySqlConnection,
+}
+
+#[async_trait]
+impl KeyTable for Table<'_> {
+    async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>> {
+        self.sql.lock_key(self.conn, queue, key).await
+    }
+
+    async fn write_key(&mut self, take: TakeKey<'_>, move_to: bool) -> Result<bool> {
+        self.sql.write_key(self.conn, take, move_to).await
+    }
+}
+
+#[async_trait]
+impl UniqueKeyStore for MySqlBrokerKeys {
+    async fn take(
+        &self,
+        envelopes: &[Envelope],
+        confirm_within: Duration,
+    ) -> Result<Vec<Duplicate>> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let attempt = async {
+                let mut tx = self.pool.begin().await.backend()?;
+                let table = Table {
+                    sql: &self.sql,
+                    conn: &mut tx,
+                };
+                let dups = take_broker_keys(table, envelopes, confirm_within).await?;
+                tx.commit().await.backend()?;
+                Ok::<_, queue_core::Error>(dups)
+            };
+            match attempt.await {
+                Err(err) if err.is_transient() && tries < DEADLOCK_TRIES => {}
+                other => return other,
+            }
+        }
+    }
+
+    async fn confirmed(&self, envelopes: &[Envelope]) -> Result<()> {
+        self.each_key(&self.sql.confirm_key, envelopes, Some(expires_in_us))
+            .await
+    }
+
+    async fn free(&self, envelopes: &[Envelope]) -> Result<()> {
+        self.each_key(&self.sql.free_key, envelopes, None).await
+    }
+
+    async fn hold(&self, holds: &[KeyHold]) -> Result<()> {
+        for hold in holds {
+            sqlx::query(&self.sql.hold_broker_key)
+                .bind(hold.period_us)
+                .bind(&hold.queue)
+                .bind(&hold.key)
+                .bind(&hold.id)
+                .execute(&self.pool)
+                .await
+                .backend()?;
+        }
+        Ok(())
+    }
+
+    async fn prune(&self, older_than: Duration) -> Result<u64> {
+        Ok(sqlx::query(&self.sql.prune_keys)
+            .bind(micros(older_than))
+            .execute(&self.pool)
+            .await
+            .backend()?
+            .rows_affected())
+    }
+}

@@ -1,0 +1,166 @@
+//! The statements of unique keys on MySQL: the key table (beside the queue's), and the
+//! job state a key's holder is read from (the job's row). Shared by the transport's own publishes and by the key store this database
+//! keeps for RabbitMQ as its control store.
+
+use queue_core::sql::lossy;
+use queue_core::sql::unique::{KeyRow, TakeKey};
+use queue_core::Result;
+use sqlx::MySqlConnection;
+
+use crate::error::SqlxResultExt;
+
+/// Whether a job with the id is stored, live, dead (a tombstone) or moved in dead.
+const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM `switchyard_jobs` WHERE id = ?)
+    OR EXISTS (SELECT 1 FROM `switchyard_jobs_dead` WHERE id = ?)";
+
+/// The key's row, locked: its job, scope, whether its hold lasts, its age in µs, and
+/// whether a broker's job counts as gone.
+const LOCK_KEY: &str = "SELECT id, scope, COALESCE(hold_until > {NOW}, 0),
+       CAST({NOW} AS SIGNED) - first_at, COALESCE(gone_after <= {NOW}, 0)
+  FROM `switchyard_jobs_unique` WHERE queue = ? AND unique_key = ? FOR UPDATE";
+
+/// Creates a key's row; nothing when another transaction created it first.
+const INSERT_KEY: &str = "INSERT IGNORE INTO `switchyard_jobs_unique`
+    (queue, unique_key, id, scope, hold_until, first_at, gone_after)
+    VALUES (?, ?, ?, ?, {NOW} + ?, {NOW}, {NOW} + ?)";
+
+/// Points a key's row at a new job (its values first, then the key).
+const MOVE_KEY: &str = "UPDATE `switchyard_jobs_unique`
+   SET id = ?, scope = ?, hold_until = {NOW} + ?, first_at = {NOW}, gone_after = {NOW} + ?
+ WHERE queue = ? AND unique_key = ?";
+
+/// The state of a key's job (a tombstone is a gone job): claimed or not, and its
+/// envelope.
+const HOLDER: &str =
+    "SELECT token IS NOT NULL, envelope FROM `switchyard_jobs` WHERE id = ? AND ready < 2";
+
+/// Debounces a job no worker has claimed: its new envelope, due in some µs (out of the
+/// claim order until then, as a delayed publish).
+const REPLACE_JOB: &str = "UPDATE `switchyard_jobs`
+   SET envelope = ?, available_at = {NOW} + ?, visible_at = {NOW} + ?, ready = (? <= 0)
+ WHERE id = ? AND token IS NULL AND ready < 2";
+
+/// Holds an acked job's key for its `done` period, while the job is still held under
+/// its token.
+const HOLD_KEY: &str = "UPDATE `switchyard_jobs_unique` u SET hold_until = {NOW} + ?
+ WHERE u.queue = ? AND u.unique_key = ? AND u.id = ?
+   AND EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = ? AND j.token = ?)";
+
+/// A broker's job is about to be acked: gone, its key held for its `done` period.
+const HOLD_BROKER_KEY: &str =
+    "UPDATE `switchyard_jobs_unique` SET hold_until = {NOW} + ?, gone_after = {NOW}
+ WHERE queue = ? AND unique_key = ? AND id = ?";
+
+/// The broker has the message: gone only once it expires (some µs from now, or never: a
+/// broker's key row never has a NULL `gone_after`, which marks the transport's own).
+const CONFIRM_KEY: &str = "UPDATE `switchyard_jobs_unique`
+   SET gone_after = COALESCE({NOW} + ?, 9223372036854775807)
+ WHERE queue = ? AND unique_key = ? AND id = ?";
+
+/// A broker's job is gone (its publish failed, or it left the key's scope): the key is
+/// free once a throttle's hold has run out.
+const FREE_KEY: &str = "UPDATE `switchyard_jobs_unique` SET gone_after = {NOW}
+ WHERE queue = ? AND unique_key = ? AND id = ?";
+
+/// Deletes up to 1,000 key rows that hold nothing: the hold has run out and the job is
+/// gone (a broker's by its `gone_after`, the transport's own by its row, a tombstone
+/// being gone). Only rows a job took over some µs ago (a minute): a publish taking a
+/// row over sets `first_at`, and the delete reads the row's newest version, whereas its
+/// look for the job may predate the new job.
+const PRUNE_KEYS: &str = "DELETE FROM `switchyard_jobs_unique`
+ WHERE first_at <= {NOW} - ?
+   AND (hold_until IS NULL OR hold_until <= {NOW})
+   AND CASE WHEN gone_after IS NULL
+            THEN NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j
+                              WHERE j.id = `switchyard_jobs_unique`.id AND j.ready < 2)
+            ELSE gone_after <= {NOW} END
+ LIMIT 1000";
+
+/// A locked key row as read: id, scope, held, age in µs, gone.
+type LockedKey = (Vec<u8>, Vec<u8>, i64, i64, i64);
+
+/// The key table's statements, specialised for one table.
+#[derive(Debug)]
+pub(crate) struct KeySql {
+    pub(crate) id_stored: String,
+    lock_key: String,
+    insert_key: String,
+    move_key: String,
+    pub(crate) holder: String,
+    pub(crate) replace_job: String,
+    pub(crate) hold_key: String,
+    pub(crate) hold_broker_key: String,
+    pub(crate) confirm_key: String,
+    pub(crate) free_key: String,
+    pub(crate) prune_keys: String,
+}
+
+impl KeySql {
+    pub(crate) fn new(schema: Option<&str>, table: &str) -> Self {
+        let s = |sql: &str| crate::sql::specialise(sql, schema, table);
+        KeySql {
+            id_stored: s(ID_STORED),
+            lock_key: s(LOCK_KEY),
+            insert_key: s(INSERT_KEY),
+            move_key: s(MOVE_KEY),
+            holder: s(HOLDER),
+            replace_job: s(REPLACE_JOB),
+            hold_key: s(HOLD_KEY),
+            hold_broker_key: s(HOLD_BROKER_KEY),
+            confirm_key: s(CONFIRM_KEY),
+            free_key: s(FREE_KEY),
+            prune_keys: s(PRUNE_KEYS),
+        }
+    }
+
+    /// The key's row, locked until the transaction ends.
+    pub(crate) async fn lock_key(
+        &self,
+        conn: &mut MySqlConnection,
+        queue: &str,
+        key: &str,
+    ) -> Result<Option<KeyRow>> {
+        let row: Option<LockedKey> = sqlx::query_as(&self.lock_key)
+            .bind(queue)
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+            .backend()?;
+        Ok(row.map(|(id, scope, held, age_us, gone)| KeyRow {
+            id: lossy(id),
+            scope: lossy(scope),
+            held: held != 0,
+            age_us,
+            gone: gone != 0,
+        }))
+    }
+
+    /// Creates the key's row (`move_to` false) or points it at a new job; whether it
+    /// wrote.
+    pub(crate) async fn write_key(
+        &self,
+        conn: &mut MySqlConnection,
+        take: TakeKey<'_>,
+        move_to: bool,
+    ) -> Result<bool> {
+        let query = if move_to {
+            sqlx::query(&self.move_key)
+                .bind(take.id)
+                .bind(take.scope)
+                .bind(take.hold_us)
+                .bind(take.gone_after_us)
+                .bind(take.queue)
+                .bind(take.key)
+        } else {
+            sqlx::query(&self.insert_key)
+                .bind(take.queue)
+                .bind(take.key)
+                .bind(take.id)
+                .bind(take.scope)
+                .bind(take.hold_us)
+                .bind(take.gone_after_us)
+        };
+        let done = query.execute(conn).await.backend()?;
+        Ok(done.rows_affected() == 1)
+    }
+}

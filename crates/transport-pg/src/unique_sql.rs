@@ -1,0 +1,166 @@
+//! The statements of unique keys on PostgreSQL: the key table (beside the queue's), and
+//! the job state a key's holder is read from (the job's row). Shared by the transport's own publishes and by the key store this
+//! database keeps for RabbitMQ as its control store.
+
+use queue_core::sql::unique::{KeyRow, TakeKey};
+use queue_core::Result;
+use sqlx::PgConnection;
+
+use crate::error::SqlxResultExt;
+
+/// Whether a job with the id is stored, live or dead.
+const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE id = $1)
+    OR EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = $1)";
+
+/// The key's row, locked: its job, scope, whether its hold lasts, its age in µs, and
+/// whether a broker's job counts as gone.
+const LOCK_KEY: &str = "SELECT id, scope, COALESCE(hold_until > now(), false),
+       floor(extract(epoch FROM now() - first_at) * 1000000)::bigint,
+       COALESCE(gone_after <= now(), false)
+  FROM \"switchyard_jobs_unique\" WHERE queue = $1 AND unique_key = $2 FOR UPDATE";
+
+/// Creates a key's row; nothing when another transaction created it first.
+const INSERT_KEY: &str = "INSERT INTO \"switchyard_jobs_unique\"
+    (queue, unique_key, id, scope, hold_until, first_at, gone_after)
+    VALUES ($1, $2, $3, $4, now() + $5 {US}, now(), now() + $6 {US})
+    ON CONFLICT (queue, unique_key) DO NOTHING";
+
+/// Points a key's row at a new job.
+const MOVE_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
+   SET id = $3, scope = $4, hold_until = now() + $5 {US}, first_at = now(),
+       gone_after = now() + $6 {US}
+ WHERE queue = $1 AND unique_key = $2";
+
+/// The state of a key's job: claimed or not, and its envelope.
+const HOLDER: &str = "SELECT token IS NOT NULL, envelope FROM \"switchyard_jobs\" WHERE id = $1";
+
+/// Debounces a job no worker has claimed: its new envelope, due $3 µs from now (out of
+/// the claim index until then, as a delayed publish).
+const REPLACE_JOB: &str = "UPDATE \"switchyard_jobs\"
+   SET envelope = $2, available_at = now() + $3 {US}, visible_at = now() + $3 {US},
+       ready = ($3 <= 0)
+ WHERE id = $1 AND token IS NULL";
+
+/// Holds an acked job's key for its `done` period, while the job is still held under
+/// its token.
+const HOLD_KEY: &str = "UPDATE \"switchyard_jobs_unique\" u SET hold_until = now() + $4 {US}
+ WHERE u.queue = $1 AND u.unique_key = $2 AND u.id = $3
+   AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = $3 AND j.token = $5)";
+
+/// A broker's job is about to be acked: gone, its key held for its `done` period.
+const HOLD_BROKER_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
+   SET hold_until = now() + $4 {US}, gone_after = now()
+ WHERE queue = $1 AND unique_key = $2 AND id = $3";
+
+/// The broker has the message: gone only once it expires ($4 µs from now, or never: a
+/// broker's key row never has a NULL `gone_after`, which marks the transport's own).
+const CONFIRM_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
+   SET gone_after = COALESCE(now() + $4 {US}, 'infinity')
+ WHERE queue = $1 AND unique_key = $2 AND id = $3";
+
+/// A broker's job is gone (its publish failed, or it left the key's scope): the key is
+/// free once a throttle's hold has run out.
+const FREE_KEY: &str = "UPDATE \"switchyard_jobs_unique\" SET gone_after = now()
+ WHERE queue = $1 AND unique_key = $2 AND id = $3";
+
+/// Deletes up to 1,000 key rows that hold nothing: the hold has run out and the job is
+/// gone (a broker's by its `gone_after`, the transport's own by its row). Only rows a
+/// job took over $1 µs ago (a minute): a publish taking a row over sets `first_at`,
+/// which the delete checks again on the row's newest version, whereas its look for the
+/// job is of its own snapshot, which may predate the new job.
+const PRUNE_KEYS: &str = "DELETE FROM \"switchyard_jobs_unique\" u
+ WHERE (u.queue, u.unique_key) IN (
+    SELECT k.queue, k.unique_key FROM \"switchyard_jobs_unique\" k WHERE {PRUNABLE_K} LIMIT 1000)
+   AND {PRUNABLE_U}";
+
+/// Whether a key row (`{T}`) holds nothing, as [`PRUNE_KEYS`] says.
+const PRUNABLE: &str = "{T}.first_at <= now() - $1 {US}
+   AND ({T}.hold_until IS NULL OR {T}.hold_until <= now())
+   AND CASE WHEN {T}.gone_after IS NULL
+            THEN NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = {T}.id)
+            ELSE {T}.gone_after <= now() END";
+
+/// The key table's statements, specialised for one table.
+#[derive(Debug)]
+pub(crate) struct KeySql {
+    pub(crate) id_stored: String,
+    lock_key: String,
+    insert_key: String,
+    move_key: String,
+    pub(crate) holder: String,
+    pub(crate) replace_job: String,
+    pub(crate) hold_key: String,
+    pub(crate) hold_broker_key: String,
+    pub(crate) confirm_key: String,
+    pub(crate) free_key: String,
+    pub(crate) prune_keys: String,
+}
+
+impl KeySql {
+    pub(crate) fn new(schema: Option<&str>, table: &str) -> Self {
+        let s = |sql: &str| crate::sql::specialise(sql, schema, table);
+        KeySql {
+            id_stored: s(ID_STORED),
+            lock_key: s(LOCK_KEY),
+            insert_key: s(INSERT_KEY),
+            move_key: s(MOVE_KEY),
+            holder: s(HOLDER),
+            replace_job: s(REPLACE_JOB),
+            hold_key: s(HOLD_KEY),
+            hold_broker_key: s(HOLD_BROKER_KEY),
+            confirm_key: s(CONFIRM_KEY),
+            free_key: s(FREE_KEY),
+            prune_keys: s(&PRUNE_KEYS
+                .replace("{PRUNABLE_K}", &PRUNABLE.replace("{T}", "k"))
+                .replace("{PRUNABLE_U}", &PRUNABLE.replace("{T}", "u"))),
+        }
+    }
+
+    /// The key's row, locked until the transaction ends.
+    pub(crate) async fn lock_key(
+        &self,
+        conn: &mut PgConnection,
+        queue: &str,
+        key: &str,
+    ) -> Result<Option<KeyRow>> {
+        let row: Option<(String, String, bool, i64, bool)> = sqlx::query_as(&self.lock_key)
+            .bind(queue)
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+            .backend()?;
+        Ok(row.map(|(id, scope, held, age_us, gone)| KeyRow {
+            id,
+            scope,
+            held,
+            age_us,
+            gone,
+        }))
+    }
+
+    /// Creates the key's row (`move_to` false) or points it at a new job; whether it
+    /// wrote.
+    pub(crate) async fn write_key(
+        &self,
+        conn: &mut PgConnection,
+        take: TakeKey<'_>,
+        move_to: bool,
+    ) -> Result<bool> {
+        let sql = if move_to {
+            &self.move_key
+        } else {
+            &self.insert_key
+        };
+        let done = sqlx::query(sql)
+            .bind(take.queue)
+            .bind(take.key)
+            .bind(take.id)
+            .bind(take.scope)
+            .bind(take.hold_us)
+            .bind(take.gone_after_us)
+            .execute(conn)
+            .await
+            .backend()?;
+        Ok(done.rows_affected() == 1)
+    }
+}
