@@ -40,10 +40,10 @@ pub use queue_core::{labels, metrics, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     Claim, ClaimStrategy, Config, ConfigError, DeadLetter, DeadLetters, DeadSelection, DecodeError,
-    DrainSetting, Envelope, EnvelopeBuilder, Error, GiveBack, HeldSelection, Holding, Holdings,
-    Identifier, LeaseToken, QueueName, QueueStats, Receipt, Reservation, Result, Scope, SecretUrl,
-    Start, Transport, TransportExt, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT,
-    ENVELOPE_VERSION,
+    DrainSetting, Duplicate, Envelope, EnvelopeBuilder, Error, GiveBack, HeldSelection, Holding,
+    Holdings, Identifier, LeaseToken, OnConflict, Published, QueueName, QueueStats, Receipt,
+    Reservation, Result, Scope, SecretUrl, Start, Transport, TransportExt, Unique, UniqueScope,
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
 };
 
 mod router;

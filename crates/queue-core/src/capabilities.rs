@@ -78,6 +78,15 @@ pub struct Capabilities {
     pub max_payload_bytes: usize,
 }
 
+impl Capabilities {
+    /// Whether a message's unique key and its rule can be kept here (a relay or a move
+    /// forwards the message without it where not).
+    pub fn keeps_unique(&self, unique: &crate::Unique) -> bool {
+        self.unique_keys
+            && (unique.on_conflict != crate::OnConflict::Replace || self.unique_replace)
+    }
+}
+
 impl Default for Capabilities {
     fn default() -> Self {
         Capabilities {

@@ -213,6 +213,20 @@ pub(crate) struct PublishArgs {
     /// Messages of the queue with the same key are handled one at a time, in publish order
     #[arg(long, value_name = "KEY")]
     pub(crate) ordering_key: Option<String>,
+    /// At most one job of the queue holds this key: a publish that finds it held stores
+    /// nothing and prints the holder's id
+    #[arg(long, value_name = "KEY")]
+    pub(crate) unique_key: Option<String>,
+    /// How long a job holds its unique key: pending (until claimed), active (until acked
+    /// or dead-lettered; the default), or done:PERIOD (and PERIOD after the ack)
+    #[arg(long, value_name = "SCOPE", requires = "unique_key")]
+    pub(crate) unique_scope: Option<String>,
+    /// What a publish that finds the unique key held does: reject (the default),
+    /// replace:MAX_WAIT (debounce: move the waiting job's due time and payload, never
+    /// past MAX_WAIT after its first publish) or throttle:TTL (hold the key TTL after each
+    /// publish)
+    #[arg(long, value_name = "RULE", requires = "unique_key")]
+    pub(crate) on_conflict: Option<String>,
     /// A label workers can select by (`work --label`); repeat for several
     #[arg(long = "label", value_name = "LABEL")]
     pub(crate) labels: Vec<String>,

@@ -158,7 +158,8 @@ impl Jobs {
 
     /// Publishes `envelope` and waits up to `timeout` for its job to end: the handler's
     /// result (`null` when it returned none), or [`WaitError::Failed`] once it failed
-    /// or died, or [`WaitError::TimedOut`]. Retries in between are waited through. On
+    /// or died, or [`WaitError::TimedOut`]. Retries in between are waited through. A
+    /// message whose unique key another job holds waits for that job instead. On
     /// PostgreSQL the wait is woken by `LISTEN/NOTIFY`; elsewhere it polls, from 10 ms
     /// backing off to 250 ms.
     pub async fn publish_and_wait(
@@ -167,11 +168,17 @@ impl Jobs {
         timeout: Duration,
     ) -> std::result::Result<Value, WaitError> {
         let store = self.require_store()?.clone();
-        let id = envelope.id;
+        let mut id = envelope.id;
         // An id used before (a deterministic request id) may have an old answer on
         // record: only what changes after this publish is an answer to it.
         let mut version = store.get(id).await?.map_or(0, |s| s.version);
-        self.publish(envelope).await?;
+        let published = self.publish(envelope).await?;
+        if let Some(dup) = published.duplicate_of(id) {
+            // Its unique key's holder runs instead: its answer is this one's. (Changes
+            // it made before are not waited for again: it is read from where it is.)
+            id = dup.existing;
+            version = 0;
+        }
         let deadline = tokio::time::Instant::now() + timeout;
         let mut last = None;
         loop {

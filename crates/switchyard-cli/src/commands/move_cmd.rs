@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 
 use switchyard::{
-    BackendKind, Capabilities, ConfigError, DeadSelection, Error, QueueName, Result, Transport,
-    TransportExt,
+    BackendKind, Capabilities, ConfigError, DeadSelection, Envelope, Error, QueueName, Result,
+    Transport, TransportExt,
 };
 
 use crate::cli::MoveArgs;
@@ -49,10 +49,31 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
             .filter(|r| r.envelope.available_at > now)
             .count() as u64;
         prioritised += taken.iter().filter(|r| r.envelope.priority != 0).count() as u64;
-        let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
+        let caps = dest.capabilities();
+        let mut envelopes: Vec<Envelope> = taken.iter().map(|r| r.envelope.clone()).collect();
+        for env in &mut envelopes {
+            // A unique key the destination cannot keep is left behind, not the message.
+            if env.unique.as_ref().is_some_and(|u| !caps.keeps_unique(u)) {
+                env.unique = None;
+            }
+        }
         // On failure the batch is not given back: its move leases return the rows at the
         // later of their due time and the lease's end, so no delay is cut short.
-        dest.publish_batch(envelopes).await?;
+        let published = dest.publish_batch(envelopes.clone()).await?;
+        if !published.duplicates.is_empty() {
+            // A job on the destination holds the key: the moved message still moves (a
+            // move loses nothing), without its key.
+            let again: Vec<Envelope> = envelopes
+                .into_iter()
+                .filter(|e| published.duplicate_of(e.id).is_some())
+                .map(|mut e| {
+                    e.unique = None;
+                    e
+                })
+                .collect();
+            tracing::warn!(count = again.len(), "move: the destination holds these messages' unique keys for other jobs; they move without their keys");
+            dest.publish_batch(again).await?;
+        }
         let report = source.ack_batch(&taken).await?;
         if !report.lost.is_empty() {
             tracing::warn!(lost = report.lost.len(), "move: leases ran out before the removal; those messages may now be on both backends");
@@ -132,6 +153,11 @@ fn differences(source: &Capabilities, dest: &Capabilities, to: BackendKind) -> V
         source.idempotent_publish,
         dest.idempotent_publish,
         "delivers an id published twice twice (no de-duplication)",
+    );
+    lacks(
+        source.unique_keys,
+        dest.unique_keys,
+        "keeps no unique keys (moved messages go without theirs)",
     );
     lacks(
         source.delayed_stats,

@@ -2,7 +2,7 @@
 
 use std::io::BufRead;
 
-use switchyard::{parse_duration, Config, Envelope, EnvelopeBuilder, Error, Result};
+use switchyard::{parse_duration, Config, Envelope, EnvelopeBuilder, Error, Result, Unique};
 
 use crate::cli::PublishArgs;
 
@@ -48,16 +48,32 @@ pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Resul
         return publish_and_wait(&jobs, envelope.clone(), wait, json).await;
     }
     let bar = crate::output::progress(envelopes.len() as u64, "publishing", json);
+    let mut published = switchyard::Published::default();
     for chunk in envelopes.chunks(BATCH) {
-        jobs.publish_batch(chunk.to_vec()).await?;
+        published.merge(jobs.publish_batch(chunk.to_vec()).await?);
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
     for env in &envelopes {
+        let dup = published.duplicate_of(env.id);
         if json {
-            crate::output::json_line(&serde_json::json!({
+            let mut line = serde_json::json!({
                 "id": env.id, "queue": env.queue, "kind": env.kind,
-            }))?;
+            });
+            if let Some(dup) = dup {
+                line["duplicate_of"] = serde_json::json!(dup.existing);
+                line["replaced"] = serde_json::json!(dup.replaced);
+            }
+            crate::output::json_line(&line)?;
+        } else if let Some(dup) = dup {
+            // The job that will run, so that a script follows it as it would a new one.
+            outln!("{}", dup.existing);
+            let how = if dup.replaced {
+                "debounced its waiting job"
+            } else {
+                "stored nothing: its unique key is held by job"
+            };
+            errln!("switchyard: message {} {how} {}", env.id, dup.existing);
         } else {
             outln!("{}", env.id);
         }
@@ -124,6 +140,7 @@ struct Template {
     headers: Vec<(String, String)>,
     labels: Vec<String>,
     ordering_key: Option<String>,
+    unique: Option<Unique>,
 }
 
 impl Template {
@@ -169,6 +186,7 @@ impl Template {
             headers,
             labels: args.labels.clone(),
             ordering_key: args.ordering_key.clone(),
+            unique: unique_of(args)?,
         };
         template.check_flags(args)?;
         Ok(template)
@@ -215,6 +233,15 @@ impl Template {
                 .build()
                 .map_err(|e| with_context(e, "--ordering-key"))?;
         }
+        if let Some(unique) = &self.unique {
+            let probe = probe("probe").unique(unique.clone());
+            match &self.ordering_key {
+                Some(key) => probe.ordering_key(key.clone()),
+                None => probe,
+            }
+            .build()
+            .map_err(|e| with_context(e, "--unique-key"))?;
+        }
         Ok(())
     }
 
@@ -247,8 +274,55 @@ impl Template {
         if let Some(key) = &self.ordering_key {
             b = b.ordering_key(key.clone());
         }
+        if let Some(unique) = &self.unique {
+            b = b.unique(unique.clone());
+        }
         b
     }
+}
+
+/// The unique key and its rule from `--unique-key`, `--unique-scope` and
+/// `--on-conflict`; an error names the flag, its value and what is accepted.
+fn unique_of(args: &PublishArgs) -> Result<Option<Unique>> {
+    let Some(key) = &args.unique_key else {
+        return Ok(None);
+    };
+    let mut unique = Unique::new(key.clone());
+    let with_duration =
+        |flag: &str, given: &str, name: &str| -> Result<Option<std::time::Duration>> {
+            match given.split_once(':') {
+                Some((n, d)) if n == name => Ok(Some(parse_duration(flag, d)?)),
+                _ => Ok(None),
+            }
+        };
+    if let Some(scope) = args.unique_scope.as_deref() {
+        unique = match scope {
+            "pending" => unique.while_pending(),
+            "active" => unique.while_active(),
+            other => match with_duration("--unique-scope", other, "done")? {
+                Some(period) => unique.until_done_for(period),
+                None => {
+                    return Err(Error::InvalidInput(format!(
+                        "invalid --unique-scope {other:?}: expected pending, active or done:PERIOD (done:5m)"
+                    )))
+                }
+            },
+        };
+    }
+    if let Some(rule) = args.on_conflict.as_deref() {
+        unique = if rule == "reject" {
+            unique.reject()
+        } else if let Some(max_wait) = with_duration("--on-conflict", rule, "replace")? {
+            unique.replace(max_wait)
+        } else if let Some(ttl) = with_duration("--on-conflict", rule, "throttle")? {
+            unique.throttled(ttl)
+        } else {
+            return Err(Error::InvalidInput(format!(
+                "invalid --on-conflict {rule:?}: expected reject, replace:MAX_WAIT (replace:30s) or throttle:TTL (throttle:5m)"
+            )));
+        };
+    }
+    Ok(Some(unique))
 }
 
 fn with_context(err: Error, what: &str) -> Error {

@@ -96,8 +96,20 @@ async fn relay(
         if taken.is_empty() {
             continue;
         }
-        // The envelopes as stored: same ids, attempts, due times, headers.
-        let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
+        // The envelopes as stored: same ids, attempts, due times, headers. A unique key
+        // held while the message waited in the outbox; the broker keeps it further only
+        // where it can (with its control store, and never a debounce).
+        let caps = broker.capabilities();
+        let envelopes = taken
+            .iter()
+            .map(|r| {
+                let mut env = r.envelope.clone();
+                if env.unique.as_ref().is_some_and(|u| !caps.keeps_unique(u)) {
+                    env.unique = None;
+                }
+                env
+            })
+            .collect();
         if let Err(err) = broker.publish_batch(envelopes).await {
             // Not all confirmed: give them back for the next try (those the broker did
             // confirm are then forwarded twice, with the same ids).
