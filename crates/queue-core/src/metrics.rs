@@ -13,6 +13,7 @@
 //! | `switchyard_acked_total` | counter | queue, kind |
 //! | `switchyard_released_total` | counter | queue, kind |
 //! | `switchyard_dead_lettered_total` | counter | queue, kind, reason |
+//! | `switchyard_snoozed_total` | counter | queue, kind, reason (snoozed, rate_limited) |
 //! | `switchyard_handler_duration_seconds` | histogram | queue, kind |
 //! | `switchyard_queue_depth` | gauge | queue, state (ready, delayed, reserved, dead) |
 //! | `switchyard_queue_oldest_ready_age_seconds` | gauge | queue |
@@ -36,6 +37,8 @@ pub const ACKED: &str = "switchyard_acked_total";
 pub const RELEASED: &str = "switchyard_released_total";
 /// Messages moved to the dead-letter store.
 pub const DEAD_LETTERED: &str = "switchyard_dead_lettered_total";
+/// Jobs that came back to wait without counting an attempt.
+pub const SNOOZED: &str = "switchyard_snoozed_total";
 /// How long handlers ran.
 pub const HANDLER_DURATION: &str = "switchyard_handler_duration_seconds";
 /// Messages per queue and state.
@@ -60,6 +63,10 @@ pub fn describe() {
     );
     metrics::describe_counter!(RELEASED, "Failed deliveries released for a retry.");
     metrics::describe_counter!(DEAD_LETTERED, "Messages moved to the dead-letter store.");
+    metrics::describe_counter!(
+        SNOOZED,
+        "Jobs that came back to wait without counting an attempt, by reason (snoozed, rate_limited)."
+    );
     metrics::describe_histogram!(
         HANDLER_DURATION,
         metrics::Unit::Seconds,
@@ -122,6 +129,23 @@ pub(crate) fn dead_lettered(tenant: Option<&str>, queue: &str, kind: &str, reaso
         ],
     );
     metrics::counter!(DEAD_LETTERED, labels).increment(1);
+}
+
+pub(crate) fn snoozed(tenant: Option<&str>, queue: &str, kind: &str, rate_limited: bool) {
+    let reason = if rate_limited {
+        "rate_limited"
+    } else {
+        "snoozed"
+    };
+    let labels = labels(
+        tenant,
+        [
+            ("queue", queue.to_owned()),
+            ("kind", kind.to_owned()),
+            ("reason", reason.to_owned()),
+        ],
+    );
+    metrics::counter!(SNOOZED, labels).increment(1);
 }
 
 pub(crate) fn handler_duration(tenant: Option<&str>, queue: &str, kind: &str, d: Duration) {

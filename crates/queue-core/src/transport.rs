@@ -126,6 +126,12 @@ pub enum GiveBack<'a> {
         /// The failure, kept as the message's last error.
         error: Option<&'a str>,
     },
+    /// The handler asked to wait (a snooze, a rate limit): due after `delay`, without
+    /// counting an attempt; the last error is kept.
+    Snooze {
+        /// How long until it is due again.
+        delay: Duration,
+    },
     /// Never handed to a handler (a prefetch at shutdown): due at once and, where the
     /// backend can tell, without counting an attempt.
     Unstarted,

@@ -65,6 +65,13 @@ pub trait TransportExt: Transport {
             .await
     }
 
+    /// Gives a message back for `delay` without counting an attempt (a snooze, a rate
+    /// limit).
+    async fn snooze(&self, reservation: &Reservation, delay: Duration) -> Result<()> {
+        self.give_back(reservation, GiveBack::Snooze { delay })
+            .await
+    }
+
     /// Gives back a message that no handler started.
     async fn abandon(&self, reservation: &Reservation) -> Result<()> {
         self.give_back(reservation, GiveBack::Unstarted).await

@@ -10,7 +10,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use support::{assert_one_line_error, text, Sandbox};
 
 fn publish(sb: &Sandbox, queue: &str, flags: &[&str]) -> (String, String) {
-    let mut args = vec!["publish", "--queue", queue, "--kind", "sync", "--payload", "{}"];
+    let mut args = vec![
+        "publish",
+        "--queue",
+        queue,
+        "--kind",
+        "sync",
+        "--payload",
+        "{}",
+    ];
     args.extend_from_slice(flags);
     let out = sb.run(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -22,7 +30,10 @@ fn a_second_publish_of_a_held_key_prints_the_holder_and_bad_rules_are_refused() 
     let sb = Sandbox::new();
     let (first, _) = publish(&sb, "accounts", &["--unique-key", "account-42"]);
     let (second, note) = publish(&sb, "accounts", &["--unique-key", "account-42"]);
-    assert_eq!(second, first, "the duplicate prints the job that holds the key");
+    assert_eq!(
+        second, first,
+        "the duplicate prints the job that holds the key"
+    );
     assert!(note.contains("held by job"), "{note}");
     let out = sb.run(&[
         "publish",
@@ -59,7 +70,15 @@ fn a_second_publish_of_a_held_key_prints_the_holder_and_bad_rules_are_refused() 
             vec!["--unique-key", "max_wait"],
         ),
     ] {
-        let mut args = vec!["publish", "--queue", "accounts", "--kind", "k", "--payload", "{}"];
+        let mut args = vec![
+            "publish",
+            "--queue",
+            "accounts",
+            "--kind",
+            "k",
+            "--payload",
+            "{}",
+        ];
         args.extend(flags);
         assert_one_line_error(&sb.run(&args), &needles);
     }
@@ -134,7 +153,11 @@ fn debounced_bursts(sb: &Sandbox) {
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while runs(sb).len() < 4 {
-        assert!(Instant::now() < deadline, "the long burst ran {:?}", runs(sb));
+        assert!(
+            Instant::now() < deadline,
+            "the long burst ran {:?}",
+            runs(sb)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_secs(2));

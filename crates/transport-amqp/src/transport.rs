@@ -161,6 +161,33 @@ impl AmqpTransport {
         self.options().control_store.clone()
     }
 
+    /// Puts a held delivery back for `delay`, counting `attempts` more (a retry: 1, a
+    /// snooze: 0): through the delay chain, or for a keyed head kept in its gate.
+    async fn comes_back(
+        &self,
+        reservation: &Reservation,
+        delay: Duration,
+        attempts: u32,
+        error: Option<&str>,
+    ) -> Result<()> {
+        if self.consumers.holder(reservation).is_none() {
+            return Err(lost(reservation));
+        }
+        let mut env = reservation.envelope.clone();
+        env.attempts += attempts;
+        env.available_at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
+        if let Some(e) = error {
+            // As bounded and NUL-free as on the SQL backends, where the message may move.
+            env.last_error = Some(text::error_text(e));
+        }
+        if let Some(c) = self.gate_of(reservation) {
+            // Kept, not published again behind the key's later messages.
+            self.retry_in_place(&c, reservation, env, delay);
+            return Ok(());
+        }
+        self.replace(reservation, (env, None, Target::Queue)).await
+    }
+
     /// Deletes the control store's key rows that hold nothing, at most once a minute
     /// (publishers of unique keys pace it); a failure is logged.
     async fn prune_keys_now_and_then(&self) {
@@ -525,24 +552,18 @@ impl Transport for AmqpTransport {
 
     async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
         match how {
-            GiveBack::Retry { delay, error } => {
-                if self.consumers.holder(reservation).is_none() {
+            GiveBack::Retry { delay, error } => self.comes_back(reservation, delay, 1, error).await,
+            GiveBack::Snooze { delay } => {
+                let Some(c) = self.consumers.holder(reservation) else {
                     return Err(lost(reservation));
+                };
+                // Not charged: a copy that later returns from a closed channel must not
+                // be charged for this start either.
+                let started = c.started(reservation.receipt.tag());
+                if let (true, Some(store)) = (started, &self.options().control_store) {
+                    marks::close_unrun(store.as_ref(), &reservation.envelope).await;
                 }
-                let mut env = reservation.envelope.clone();
-                env.attempts += 1;
-                env.available_at =
-                    Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
-                if let Some(e) = error {
-                    // As bounded and NUL-free as on the SQL backends, where the message may move.
-                    env.last_error = Some(text::error_text(e));
-                }
-                if let Some(c) = self.gate_of(reservation) {
-                    // Kept, not published again behind the key's later messages.
-                    self.retry_in_place(&c, reservation, env, delay);
-                    return Ok(());
-                }
-                self.replace(reservation, (env, None, Target::Queue)).await
+                self.comes_back(reservation, delay, 0, None).await
             }
             GiveBack::Unstarted => {
                 let Some(c) = self.consumers.holder(reservation) else {

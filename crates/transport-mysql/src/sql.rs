@@ -220,6 +220,14 @@ pub(crate) const RELEASE: &str = "UPDATE `switchyard_jobs`
        reserved_at = NULL, claimed_by = NULL, token = NULL
  WHERE id = ? AND token = ?";
 
+/// Gives a leased row back without counting an attempt (the handler snoozed, or a rate
+/// limit said to wait): due after some µs, and ready at once when that is 0; its last
+/// error is kept.
+pub(crate) const SNOOZE: &str = "UPDATE `switchyard_jobs`
+   SET started = 0, available_at = {NOW} + ?, visible_at = {NOW} + ?, ready = (? <= 0),
+       reserved_at = NULL, claimed_by = NULL, token = NULL
+ WHERE id = ? AND token = ?";
+
 /// Gives back a row that was claimed but never handled: ready at once, no attempt.
 pub(crate) const ABANDON: &str = "UPDATE `switchyard_jobs`
    SET started = 0, visible_at = {NOW}, ready = 1, reserved_at = NULL, claimed_by = NULL, token = NULL
@@ -384,6 +392,7 @@ pub(crate) struct Statements {
     pub(crate) delete_by_seqs: String,
     pub(crate) start_by_seqs: String,
     pub(crate) release: String,
+    pub(crate) snooze: String,
     pub(crate) abandon: String,
     pub(crate) extend: String,
     pub(crate) lock_leased: String,
@@ -487,6 +496,7 @@ impl Statements {
             delete_by_seqs: s(DELETE_BY_SEQS),
             start_by_seqs: s(START_BY_SEQS),
             release: s(RELEASE),
+            snooze: s(SNOOZE),
             abandon: s(ABANDON),
             extend: s(EXTEND),
             lock_leased: s(LOCK_LEASED),

@@ -228,6 +228,15 @@ UPDATE \"switchyard_jobs\"
        last_error = COALESCE($2, last_error)
  WHERE id = $3 AND token = $4";
 
+/// Gives a leased row back without counting an attempt (the handler snoozed, or a rate
+/// limit said to wait): due after $1 µs, and ready at once when $1 is 0; its last error
+/// is kept.
+pub(crate) const SNOOZE: &str = "
+UPDATE \"switchyard_jobs\"
+   SET token = NULL, claimed_at = NULL, claimed_by = NULL, lease_until = NULL, started = false,
+       available_at = now() + $1 {US}, visible_at = now() + $1 {US}, ready = ($1 <= 0)
+ WHERE id = $2 AND token = $3";
+
 /// Gives back a row that was claimed but never handled: ready at once, in its old place
 /// in line, and no attempt counted (the token is cleared, so the next claim is not a
 /// reclaim). A row still in the claim index keeps its indexed columns (a heap-only
@@ -469,6 +478,7 @@ pub(crate) struct Statements {
     pub(crate) ack_batch: String,
     pub(crate) start_batch: String,
     pub(crate) release: String,
+    pub(crate) snooze: String,
     pub(crate) abandon: String,
     pub(crate) extend: String,
     pub(crate) move_leased_to_dead: String,
@@ -555,6 +565,7 @@ impl Statements {
             ack_batch: s(ACK_BATCH),
             start_batch: s(START_BATCH),
             release: s(RELEASE),
+            snooze: s(SNOOZE),
             abandon: s(ABANDON),
             extend: s(EXTEND),
             move_leased_to_dead: s(MOVE_LEASED_TO_DEAD),

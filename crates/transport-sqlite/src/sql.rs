@@ -127,6 +127,15 @@ UPDATE \"switchyard_jobs\"
        last_error = COALESCE(?2, last_error)
  WHERE id = ?3 AND token = ?4";
 
+/// Gives a leased row back without counting an attempt (the handler snoozed, or a rate
+/// limit said to wait): due after ?1 µs, and ready at once when ?1 is 0; its last error
+/// is kept.
+pub(crate) const SNOOZE: &str = "
+UPDATE \"switchyard_jobs\"
+   SET token = NULL, reserved_at = NULL, claimed_by = NULL,
+       available_at = {NOW} + ?1, visible_at = {NOW} + ?1, ready = (?1 <= 0)
+ WHERE id = ?2 AND token = ?3";
+
 /// Gives back a row that was claimed but never handled: ready at once, and no attempt
 /// counted (the token is cleared, so the next claim is not a reclaim).
 pub(crate) const ABANDON: &str = "
@@ -294,6 +303,7 @@ pub(crate) struct Statements {
     pub(crate) now: String,
     pub(crate) ack_batch: String,
     pub(crate) release: String,
+    pub(crate) snooze: String,
     pub(crate) extend: String,
     pub(crate) abandon: String,
     pub(crate) start_batch: String,
@@ -352,6 +362,7 @@ impl Statements {
             now: s(NOW_EXPR),
             ack_batch: s(ACK_BATCH),
             release: s(RELEASE),
+            snooze: s(SNOOZE),
             extend: s(EXTEND),
             abandon: s(ABANDON),
             start_batch: s(START_BATCH),

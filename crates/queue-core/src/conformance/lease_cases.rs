@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::case_support::{applies, fresh_queue, message, reserve_within, stats_of, with_lease};
+use super::case_support::{
+    applies, fresh_queue, message, open, reserve_within, stats_of, with_lease,
+};
 use super::harness::Harness;
 use crate::{reason, Claim, Error, Result, TransportExt};
 
@@ -141,6 +143,7 @@ pub async fn stale_token_is_fenced_with_lease_lost(h: Arc<dyn Harness>) -> Resul
         lost(t.extend(&stale, Duration::from_secs(60)).await),
         "stale extend"
     );
+    assert!(lost(t.snooze(&stale, Duration::ZERO).await), "stale snooze");
     assert!(
         lost(t.dead_letter(&stale, reason::FAILED, None).await),
         "stale dead_letter"
@@ -217,4 +220,42 @@ pub async fn extending_a_lapsed_lease_before_a_reclaim_holds_it_again(
         "a rival reserved a message whose lease was renewed"
     );
     t.ack(&r).await
+}
+
+/// A snooze gives a message back for a while without counting an attempt (a retry
+/// counts one): it comes back after the delay with its attempts and last error as
+/// they were.
+pub async fn a_snooze_comes_back_later_without_counting_an_attempt(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    t.publish(message(&q, "waits")).await?;
+    let r = t.reserve(&q).await?.expect("a message");
+    t.release(&r, Duration::ZERO, Some("first failure")).await?;
+    let r = reserve_within(t.as_ref(), &q, Duration::from_secs(5))
+        .await?
+        .expect("the retry");
+    assert_eq!(r.envelope.attempts, 1);
+    let snoozed = std::time::Instant::now();
+    t.snooze(&r, Duration::from_millis(600)).await?;
+    if t.capabilities().exact_delays {
+        assert!(
+            t.reserve(&q).await?.is_none(),
+            "a snoozed message came back at once"
+        );
+    }
+    let back = reserve_within(t.as_ref(), &q, Duration::from_secs(10))
+        .await?
+        .expect("back after the snooze");
+    let waited = snoozed.elapsed();
+    assert!(
+        waited >= Duration::from_millis(550),
+        "back after {waited:?}"
+    );
+    assert_eq!(back.id(), r.id());
+    assert_eq!(back.envelope.attempts, 1, "a snooze counted an attempt");
+    assert_eq!(back.envelope.last_error.as_deref(), Some("first failure"));
+    t.ack(&back).await?;
+    Ok(())
 }

@@ -159,6 +159,47 @@ pub async fn worker_honours_max_attempts_retry_after_and_fail(h: Arc<dyn Harness
     Ok(())
 }
 
+/// A handler that snoozes or is rate limited runs again after the wait, at the same
+/// attempt: with `max_attempts(1)` a counted attempt would dead-letter it.
+pub async fn worker_snoozes_without_counting_an_attempt(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h, Duration::from_secs(30)).await?;
+    let q = fresh_queue();
+    let env = Envelope::builder(q.as_str(), "api_call")
+        .max_attempts(1)
+        .build()?;
+    t.publish(env.clone()).await?;
+    let calls: Calls = Arc::default();
+    let c = calls.clone();
+    let worker =
+        Worker::new(t.clone(), q.clone(), fast()).handle_any(handler_fn(move |ctx: JobContext| {
+            record(&c, &ctx);
+            let runs = c.lock().map(|calls| calls.len()).unwrap_or(0);
+            async move {
+                match runs {
+                    1 => Err(JobError::snooze(Duration::from_millis(300))),
+                    2 => Err(JobError::rate_limited(Duration::from_millis(300))),
+                    _ => Ok(()),
+                }
+            }
+        }));
+    drain(worker).await?;
+    let calls = calls.lock().expect("calls lock").clone();
+    assert_eq!(calls.len(), 3, "two waits, then the run that succeeded");
+    assert!(
+        calls
+            .iter()
+            .all(|(id, attempt, _)| *id == env.id && *attempt == 1),
+        "a wait counted an attempt: {calls:?}"
+    );
+    for pair in calls.windows(2) {
+        let gap = pair[1].2.duration_since(pair[0].2);
+        assert!(gap >= Duration::from_millis(250), "came back after {gap:?}");
+    }
+    assert_nothing_left(t.as_ref(), &q).await?;
+    assert!(t.dead_list(Some(&q), 10).await?.is_empty());
+    Ok(())
+}
+
 /// An unknown kind is dead-lettered with reason `no_handler`, or released when so
 /// configured.
 pub async fn worker_dead_letters_or_releases_unknown_kinds(h: Arc<dyn Harness>) -> Result<()> {

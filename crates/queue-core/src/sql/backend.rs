@@ -56,6 +56,9 @@ pub enum LeaseOp<'a> {
     /// Back to the queue for a retry: `attempts + 1`, due after this many microseconds,
     /// with this last error.
     Release(i64, Option<&'a str>),
+    /// Back to the queue without counting an attempt, due after this many microseconds
+    /// (a snooze); the last error is kept.
+    Snooze(i64),
     /// Back to the queue unstarted: due now, no attempt counted.
     Abandon,
     /// Renew the lease by this many microseconds.

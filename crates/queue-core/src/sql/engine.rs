@@ -125,6 +125,18 @@ impl<B: SqlBackend> Transport for B {
                 }
                 Ok(())
             }
+            GiveBack::Snooze { delay } => {
+                let touched = self
+                    .on_lease(LeaseOp::Snooze(micros(delay)), reservation)
+                    .await?;
+                fenced(touched, reservation)?;
+                if delay.is_zero() {
+                    self.engine()
+                        .wakers
+                        .wake(reservation.envelope.queue.as_str());
+                }
+                Ok(())
+            }
             GiveBack::Unstarted => {
                 let touched = self.on_lease(LeaseOp::Abandon, reservation).await?;
                 fenced(touched, reservation)

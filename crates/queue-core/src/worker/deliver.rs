@@ -246,6 +246,11 @@ impl Worker {
                 self.failed(&r, max_attempts, &message, after, elapsed)
                     .await;
             }
+            Ending::Finished(Err(JobError::Snooze {
+                message,
+                after,
+                rate_limited,
+            })) => self.snoozed(&r, after, &message, rate_limited).await,
             Ending::Panicked(message) => {
                 let message = format!("handler panicked: {message}");
                 self.failed(&r, max_attempts, &message, None, elapsed).await;
@@ -279,6 +284,28 @@ impl Worker {
                 self.record(|| StatusUpdate::ended(&r.envelope, attempt, JobState::Pending, None));
             }
             Err(err) => self.log_settle_error("release at shutdown", &err),
+        }
+    }
+
+    /// A job that has to wait: back after `after`, its attempt not counted (so neither
+    /// the backoff nor the attempt limit moves).
+    async fn snoozed(&self, r: &Reservation, after: Duration, message: &str, rate_limited: bool) {
+        match self.transport.snooze(r, after).await {
+            Ok(()) => {
+                tracing::debug!(retry_in = ?after, rate_limited, "snoozed");
+                let env = &r.envelope;
+                crate::metrics::snoozed(
+                    self.tenant.as_deref(),
+                    &env.queue,
+                    &env.kind,
+                    rate_limited,
+                );
+                // The attempt that ran is closed as pending, as an unrun give-back is.
+                self.record(|| {
+                    StatusUpdate::ended(env, env.attempts + 1, JobState::Pending, Some(message))
+                });
+            }
+            Err(err) => self.log_settle_error("snooze", &err),
         }
     }
 

@@ -104,6 +104,16 @@ pub enum JobError {
         /// Recorded as the message's `last_error`.
         message: String,
     },
+    /// Come back after `after` without counting an attempt: the job is not failing, it
+    /// has to wait (an API answered 429, a resource is not ready yet).
+    Snooze {
+        /// Recorded in the job's status.
+        message: String,
+        /// How long to wait.
+        after: Duration,
+        /// Whether a rate limit said to wait (counted apart in the metrics).
+        rate_limited: bool,
+    },
 }
 
 impl JobError {
@@ -130,10 +140,34 @@ impl JobError {
         }
     }
 
+    /// Come back after `after`, without counting an attempt.
+    pub fn snooze(after: Duration) -> Self {
+        JobError::Snooze {
+            message: format!("snoozed for {}", humantime::format_duration(after)),
+            after,
+            rate_limited: false,
+        }
+    }
+
+    /// A rate limit said to wait `retry_after` (an HTTP 429's `Retry-After`): come back
+    /// then, without counting an attempt.
+    pub fn rate_limited(retry_after: Duration) -> Self {
+        JobError::Snooze {
+            message: format!(
+                "rate limited: retry after {}",
+                humantime::format_duration(retry_after)
+            ),
+            after: retry_after,
+            rate_limited: true,
+        }
+    }
+
     /// The error message.
     pub fn message(&self) -> &str {
         match self {
-            JobError::Retry { message, .. } | JobError::Fail { message } => message,
+            JobError::Retry { message, .. }
+            | JobError::Fail { message }
+            | JobError::Snooze { message, .. } => message,
         }
     }
 }

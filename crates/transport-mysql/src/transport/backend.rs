@@ -238,6 +238,16 @@ impl SqlBackend for MySqlTransport {
                 )
                 .await
             }
+            LeaseOp::Snooze(d) => {
+                self.fenced_update(
+                    "snooze",
+                    &self.sql.snooze,
+                    reservation,
+                    &[Some(d), Some(d), Some(d)],
+                    None,
+                )
+                .await
+            }
             LeaseOp::Abandon => {
                 self.fenced_update("abandon", &self.sql.abandon, reservation, &[], None)
                     .await

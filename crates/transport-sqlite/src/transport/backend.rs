@@ -209,6 +209,7 @@ impl SqlBackend for SqliteTransport {
             LeaseOp::Release(delay, error) => {
                 sqlx::query(&self.sql.release).bind(delay).bind(error)
             }
+            LeaseOp::Snooze(delay) => sqlx::query(&self.sql.snooze).bind(delay),
             LeaseOp::Abandon => sqlx::query(&self.sql.abandon),
             LeaseOp::Extend(lease) => sqlx::query(&self.sql.extend).bind(lease),
         };

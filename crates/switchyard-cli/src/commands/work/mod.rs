@@ -271,15 +271,65 @@ impl Handler for ExecHandler {
             (None, Some(sig)) => format!("killed by signal {sig}"),
             (None, None) => "failed".to_owned(),
         };
+        let retry_after = retry_after_of(&out);
+        if status.code() == Some(EX_TEMPFAIL) {
+            // "Try again later": a wait, not a failure.
+            return Err(match retry_after {
+                Some(after) => JobError::rate_limited(after),
+                None => JobError::snooze(TEMPFAIL_WAIT),
+            });
+        }
         let stderr = String::from_utf8_lossy(&err);
         let stderr = stderr.trim();
-        Err(JobError::retry(if stderr.is_empty() {
+        let message = if stderr.is_empty() {
             format!("command {how}")
         } else {
             format!("command {how}: {stderr}")
-        }))
+        };
+        Err(match retry_after {
+            Some(after) => JobError::retry_after(after, message),
+            None => JobError::retry(message),
+        })
     }
 }
+
+/// The exit code that asks to come back later without counting an attempt
+/// (`EX_TEMPFAIL` of sysexits.h).
+const EX_TEMPFAIL: i32 = 75;
+
+/// How long a command that exits [`EX_TEMPFAIL`] without a `Retry-After` line waits.
+const TEMPFAIL_WAIT: Duration = Duration::from_secs(5);
+
+/// The wait a command asks for with a `Retry-After: N` line on stdout (seconds, as in
+/// HTTP, or a duration such as `500ms`); the last such line counts. A line that does
+/// not parse is ignored, with a warning.
+fn retry_after_of(stdout: &[u8]) -> Option<Duration> {
+    let text = String::from_utf8_lossy(stdout);
+    let value = text.lines().rev().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("retry-after")
+            .then(|| value.trim().to_owned())
+    })?;
+    let parsed = match value.parse::<u64>() {
+        Ok(secs) => Ok(Duration::from_secs(secs)),
+        Err(_) => switchyard::parse_duration("Retry-After", &value).map_err(|e| e.to_string()),
+    };
+    match parsed {
+        Ok(d) if d <= MAX_RETRY_AFTER => Some(d),
+        Ok(d) => {
+            tracing::warn!(retry_after = ?d, "the command's Retry-After is over a day; waiting a day");
+            Some(MAX_RETRY_AFTER)
+        }
+        Err(why) => {
+            tracing::warn!(value = %value, %why, "the command's Retry-After line is not seconds or a duration; ignored");
+            None
+        }
+    }
+}
+
+/// The longest wait a command's `Retry-After` can ask for.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The job's result from the command's stdout: its JSON, or else its text as a JSON
 /// string; nothing for empty output.
@@ -346,6 +396,29 @@ async fn read_tail(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_lines_are_seconds_or_durations() {
+        assert_eq!(
+            retry_after_of(b"Retry-After: 30\n"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after_of(b"calling\nretry-after:500ms\n"),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            retry_after_of(b"Retry-After: 1\nRetry-After: 2\n"),
+            Some(Duration::from_secs(2)),
+            "the last line counts"
+        );
+        assert_eq!(retry_after_of(b"Retry-After: soon\n"), None);
+        assert_eq!(retry_after_of(b"no header\n"), None);
+        assert_eq!(
+            retry_after_of(b"Retry-After: 999999\n"),
+            Some(MAX_RETRY_AFTER)
+        );
+    }
 
     #[test]
     fn stdout_becomes_json_or_text() {
