@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The longest period, max_wait or ttl, in ms (100 years): a store adds it to its clock.
+const MAX_MS: u64 = 100 * 366 * 24 * 60 * 60 * 1000;
+
 /// Bytes in a unique key.
 pub const MAX_UNIQUE_KEY_LEN: usize = 255;
 
@@ -189,6 +192,18 @@ impl Unique {
         if self.on_conflict == OnConflict::Throttle && self.ttl_ms.unwrap_or(0) == 0 {
             return missing("ttl", "`throttle`");
         }
+        for (what, ms) in [
+            ("period", self.period_ms),
+            ("max_wait", self.max_wait_ms),
+            ("ttl", self.ttl_ms),
+        ] {
+            if ms.is_some_and(|ms| ms > MAX_MS) {
+                return Err(Error::InvalidInput(format!(
+                    "unique key {}: a {what} of at most 100 years is accepted",
+                    crate::error::shown(key)
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -224,6 +239,7 @@ mod tests {
             Unique::new("a").replace(Duration::ZERO),
             Unique::new("a").throttled(Duration::ZERO),
             Unique::new("a").until_done_for(Duration::ZERO),
+            Unique::new("a").until_done_for(Duration::MAX),
         ] {
             let err = bad.check().expect_err("refused").to_string();
             assert!(err.contains("unique key"), "{err}");

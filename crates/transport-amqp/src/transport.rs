@@ -419,20 +419,6 @@ impl Transport for AmqpTransport {
             env.normalize_for_store()?;
             env.check_size(self.options().max_payload_bytes)?;
         }
-        let taken = unique::take_keys(
-            self.unique_keys.as_ref(),
-            &mut envelopes,
-            self.options().confirm_timeout,
-        )
-        .await?;
-        if !taken.keyed.is_empty() || !taken.duplicates.is_empty() {
-            self.prune_keys_now_and_then().await;
-        }
-        if envelopes.is_empty() {
-            let mut published = Published::all_stored();
-            published.duplicates = taken.duplicates;
-            return Ok(published);
-        }
         let keyed: HashSet<&str> = envelopes
             .iter()
             .filter(|e| e.ordering_key.is_some())
@@ -445,6 +431,22 @@ impl Transport for AmqpTransport {
             } else {
                 self.queues.ensure(&self.connector, q).await?;
             }
+        }
+        // Keys are taken once the queues exist, so that their confirm window is spent on
+        // the send alone (a reconnect waited on above cannot eat into it).
+        let taken = unique::take_keys(
+            self.unique_keys.as_ref(),
+            &mut envelopes,
+            self.options().reconnect_timeout + self.options().confirm_timeout * 2,
+        )
+        .await?;
+        if !taken.keyed.is_empty() || !taken.duplicates.is_empty() {
+            self.prune_keys_now_and_then().await;
+        }
+        if envelopes.is_empty() {
+            let mut published = Published::all_stored();
+            published.duplicates = taken.duplicates;
+            return Ok(published);
         }
         let sent = self
             .publisher

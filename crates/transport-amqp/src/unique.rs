@@ -9,9 +9,12 @@
 //!
 //! What holds: one job per key among publishes through any process sharing the control
 //! store, for every scope, with `done` periods and throttles. What does not: a debounce
-//! (`replace`), since a queued message cannot be changed; a key whose publisher died
-//! between taking it and the broker's confirm is held until twice the confirm timeout
-//! has passed; a message that expires on the broker frees its key at its expiry.
+//! (`replace`), since a queued message cannot be changed. A key whose publish was never
+//! confirmed (the publisher died, or the send failed and was not tried again with the
+//! same message) is held until its window ends (the reconnect timeout plus twice the
+//! confirm timeout: 90 s by default). A message that expires on the broker frees its key
+//! at its expiry, and a key is held a week at most: the broker can drop a message
+//! unseen (a quorum queue's delivery limit, a purge, a deleted queue).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -43,11 +46,12 @@ pub(crate) struct Taken {
 }
 
 /// Takes the keys of `envelopes`' messages that have one, removing the duplicates from
-/// `envelopes`; refuses the batch, storing nothing, where a key cannot be kept.
+/// `envelopes`; refuses the batch, storing nothing, where a key cannot be kept. A key
+/// counts as held for `window` even if the publish is never confirmed.
 pub(crate) async fn take_keys(
     keys: Option<&Arc<dyn UniqueKeyStore>>,
     envelopes: &mut Vec<Envelope>,
-    confirm_timeout: Duration,
+    window: Duration,
 ) -> Result<Taken> {
     let keyed: Vec<Envelope> = envelopes
         .iter()
@@ -73,7 +77,7 @@ pub(crate) async fn take_keys(
             env.id
         )));
     }
-    let duplicates = keys.take(&keyed, confirm_timeout * 2).await?;
+    let duplicates = keys.take(&keyed, window).await?;
     let refused: HashSet<Uuid> = duplicates.iter().map(|d| d.id).collect();
     envelopes.retain(|e| !refused.contains(&e.id));
     Ok(Taken {
@@ -85,19 +89,17 @@ pub(crate) async fn take_keys(
     })
 }
 
-/// After the publish: confirms the taken keys, or frees them when it failed. A failure
-/// here is logged: a key left unconfirmed is freed when its confirm window ends.
+/// After a confirmed publish: the taken keys are held as long as their jobs. A failed
+/// publish leaves them as they are: the broker may have confirmed some of the batch, so
+/// each key stays held until its window ends, unless the same message is published again
+/// (which takes its key afresh). A failure here is logged: a key left unconfirmed is
+/// freed when its window ends.
 pub(crate) async fn settle(keys: Option<&Arc<dyn UniqueKeyStore>>, taken: &Taken, published: bool) {
-    let (Some(keys), false) = (keys, taken.keyed.is_empty()) else {
+    let (Some(keys), false, true) = (keys, taken.keyed.is_empty(), published) else {
         return;
     };
-    let settled = if published {
-        keys.confirmed(&taken.keyed).await
-    } else {
-        keys.free(&taken.keyed).await
-    };
-    if let Err(err) = settled {
-        tracing::warn!(error = %err, count = taken.keyed.len(), published, "could not settle the unique keys of a publish in the control store; they are freed when their confirm window ends");
+    if let Err(err) = keys.confirmed(&taken.keyed).await {
+        tracing::warn!(error = %err, count = taken.keyed.len(), "could not confirm the unique keys of a publish in the control store; they are freed when their confirm window ends");
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use queue_core::sql::micros;
 use queue_core::sql::unique::{
-    expires_in_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
+    held_on_broker_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
 };
 use queue_core::{Duplicate, Envelope, Result, UniqueKeyStore};
 use sqlx::{MySqlConnection, MySqlPool};
@@ -101,7 +101,7 @@ impl UniqueKeyStore for MySqlBrokerKeys {
     }
 
     async fn confirmed(&self, envelopes: &[Envelope]) -> Result<()> {
-        self.each_key(&self.sql.confirm_key, envelopes, Some(expires_in_us))
+        self.each_key(&self.sql.confirm_key, envelopes, Some(held_on_broker_us))
             .await
     }
 
@@ -124,11 +124,9 @@ impl UniqueKeyStore for MySqlBrokerKeys {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.prune_keys)
-            .bind(micros(older_than))
-            .execute(&self.pool)
+        self.sql
+            .prune(&self.pool, micros(older_than))
             .await
-            .backend()?
-            .rows_affected())
+            .backend()
     }
 }

@@ -162,7 +162,12 @@ pub struct MySqlStatusStore {
 }
 
 impl MySqlStatusStore {
-    pub(crate) fn new(pool: MySqlPool, schema: Option<&str>, table: &str) -> Self {
+    pub(crate) fn new(
+        pool: MySqlPool,
+        schema: Option<&str>,
+        table: &str,
+        keys: Arc<KeySql>,
+    ) -> Self {
         let s = |sql: &str| specialise(sql, schema, table);
         MySqlStatusStore {
             pool,
@@ -193,7 +198,7 @@ impl MySqlStatusStore {
             stopped: s(STOPPED),
             workers: s(WORKERS),
             known: s("SELECT CAST(1 AS SIGNED) FROM `switchyard_jobs_procs` WHERE id = ?"),
-            keys: Arc::new(KeySql::new(schema, table)),
+            keys,
         }
     }
 }

@@ -180,11 +180,17 @@ impl MySqlTransport {
         tracing::debug!(url = %options.url, schema, table, claim = %options.claim, server = version, "mysql transport ready");
         let kept = KeptConnections::for_pool(options.max_connections);
         let stop = CancellationToken::new();
+        let keys = Arc::new(unique::KeySql::new(
+            schema.as_deref(),
+            &table,
+            server.skip_locked,
+        ));
         Ok(MySqlTransport {
             status: Arc::new(MySqlStatusStore::new(
                 pool.clone(),
                 schema.as_deref(),
                 &table,
+                keys.clone(),
             )),
             pool,
             sql: Arc::new(Statements::new(
@@ -192,7 +198,7 @@ impl MySqlTransport {
                 &table,
                 server.skip_locked,
             )),
-            keys: Arc::new(unique::KeySql::new(schema.as_deref(), &table)),
+            keys,
             schema,
             table,
             server,

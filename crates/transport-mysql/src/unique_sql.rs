@@ -5,7 +5,7 @@
 use queue_core::sql::lossy;
 use queue_core::sql::unique::{KeyRow, TakeKey};
 use queue_core::Result;
-use sqlx::MySqlConnection;
+use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::error::SqlxResultExt;
 
@@ -40,41 +40,49 @@ const REPLACE_JOB: &str = "UPDATE `switchyard_jobs`
    SET envelope = ?, available_at = {NOW} + ?, visible_at = {NOW} + ?, ready = (? <= 0)
  WHERE id = ? AND token IS NULL AND ready < 2";
 
-/// Holds an acked job's key for its `done` period, while the job is still held under
-/// its token.
-const HOLD_KEY: &str = "UPDATE `switchyard_jobs_unique` u SET hold_until = {NOW} + ?
+/// Holds an acked job's key for its `done` period (a throttle's longer hold stays),
+/// while the job is still held under its token.
+const HOLD_KEY: &str = "UPDATE `switchyard_jobs_unique` u
+   SET hold_until = GREATEST(COALESCE(u.hold_until, 0), {NOW} + ?)
  WHERE u.queue = ? AND u.unique_key = ? AND u.id = ?
    AND EXISTS (SELECT 1 FROM `switchyard_jobs` j WHERE j.id = ? AND j.token = ?)";
 
 /// A broker's job is about to be acked: gone, its key held for its `done` period.
-const HOLD_BROKER_KEY: &str =
-    "UPDATE `switchyard_jobs_unique` SET hold_until = {NOW} + ?, gone_after = {NOW}
+const HOLD_BROKER_KEY: &str = "UPDATE `switchyard_jobs_unique`
+   SET hold_until = GREATEST(COALESCE(hold_until, 0), {NOW} + ?), gone_after = {NOW}
  WHERE queue = ? AND unique_key = ? AND id = ?";
 
-/// The broker has the message: gone only once it expires (some µs from now, or never: a
-/// broker's key row never has a NULL `gone_after`, which marks the transport's own).
-const CONFIRM_KEY: &str = "UPDATE `switchyard_jobs_unique`
-   SET gone_after = COALESCE({NOW} + ?, 9223372036854775807)
- WHERE queue = ? AND unique_key = ? AND id = ?";
+/// The broker has the message: gone once it expires, or at the latest after a week (some
+/// µs from now). Only while the publish is unconfirmed: a job that already ended (a fast
+/// consumer) stays gone.
+const CONFIRM_KEY: &str = "UPDATE `switchyard_jobs_unique` SET gone_after = {NOW} + ?
+ WHERE queue = ? AND unique_key = ? AND id = ? AND gone_after > {NOW}";
 
 /// A broker's job is gone (its publish failed, or it left the key's scope): the key is
 /// free once a throttle's hold has run out.
 const FREE_KEY: &str = "UPDATE `switchyard_jobs_unique` SET gone_after = {NOW}
  WHERE queue = ? AND unique_key = ? AND id = ?";
 
-/// Deletes up to 1,000 key rows that hold nothing: the hold has run out and the job is
-/// gone (a broker's by its `gone_after`, the transport's own by its row, a tombstone
-/// being gone). Only rows a job took over some µs ago (a minute): a publish taking a
-/// row over sets `first_at`, and the delete reads the row's newest version, whereas its
-/// look for the job may predate the new job.
-const PRUNE_KEYS: &str = "DELETE FROM `switchyard_jobs_unique`
- WHERE first_at <= {NOW} - ?
+/// Up to 1,000 key rows that hold nothing (the hold has run out and the job is gone: a
+/// broker's by its `gone_after`, the transport's own by its row, a tombstone being
+/// gone), of keys taken more than some µs ago, locked (rows a publish holds are skipped
+/// where the server has `SKIP LOCKED`). The look for the job may predate a publish that
+/// took the row over and has committed since: [`PRUNE_DELETE`], a statement of its own,
+/// looks again.
+const PRUNE_CANDIDATES: &str = "SELECT queue, unique_key FROM `switchyard_jobs_unique`
+ WHERE {PRUNABLE} LIMIT 1000 FOR UPDATE {SKIP_LOCKED}";
+
+/// Deletes one locked candidate if it still holds nothing.
+const PRUNE_DELETE: &str =
+    "DELETE FROM `switchyard_jobs_unique` WHERE queue = ? AND unique_key = ? AND {PRUNABLE}";
+
+/// Whether a key row holds nothing (see [`PRUNE_CANDIDATES`]).
+const PRUNABLE: &str = "first_at <= {NOW} - ?
    AND (hold_until IS NULL OR hold_until <= {NOW})
    AND CASE WHEN gone_after IS NULL
             THEN NOT EXISTS (SELECT 1 FROM `switchyard_jobs` j
                               WHERE j.id = `switchyard_jobs_unique`.id AND j.ready < 2)
-            ELSE gone_after <= {NOW} END
- LIMIT 1000";
+            ELSE gone_after <= {NOW} END";
 
 /// A locked key row as read: id, scope, held, age in µs, gone.
 type LockedKey = (Vec<u8>, Vec<u8>, i64, i64, i64);
@@ -92,11 +100,12 @@ pub(crate) struct KeySql {
     pub(crate) hold_broker_key: String,
     pub(crate) confirm_key: String,
     pub(crate) free_key: String,
-    pub(crate) prune_keys: String,
+    prune_candidates: String,
+    prune_delete: String,
 }
 
 impl KeySql {
-    pub(crate) fn new(schema: Option<&str>, table: &str) -> Self {
+    pub(crate) fn new(schema: Option<&str>, table: &str, skip_locked: bool) -> Self {
         let s = |sql: &str| crate::sql::specialise(sql, schema, table);
         KeySql {
             id_stored: s(ID_STORED),
@@ -109,7 +118,11 @@ impl KeySql {
             hold_broker_key: s(HOLD_BROKER_KEY),
             confirm_key: s(CONFIRM_KEY),
             free_key: s(FREE_KEY),
-            prune_keys: s(PRUNE_KEYS),
+            prune_candidates: s(&PRUNE_CANDIDATES.replace("{PRUNABLE}", PRUNABLE).replace(
+                "{SKIP_LOCKED}",
+                if skip_locked { "SKIP LOCKED" } else { "" },
+            )),
+            prune_delete: s(&PRUNE_DELETE.replace("{PRUNABLE}", PRUNABLE)),
         }
     }
 
@@ -133,6 +146,32 @@ impl KeySql {
             age_us,
             gone: gone != 0,
         }))
+    }
+
+    /// Deletes up to 1,000 key rows that hold nothing, of keys taken longer than
+    /// `older_than_us` ago; how many.
+    pub(crate) async fn prune(
+        &self,
+        pool: &MySqlPool,
+        older_than_us: i64,
+    ) -> std::result::Result<u64, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        let rows: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(&self.prune_candidates)
+            .bind(older_than_us)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut deleted = 0;
+        for (queue, key) in rows {
+            deleted += sqlx::query(&self.prune_delete)
+                .bind(queue)
+                .bind(key)
+                .bind(older_than_us)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     /// Creates the key's row (`move_to` false) or points it at a new job; whether it

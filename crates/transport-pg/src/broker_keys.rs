@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use queue_core::sql::micros;
 use queue_core::sql::unique::{
-    expires_in_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
+    held_on_broker_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
 };
 use queue_core::{Duplicate, Envelope, Result, UniqueKeyStore};
 use sqlx::{PgConnection, PgPool};
@@ -98,7 +98,7 @@ impl UniqueKeyStore for PgBrokerKeys {
     }
 
     async fn confirmed(&self, envelopes: &[Envelope]) -> Result<()> {
-        self.each_key(&self.sql.confirm_key, envelopes, Some(expires_in_us))
+        self.each_key(&self.sql.confirm_key, envelopes, Some(held_on_broker_us))
             .await
     }
 
@@ -121,11 +121,6 @@ impl UniqueKeyStore for PgBrokerKeys {
     }
 
     async fn prune(&self, older_than: Duration) -> Result<u64> {
-        Ok(sqlx::query(&self.sql.prune_keys)
-            .bind(micros(older_than))
-            .execute(&self.pool)
-            .await
-            .backend()?
-            .rows_affected())
+        self.sql.prune(&self.pool, micros(older_than)).await
     }
 }

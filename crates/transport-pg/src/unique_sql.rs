@@ -4,7 +4,7 @@
 
 use queue_core::sql::unique::{KeyRow, TakeKey};
 use queue_core::Result;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use crate::error::SqlxResultExt;
 
@@ -43,42 +43,46 @@ const REPLACE_JOB: &str = "UPDATE \"switchyard_jobs\"
 
 /// Holds an acked job's key for its `done` period, while the job is still held under
 /// its token.
-const HOLD_KEY: &str = "UPDATE \"switchyard_jobs_unique\" u SET hold_until = now() + $4 {US}
+const HOLD_KEY: &str = "UPDATE \"switchyard_jobs_unique\" u
+   SET hold_until = GREATEST(u.hold_until, now() + $4 {US})
  WHERE u.queue = $1 AND u.unique_key = $2 AND u.id = $3
    AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = $3 AND j.token = $5)";
 
 /// A broker's job is about to be acked: gone, its key held for its `done` period.
 const HOLD_BROKER_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
-   SET hold_until = now() + $4 {US}, gone_after = now()
+   SET hold_until = GREATEST(hold_until, now() + $4 {US}), gone_after = now()
  WHERE queue = $1 AND unique_key = $2 AND id = $3";
 
-/// The broker has the message: gone only once it expires ($4 µs from now, or never: a
-/// broker's key row never has a NULL `gone_after`, which marks the transport's own).
-const CONFIRM_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
-   SET gone_after = COALESCE(now() + $4 {US}, 'infinity')
- WHERE queue = $1 AND unique_key = $2 AND id = $3";
+/// The broker has the message: gone once it expires, or at the latest after a week ($4
+/// µs from now). Only while the publish is unconfirmed: a job that already ended (a
+/// fast consumer) stays gone.
+const CONFIRM_KEY: &str = "UPDATE \"switchyard_jobs_unique\" SET gone_after = now() + $4 {US}
+ WHERE queue = $1 AND unique_key = $2 AND id = $3 AND gone_after > now()";
 
 /// A broker's job is gone (its publish failed, or it left the key's scope): the key is
 /// free once a throttle's hold has run out.
 const FREE_KEY: &str = "UPDATE \"switchyard_jobs_unique\" SET gone_after = now()
  WHERE queue = $1 AND unique_key = $2 AND id = $3";
 
-/// Deletes up to 1,000 key rows that hold nothing: the hold has run out and the job is
-/// gone (a broker's by its `gone_after`, the transport's own by its row). Only rows a
-/// job took over $1 µs ago (a minute): a publish taking a row over sets `first_at`,
-/// which the delete checks again on the row's newest version, whereas its look for the
-/// job is of its own snapshot, which may predate the new job.
-const PRUNE_KEYS: &str = "DELETE FROM \"switchyard_jobs_unique\" u
- WHERE (u.queue, u.unique_key) IN (
-    SELECT k.queue, k.unique_key FROM \"switchyard_jobs_unique\" k WHERE {PRUNABLE_K} LIMIT 1000)
-   AND {PRUNABLE_U}";
+/// Up to 1,000 key rows that hold nothing (the hold has run out and the job is gone: a
+/// broker's by its `gone_after`, the transport's own by its row), of keys taken more
+/// than $1 µs ago, locked; rows a publish holds are skipped. The look for the job is of
+/// this statement's snapshot, which may predate a publish that took the row over and has
+/// committed since: [`PRUNE_DELETE`], a statement of its own, looks again.
+const PRUNE_CANDIDATES: &str = "SELECT u.queue, u.unique_key FROM \"switchyard_jobs_unique\" u
+ WHERE {PRUNABLE} LIMIT 1000 FOR UPDATE SKIP LOCKED";
 
-/// Whether a key row (`{T}`) holds nothing, as [`PRUNE_KEYS`] says.
-const PRUNABLE: &str = "{T}.first_at <= now() - $1 {US}
-   AND ({T}.hold_until IS NULL OR {T}.hold_until <= now())
-   AND CASE WHEN {T}.gone_after IS NULL
-            THEN NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = {T}.id)
-            ELSE {T}.gone_after <= now() END";
+/// Deletes the locked candidates ($2, $3: queues and keys) that still hold nothing.
+const PRUNE_DELETE: &str = "DELETE FROM \"switchyard_jobs_unique\" u
+ USING UNNEST($2::text[], $3::text[]) AS c(queue, unique_key)
+ WHERE u.queue = c.queue AND u.unique_key = c.unique_key AND {PRUNABLE}";
+
+/// Whether the key row `u` holds nothing (see [`PRUNE_CANDIDATES`]).
+const PRUNABLE: &str = "u.first_at <= now() - $1 {US}
+   AND (u.hold_until IS NULL OR u.hold_until <= now())
+   AND CASE WHEN u.gone_after IS NULL
+            THEN NOT EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = u.id)
+            ELSE u.gone_after <= now() END";
 
 /// The key table's statements, specialised for one table.
 #[derive(Debug)]
@@ -93,7 +97,8 @@ pub(crate) struct KeySql {
     pub(crate) hold_broker_key: String,
     pub(crate) confirm_key: String,
     pub(crate) free_key: String,
-    pub(crate) prune_keys: String,
+    prune_candidates: String,
+    prune_delete: String,
 }
 
 impl KeySql {
@@ -110,9 +115,8 @@ impl KeySql {
             hold_broker_key: s(HOLD_BROKER_KEY),
             confirm_key: s(CONFIRM_KEY),
             free_key: s(FREE_KEY),
-            prune_keys: s(&PRUNE_KEYS
-                .replace("{PRUNABLE_K}", &PRUNABLE.replace("{T}", "k"))
-                .replace("{PRUNABLE_U}", &PRUNABLE.replace("{T}", "u"))),
+            prune_candidates: s(&PRUNE_CANDIDATES.replace("{PRUNABLE}", PRUNABLE)),
+            prune_delete: s(&PRUNE_DELETE.replace("{PRUNABLE}", PRUNABLE)),
         }
     }
 
@@ -136,6 +140,31 @@ impl KeySql {
             age_us,
             gone,
         }))
+    }
+
+    /// Deletes up to 1,000 key rows that hold nothing, of keys taken longer than
+    /// `older_than_us` ago; how many.
+    pub(crate) async fn prune(&self, pool: &PgPool, older_than_us: i64) -> Result<u64> {
+        let mut tx = pool.begin().await.backend()?;
+        let rows: Vec<(String, String)> = sqlx::query_as(&self.prune_candidates)
+            .bind(older_than_us)
+            .fetch_all(&mut *tx)
+            .await
+            .backend()?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let (queues, keys): (Vec<String>, Vec<String>) = rows.into_iter().unzip();
+        let deleted = sqlx::query(&self.prune_delete)
+            .bind(older_than_us)
+            .bind(&queues)
+            .bind(&keys)
+            .execute(&mut *tx)
+            .await
+            .backend()?
+            .rows_affected();
+        tx.commit().await.backend()?;
+        Ok(deleted)
     }
 
     /// Creates the key's row (`move_to` false) or points it at a new job; whether it

@@ -4,7 +4,7 @@
 
 use queue_core::sql::unique::{KeyRow, TakeKey};
 use queue_core::Result;
-use sqlx::SqliteConnection;
+use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::error::SqlxResultExt;
 
@@ -40,20 +40,21 @@ const REPLACE_JOB: &str = "UPDATE \"switchyard_jobs\"
 
 /// Holds an acked job's key for its `done` period, while the job is still held under
 /// its token.
-const HOLD_KEY: &str = "UPDATE \"switchyard_jobs_unique\" SET hold_until = {NOW} + ?4
+const HOLD_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
+   SET hold_until = MAX(COALESCE(hold_until, 0), {NOW} + ?4)
  WHERE queue = ?1 AND unique_key = ?2 AND id = ?3
    AND EXISTS (SELECT 1 FROM \"switchyard_jobs\" j WHERE j.id = ?3 AND j.token = ?5)";
 
 /// A broker's job is about to be acked: gone, its key held for its `done` period.
 const HOLD_BROKER_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
-   SET hold_until = {NOW} + ?4, gone_after = {NOW}
+   SET hold_until = MAX(COALESCE(hold_until, 0), {NOW} + ?4), gone_after = {NOW}
  WHERE queue = ?1 AND unique_key = ?2 AND id = ?3";
 
-/// The broker has the message: gone only once it expires (?4 µs from now, or never: a
-/// broker's key row never has a NULL `gone_after`, which marks the transport's own).
-const CONFIRM_KEY: &str = "UPDATE \"switchyard_jobs_unique\"
-   SET gone_after = COALESCE({NOW} + ?4, 9223372036854775807)
- WHERE queue = ?1 AND unique_key = ?2 AND id = ?3";
+/// The broker has the message: gone once it expires, or at the latest after a week (?4
+/// µs from now). Only while the publish is unconfirmed: a job that already ended (a fast
+/// consumer) stays gone.
+const CONFIRM_KEY: &str = "UPDATE \"switchyard_jobs_unique\" SET gone_after = {NOW} + ?4
+ WHERE queue = ?1 AND unique_key = ?2 AND id = ?3 AND gone_after > {NOW}";
 
 /// A broker's job is gone (its publish failed, or it left the key's scope): the key is
 /// free once a throttle's hold has run out.
@@ -86,7 +87,7 @@ pub(crate) struct KeySql {
     pub(crate) hold_broker_key: String,
     pub(crate) confirm_key: String,
     pub(crate) free_key: String,
-    pub(crate) prune_keys: String,
+    prune_keys: String,
 }
 
 impl KeySql {
@@ -127,6 +128,17 @@ impl KeySql {
             age_us,
             gone,
         }))
+    }
+
+    /// Deletes up to 1,000 key rows that hold nothing, of keys taken longer than
+    /// `older_than_us` ago; how many.
+    pub(crate) async fn prune(&self, writer: &SqlitePool, older_than_us: i64) -> Result<u64> {
+        Ok(sqlx::query(&self.prune_keys)
+            .bind(older_than_us)
+            .execute(writer)
+            .await
+            .backend()?
+            .rows_affected())
     }
 
     /// Creates the key's row (`move_to` false) or points it at a new job; whether it

@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::envelope::Envelope;
 use crate::error::{DecodeError, Error, Result};
-use crate::published::Duplicate;
+use crate::published::{Duplicate, Published};
 use crate::time_units::{micros, micros_between};
 use crate::unique::{OnConflict, Unique, UniqueScope};
 
@@ -112,8 +112,8 @@ pub trait KeyStatements: Send {
     /// The state of the job `row` names.
     async fn holder(&mut self, row: &KeyRow) -> Result<KeyHolder>;
 
-    /// Stores the job, as a publish without a unique key would.
-    async fn insert_job(&mut self, env: &Envelope) -> Result<()>;
+    /// Stores jobs, as a publish without unique keys would, in their order.
+    async fn insert_jobs(&mut self, envelopes: Vec<Envelope>) -> Result<()>;
 
     /// Replaces the stored envelope of the job `id` and makes it due `due_us` from now,
     /// if no worker has claimed it; whether it did.
@@ -129,10 +129,20 @@ pub fn scope_name(scope: UniqueScope) -> &'static str {
     }
 }
 
-/// Microseconds from now until `env` expires, if it does (a broker's key is held no
-/// longer: an expired message never reaches a worker to end its job).
-pub fn expires_in_us(env: &Envelope) -> Option<i64> {
-    env.expires_at.map(|t| micros_between(Utc::now(), t).max(0))
+/// How long a broker's confirmed message holds its key at the most: the broker can drop
+/// a message without the transport seeing it (a quorum queue's delivery limit, a purge,
+/// a deleted queue), and nothing would then free its key.
+pub const BROKER_HOLD: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Microseconds from now that a broker's confirmed message holds its key unless its job
+/// ends first: until it expires (an expired message never reaches a worker to end its
+/// job), and no longer than [`BROKER_HOLD`].
+pub fn held_on_broker_us(env: &Envelope) -> Option<i64> {
+    let most = micros(BROKER_HOLD);
+    Some(
+        env.expires_at
+            .map_or(most, |t| micros_between(Utc::now(), t).clamp(0, most)),
+    )
 }
 
 /// The keys of `reservations`' jobs whose scope holds them for a period after the ack.
@@ -165,7 +175,7 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
     gone_after_us: Option<i64>,
 ) -> Result<Option<Duplicate>> {
     let Some(unique) = &env.unique else {
-        s.insert_job(env).await?;
+        s.insert_jobs(vec![env.clone()]).await?;
         return Ok(None);
     };
     let id = env.id.to_string();
@@ -184,11 +194,17 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
     for _ in 0..ROUNDS {
         let Some(row) = s.lock_key(queue, &unique.key).await? else {
             if s.insert_key(take).await? {
-                s.insert_job(env).await?;
+                s.insert_jobs(vec![env.clone()]).await?;
                 return Ok(None);
             }
             continue;
         };
+        if gone_after_us.is_some() && row.id == id {
+            // A broker's publish of this very message again (a retry after a failed or
+            // unconfirmed send): it takes its key afresh and goes out again.
+            s.move_key(take).await?;
+            return Ok(None);
+        }
         let holder = s.holder(&row).await?;
         let holds = row.held
             || match &holder {
@@ -198,7 +214,7 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
             };
         if !holds {
             s.move_key(take).await?;
-            s.insert_job(env).await?;
+            s.insert_jobs(vec![env.clone()]).await?;
             return Ok(None);
         }
         let existing = Uuid::parse_str(&row.id).map_err(|e| {
@@ -238,11 +254,43 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
     ))
 }
 
+/// Publishes `envelopes`, some with unique keys, on `s`'s transaction, in their order:
+/// each run of messages without keys as one batch, each message with a key through
+/// [`publish_unique`] (so a batch keeps its publish order, which ordering keys rely on).
+pub async fn publish_in_order<S: KeyStatements + ?Sized>(
+    s: &mut S,
+    envelopes: Vec<Envelope>,
+) -> Result<Published> {
+    let mut published = Published::all_stored();
+    let mut plain = Vec::new();
+    for env in envelopes {
+        if env.unique.is_none() {
+            plain.push(env);
+            continue;
+        }
+        if !plain.is_empty() {
+            s.insert_jobs(std::mem::take(&mut plain)).await?;
+        }
+        if let Some(dup) = publish_unique(s, &env, None).await? {
+            published.duplicates.push(dup);
+        }
+    }
+    if !plain.is_empty() {
+        s.insert_jobs(plain).await?;
+    }
+    Ok(published)
+}
+
 /// The waiting job's envelope with `env`'s payload, headers and due time, the due time
 /// no later than `max_wait` after the job took its key (`age_us` ago); `None` when the
 /// stored envelope cannot be read (it then stays as it is).
 fn debounced(stored: &str, env: &Envelope, unique: &Unique, age_us: i64) -> Option<(String, i64)> {
     let mut job = Envelope::from_json(stored).ok()?;
+    if job.ordering_key.is_some() {
+        // Its due time is its place in its key's order (it may be parked behind the
+        // key's head): it is not moved.
+        return None;
+    }
     let now = Utc::now();
     let wanted = micros_between(now, env.available_at).max(0);
     let latest = unique
@@ -302,7 +350,7 @@ impl<T: KeyTable> KeyStatements for OnBroker<T> {
         })
     }
 
-    async fn insert_job(&mut self, _env: &Envelope) -> Result<()> {
+    async fn insert_jobs(&mut self, _envelopes: Vec<Envelope>) -> Result<()> {
         Ok(())
     }
 

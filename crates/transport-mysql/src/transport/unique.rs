@@ -1,7 +1,9 @@
 //! Unique keys on MySQL: the key table's statements, run by the shared algorithm
 //! ([`queue_core::sql::unique`]) inside the publish's transaction.
 
-use queue_core::sql::unique::{publish_unique, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey};
+use queue_core::sql::unique::{
+    publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
+};
 use queue_core::Published;
 
 use super::*;
@@ -59,8 +61,8 @@ impl KeyStatements for MySqlKeys<'_> {
         })
     }
 
-    async fn insert_job(&mut self, env: &Envelope) -> Result<()> {
-        let rows = queue_core::sql::encoded(vec![env.clone()], self.t.options.max_payload_bytes)?;
+    async fn insert_jobs(&mut self, envelopes: Vec<Envelope>) -> Result<()> {
+        let rows = queue_core::sql::encoded(envelopes, self.t.options.max_payload_bytes)?;
         self.t.insert_keyed(self.conn, &rows).await.backend()
     }
 
@@ -79,27 +81,14 @@ impl KeyStatements for MySqlKeys<'_> {
 }
 
 impl MySqlTransport {
-    /// Stores `envelopes`, some with unique keys, on `conn` (a transaction): those
-    /// without first, as one batch, then each with a key in turn.
+    /// Stores `envelopes`, some with unique keys, on `conn` (a transaction), in their
+    /// order (see [`publish_in_order`]).
     pub(super) async fn publish_with_keys(
         &self,
         conn: &mut MySqlConnection,
         envelopes: Vec<Envelope>,
     ) -> Result<Published> {
-        let (unique, plain): (Vec<Envelope>, Vec<Envelope>) =
-            envelopes.into_iter().partition(|e| e.unique.is_some());
-        if !plain.is_empty() {
-            let rows = queue_core::sql::encoded(plain, self.options.max_payload_bytes)?;
-            self.insert_keyed(conn, &rows).await.backend()?;
-        }
-        let mut published = Published::all_stored();
-        let mut keys = MySqlKeys { t: self, conn };
-        for env in &unique {
-            if let Some(dup) = publish_unique(&mut keys, env, None).await? {
-                published.duplicates.push(dup);
-            }
-        }
-        Ok(published)
+        publish_in_order(&mut MySqlKeys { t: self, conn }, envelopes).await
     }
 
     /// [`publish_with_keys`](Self::publish_with_keys) in a transaction of its own, run
@@ -135,14 +124,9 @@ impl MySqlTransport {
     /// [`PRUNE_AFTER`](queue_core::sql::unique::PRUNE_AFTER); a shorter age is for
     /// tests and quiet stores (a key taken over meanwhile could be deleted).
     pub async fn prune_unique_keys(&self, older_than: Duration) -> Result<u64> {
-        let done = self
-            .retrying("prune unique keys", || {
-                sqlx::query(&self.keys.prune_keys)
-                    .bind(micros(older_than))
-                    .execute(&self.pool)
-            })
-            .await?;
-        Ok(done.rows_affected())
+        let us = micros(older_than);
+        self.retrying("prune unique keys", || self.keys.prune(&self.pool, us))
+            .await
     }
 
     /// Holds acked jobs' keys for their `done` periods (fenced by their tokens).

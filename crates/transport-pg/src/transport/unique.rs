@@ -1,7 +1,9 @@
 //! Unique keys on PostgreSQL: the key table's statements, run by the shared algorithm
 //! ([`queue_core::sql::unique`]) inside the publish's transaction.
 
-use queue_core::sql::unique::{publish_unique, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey};
+use queue_core::sql::unique::{
+    publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
+};
 
 use super::*;
 
@@ -56,8 +58,8 @@ impl KeyStatements for PgKeys<'_> {
         })
     }
 
-    async fn insert_job(&mut self, env: &Envelope) -> Result<()> {
-        self.t.store_all_in(self.conn, vec![env.clone()]).await
+    async fn insert_jobs(&mut self, envelopes: Vec<Envelope>) -> Result<()> {
+        self.t.store_all_in(self.conn, envelopes).await
     }
 
     async fn replace_job(&mut self, id: &str, envelope: &str, due_us: i64) -> Result<bool> {
@@ -88,26 +90,14 @@ impl PgTransport {
         Ok(())
     }
 
-    /// Stores `envelopes`, some with unique keys, on `conn` (a transaction): those
-    /// without first, as one batch, then each with a key in turn.
+    /// Stores `envelopes`, some with unique keys, on `conn` (a transaction), in their
+    /// order (see [`publish_in_order`]).
     pub(super) async fn publish_with_keys(
         &self,
         conn: &mut PgConnection,
         envelopes: Vec<Envelope>,
     ) -> Result<Published> {
-        let (unique, plain): (Vec<Envelope>, Vec<Envelope>) =
-            envelopes.into_iter().partition(|e| e.unique.is_some());
-        if !plain.is_empty() {
-            self.store_all_in(conn, plain).await?;
-        }
-        let mut published = Published::all_stored();
-        let mut keys = PgKeys { t: self, conn };
-        for env in &unique {
-            if let Some(dup) = publish_unique(&mut keys, env, None).await? {
-                published.duplicates.push(dup);
-            }
-        }
-        Ok(published)
+        publish_in_order(&mut PgKeys { t: self, conn }, envelopes).await
     }
 
     /// [`publish_with_keys`](Self::publish_with_keys) in a transaction of its own, run
@@ -137,12 +127,7 @@ impl PgTransport {
     /// [`PRUNE_AFTER`](queue_core::sql::unique::PRUNE_AFTER); a shorter age is for
     /// tests and quiet stores (a key taken over meanwhile could be deleted).
     pub async fn prune_unique_keys(&self, older_than: Duration) -> Result<u64> {
-        Ok(sqlx::query(&self.keys.prune_keys)
-            .bind(micros(older_than))
-            .execute(&self.pool)
-            .await
-            .backend()?
-            .rows_affected())
+        self.keys.prune(&self.pool, micros(older_than)).await
     }
 
     /// Holds acked jobs' keys for their `done` periods (fenced by their tokens).

@@ -3,7 +3,9 @@
 //! SQLite's write lock from its first statement (`BEGIN IMMEDIATE`), so publishers of a
 //! key never race here; the algorithm's lost-race paths are for the server backends.
 
-use queue_core::sql::unique::{publish_unique, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey};
+use queue_core::sql::unique::{
+    publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
+};
 use queue_core::Published;
 use sqlx::SqliteConnection;
 
@@ -56,8 +58,8 @@ impl KeyStatements for SqliteKeys<'_> {
         })
     }
 
-    async fn insert_job(&mut self, env: &Envelope) -> Result<()> {
-        let rows = queue_core::sql::encoded(vec![env.clone()], self.t.options.max_payload_bytes)?;
+    async fn insert_jobs(&mut self, envelopes: Vec<Envelope>) -> Result<()> {
+        let rows = queue_core::sql::encoded(envelopes, self.t.options.max_payload_bytes)?;
         self.t.insert_keyed(self.conn, &rows).await
     }
 
@@ -74,27 +76,14 @@ impl KeyStatements for SqliteKeys<'_> {
 }
 
 impl SqliteTransport {
-    /// Stores `envelopes`, some with unique keys, on `conn` (a transaction holding the
-    /// write lock): those without first, as one batch, then each with a key in turn.
+    /// Stores `envelopes`, some with unique keys, on `conn` (a transaction), in their
+    /// order (see [`publish_in_order`]).
     pub(super) async fn publish_with_keys(
         &self,
         conn: &mut SqliteConnection,
         envelopes: Vec<Envelope>,
     ) -> Result<Published> {
-        let (unique, plain): (Vec<Envelope>, Vec<Envelope>) =
-            envelopes.into_iter().partition(|e| e.unique.is_some());
-        if !plain.is_empty() {
-            let rows = queue_core::sql::encoded(plain, self.options.max_payload_bytes)?;
-            self.insert_keyed(conn, &rows).await?;
-        }
-        let mut published = Published::all_stored();
-        let mut keys = SqliteKeys { t: self, conn };
-        for env in &unique {
-            if let Some(dup) = publish_unique(&mut keys, env, None).await? {
-                published.duplicates.push(dup);
-            }
-        }
-        Ok(published)
+        publish_in_order(&mut SqliteKeys { t: self, conn }, envelopes).await
     }
 
     /// [`publish_with_keys`](Self::publish_with_keys) in a write transaction of its own.
@@ -111,12 +100,7 @@ impl SqliteTransport {
     /// [`PRUNE_AFTER`](queue_core::sql::unique::PRUNE_AFTER); a shorter age is for
     /// tests and quiet stores (a key taken over meanwhile could be deleted).
     pub async fn prune_unique_keys(&self, older_than: Duration) -> Result<u64> {
-        Ok(sqlx::query(&self.keys.prune_keys)
-            .bind(micros(older_than))
-            .execute(&self.writer)
-            .await
-            .backend()?
-            .rows_affected())
+        self.keys.prune(&self.writer, micros(older_than)).await
     }
 
     /// Holds acked jobs' keys for their `done` periods (fenced by their tokens).
