@@ -1,21 +1,20 @@
 //! The unique keys of RabbitMQ's messages, kept in this database when it is the broker's
-//! control store, in the key table ([`queue_core::sql::unique::OnBroker`]).
+//! control store, in the key table ([`queue_core::sql::broker_keys`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use queue_core::sql::broker_keys::{again_while_transient, BrokerKeySql, KeyOp};
 use queue_core::sql::micros;
-use queue_core::sql::unique::{
-    held_on_broker_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
-};
-use queue_core::{Duplicate, Envelope, Result, UniqueKeyStore};
+use queue_core::sql::unique::{take_broker_keys, KeyRow, KeyTable, TakeKey};
+use queue_core::{Duplicate, Envelope, Result};
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::error::SqlxResultExt;
 use crate::unique_sql::KeySql;
 
-/// How many times a take runs again after losing a deadlock or a lock wait.
+/// How many times a take runs in all when it loses deadlocks or lock waits.
 const DEADLOCK_TRIES: usize = 5;
 
 /// The key store of a broker's messages in this database.
@@ -28,31 +27,6 @@ pub(crate) struct MySqlBrokerKeys {
 impl MySqlBrokerKeys {
     pub(crate) fn new(pool: MySqlPool, sql: Arc<KeySql>) -> Self {
         MySqlBrokerKeys { pool, sql }
-    }
-
-    /// Runs `sql` on each envelope's key row: bound to `us` (µs) when given, then
-    /// queue, key and id.
-    async fn each_key(
-        &self,
-        sql: &str,
-        envelopes: &[Envelope],
-        us: Option<fn(&Envelope) -> Option<i64>>,
-    ) -> Result<()> {
-        for env in envelopes {
-            let Some(unique) = &env.unique else { continue };
-            let mut query = sqlx::query(sql);
-            if let Some(us) = us {
-                query = query.bind(us(env));
-            }
-            query
-                .bind(env.queue.as_str())
-                .bind(&unique.key)
-                .bind(env.id.to_string())
-                .execute(&self.pool)
-                .await
-                .backend()?;
-        }
-        Ok(())
     }
 }
 
@@ -74,56 +48,37 @@ impl KeyTable for Table<'_> {
 }
 
 #[async_trait]
-impl UniqueKeyStore for MySqlBrokerKeys {
-    async fn take(
-        &self,
-        envelopes: &[Envelope],
-        confirm_within: Duration,
-    ) -> Result<Vec<Duplicate>> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let attempt = async {
-                let mut tx = self.pool.begin().await.backend()?;
-                let table = Table {
-                    sql: &self.sql,
-                    conn: &mut tx,
-                };
-                let dups = take_broker_keys(table, envelopes, confirm_within).await?;
-                tx.commit().await.backend()?;
-                Ok::<_, queue_core::Error>(dups)
+impl BrokerKeySql for MySqlBrokerKeys {
+    async fn take_keys(&self, envelopes: &[Envelope], window: Duration) -> Result<Vec<Duplicate>> {
+        again_while_transient(DEADLOCK_TRIES, || async {
+            let mut tx = self.pool.begin().await.backend()?;
+            let table = Table {
+                sql: &self.sql,
+                conn: &mut tx,
             };
-            match attempt.await {
-                Err(err) if err.is_transient() && tries < DEADLOCK_TRIES => {}
-                other => return other,
-            }
+            let dups = take_broker_keys(table, envelopes, window).await?;
+            tx.commit().await.backend()?;
+            Ok(dups)
+        })
+        .await
+    }
+
+    async fn key_op(&self, op: KeyOp, queue: &str, key: &str, id: &str) -> Result<()> {
+        let (sql, us) = match op {
+            KeyOp::Confirm(us) => (&self.sql.confirm_key, Some(us)),
+            KeyOp::Free => (&self.sql.free_key, None),
+            KeyOp::Hold(us) => (&self.sql.hold_broker_key, Some(us)),
+        };
+        // The duration, where the statement has it, comes first (`?` binds in order).
+        let mut query = sqlx::query(sql);
+        if let Some(us) = us {
+            query = query.bind(us);
         }
+        let query = query.bind(queue).bind(key).bind(id);
+        query.execute(&self.pool).await.backend().map(|_| ())
     }
 
-    async fn confirmed(&self, envelopes: &[Envelope]) -> Result<()> {
-        self.each_key(&self.sql.confirm_key, envelopes, Some(held_on_broker_us))
-            .await
-    }
-
-    async fn free(&self, envelopes: &[Envelope]) -> Result<()> {
-        self.each_key(&self.sql.free_key, envelopes, None).await
-    }
-
-    async fn hold(&self, holds: &[KeyHold]) -> Result<()> {
-        for hold in holds {
-            sqlx::query(&self.sql.hold_broker_key)
-                .bind(hold.period_us)
-                .bind(&hold.queue)
-                .bind(&hold.key)
-                .bind(&hold.id)
-                .execute(&self.pool)
-                .await
-                .backend()?;
-        }
-        Ok(())
-    }
-
-    async fn prune(&self, older_than: Duration) -> Result<u64> {
+    async fn prune_keys(&self, older_than: Duration) -> Result<u64> {
         self.sql
             .prune(&self.pool, micros(older_than))
             .await

@@ -1,15 +1,14 @@
 //! The unique keys of RabbitMQ's messages, kept in this database when it is the broker's
-//! control store, in the key table ([`queue_core::sql::unique::OnBroker`]).
+//! control store, in the key table ([`queue_core::sql::broker_keys`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use queue_core::sql::broker_keys::{BrokerKeySql, KeyOp};
 use queue_core::sql::micros;
-use queue_core::sql::unique::{
-    held_on_broker_us, take_broker_keys, KeyHold, KeyRow, KeyTable, TakeKey,
-};
-use queue_core::{Duplicate, Envelope, Result, UniqueKeyStore};
+use queue_core::sql::unique::{take_broker_keys, KeyRow, KeyTable, TakeKey};
+use queue_core::{Duplicate, Envelope, Result};
 use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::error::SqlxResultExt;
@@ -26,28 +25,6 @@ pub(crate) struct SqliteBrokerKeys {
 impl SqliteBrokerKeys {
     pub(crate) fn new(pool: SqlitePool, sql: Arc<KeySql>) -> Self {
         SqliteBrokerKeys { pool, sql }
-    }
-
-    /// Runs `sql` on each envelope's key row: bound to queue, key and id, then `us`
-    /// (µs) when given.
-    async fn each_key(
-        &self,
-        sql: &str,
-        envelopes: &[Envelope],
-        us: Option<fn(&Envelope) -> Option<i64>>,
-    ) -> Result<()> {
-        for env in envelopes {
-            let Some(unique) = &env.unique else { continue };
-            let mut query = sqlx::query(sql)
-                .bind(env.queue.as_str())
-                .bind(&unique.key)
-                .bind(env.id.to_string());
-            if let Some(us) = us {
-                query = query.bind(us(env));
-            }
-            query.execute(&self.pool).await.backend()?;
-        }
-        Ok(())
     }
 }
 
@@ -69,47 +46,34 @@ impl KeyTable for Table<'_> {
 }
 
 #[async_trait]
-impl UniqueKeyStore for SqliteBrokerKeys {
-    async fn take(
-        &self,
-        envelopes: &[Envelope],
-        confirm_within: Duration,
-    ) -> Result<Vec<Duplicate>> {
+impl BrokerKeySql for SqliteBrokerKeys {
+    async fn take_keys(&self, envelopes: &[Envelope], window: Duration) -> Result<Vec<Duplicate>> {
         // The write lock from the first statement: publishers of a key never race.
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.backend()?;
         let table = Table {
             sql: &self.sql,
             conn: &mut tx,
         };
-        let dups = take_broker_keys(table, envelopes, confirm_within).await?;
+        let dups = take_broker_keys(table, envelopes, window).await?;
         tx.commit().await.backend()?;
         Ok(dups)
     }
 
-    async fn confirmed(&self, envelopes: &[Envelope]) -> Result<()> {
-        self.each_key(&self.sql.confirm_key, envelopes, Some(held_on_broker_us))
-            .await
-    }
-
-    async fn free(&self, envelopes: &[Envelope]) -> Result<()> {
-        self.each_key(&self.sql.free_key, envelopes, None).await
-    }
-
-    async fn hold(&self, holds: &[KeyHold]) -> Result<()> {
-        for hold in holds {
-            sqlx::query(&self.sql.hold_broker_key)
-                .bind(&hold.queue)
-                .bind(&hold.key)
-                .bind(&hold.id)
-                .bind(hold.period_us)
-                .execute(&self.pool)
-                .await
-                .backend()?;
+    async fn key_op(&self, op: KeyOp, queue: &str, key: &str, id: &str) -> Result<()> {
+        let (sql, us) = match op {
+            KeyOp::Confirm(us) => (&self.sql.confirm_key, Some(us)),
+            KeyOp::Free => (&self.sql.free_key, None),
+            KeyOp::Hold(us) => (&self.sql.hold_broker_key, Some(us)),
+        };
+        // ?1 to ?3 name the row; ?4, where the statement has it, is the duration.
+        let mut query = sqlx::query(sql).bind(queue).bind(key).bind(id);
+        if let Some(us) = us {
+            query = query.bind(us);
         }
-        Ok(())
+        query.execute(&self.pool).await.backend().map(|_| ())
     }
 
-    async fn prune(&self, older_than: Duration) -> Result<u64> {
+    async fn prune_keys(&self, older_than: Duration) -> Result<u64> {
         self.sql.prune(&self.pool, micros(older_than)).await
     }
 }

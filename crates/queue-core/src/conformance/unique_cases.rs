@@ -89,7 +89,11 @@ pub async fn a_held_unique_key_rejects_the_second_publish(h: Arc<dyn Harness>) -
     assert_eq!(ids, HashSet::from([first.id, a.id, plain.id]));
     // Where publishing an id twice stores it twice (RabbitMQ), the holder's own id again
     // is sent again, as any publish of it would be (a retry of a failed send needs that).
-    let copies = if t.capabilities().idempotent_publish { 3 } else { 4 };
+    let copies = if t.capabilities().idempotent_publish {
+        3
+    } else {
+        4
+    };
     assert_eq!(got.len(), copies, "one message each");
     t.ack_batch(&got).await?;
     Ok(())

@@ -6,6 +6,7 @@
 //! For transport crates; not semver-stable.
 
 mod backend;
+pub mod broker_keys;
 mod claim;
 mod claimed;
 mod connections;

@@ -6,6 +6,8 @@ use queue_core::sql::unique::{
 };
 use queue_core::Published;
 
+use queue_core::sql::broker_keys::again_while_transient;
+
 use super::*;
 
 /// How many times a publish with unique keys runs again after losing a deadlock (two
@@ -94,23 +96,13 @@ impl MySqlTransport {
     /// [`publish_with_keys`](Self::publish_with_keys) in a transaction of its own, run
     /// again when it loses a deadlock.
     pub(super) async fn insert_unique_batch(&self, envelopes: Vec<Envelope>) -> Result<Published> {
-        let mut tries = 0;
-        let published = loop {
-            tries += 1;
-            let attempt = async {
-                let mut tx = self.pool.begin().await.backend()?;
-                let published = self.publish_with_keys(&mut tx, envelopes.clone()).await?;
-                tx.commit().await.backend()?;
-                Ok::<_, queue_core::Error>(published)
-            };
-            match attempt.await {
-                Err(err) if err.is_transient() && tries < DEADLOCK_TRIES => {
-                    self.lock_retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(error = %err, "a publish with unique keys runs again");
-                }
-                other => break other?,
-            }
-        };
+        let published = again_while_transient(DEADLOCK_TRIES, || async {
+            let mut tx = self.pool.begin().await.backend()?;
+            let published = self.publish_with_keys(&mut tx, envelopes.clone()).await?;
+            tx.commit().await.backend()?;
+            Ok(published)
+        })
+        .await?;
         for env in &envelopes {
             self.cursors
                 .forget_outranked(env.queue.as_str(), -i32::from(env.priority));

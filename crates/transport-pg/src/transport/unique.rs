@@ -5,6 +5,8 @@ use queue_core::sql::unique::{
     publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
 };
 
+use queue_core::sql::broker_keys::again_while_transient;
+
 use super::*;
 
 /// How many times a publish with unique keys runs again after losing a deadlock (two
@@ -103,22 +105,13 @@ impl PgTransport {
     /// [`publish_with_keys`](Self::publish_with_keys) in a transaction of its own, run
     /// again when it loses a deadlock.
     pub(super) async fn insert_unique_batch(&self, envelopes: Vec<Envelope>) -> Result<Published> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let attempt = async {
-                let mut tx = self.pool.begin().await.backend()?;
-                let published = self.publish_with_keys(&mut tx, envelopes.clone()).await?;
-                tx.commit().await.backend()?;
-                Ok::<_, queue_core::Error>(published)
-            };
-            match attempt.await {
-                Err(err) if err.is_transient() && tries < DEADLOCK_TRIES => {
-                    tracing::debug!(error = %err, "a publish with unique keys runs again");
-                }
-                other => return other,
-            }
-        }
+        again_while_transient(DEADLOCK_TRIES, || async {
+            let mut tx = self.pool.begin().await.backend()?;
+            let published = self.publish_with_keys(&mut tx, envelopes.clone()).await?;
+            tx.commit().await.backend()?;
+            Ok(published)
+        })
+        .await
     }
 
     /// Deletes up to 1,000 unique-key rows that hold nothing any more (their holds have
