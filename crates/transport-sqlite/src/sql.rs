@@ -122,7 +122,7 @@ RETURNING id, token";
 /// Gives a leased row back: due after ?1 µs, and ready at once when ?1 is 0.
 pub(crate) const RELEASE: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, claimed_by = NULL, attempts = attempts + 1,
+   SET token = NULL, reserved_at = NULL, claimed_by = NULL, attempts = attempts + 1, started = 0,
        available_at = {NOW} + ?1, visible_at = {NOW} + ?1, ready = (?1 <= 0),
        last_error = COALESCE(?2, last_error)
  WHERE id = ?3 AND token = ?4";
@@ -132,7 +132,7 @@ UPDATE \"switchyard_jobs\"
 /// is kept.
 pub(crate) const SNOOZE: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, claimed_by = NULL,
+   SET token = NULL, reserved_at = NULL, claimed_by = NULL, started = 0,
        available_at = {NOW} + ?1, visible_at = {NOW} + ?1, ready = (?1 <= 0)
  WHERE id = ?2 AND token = ?3";
 
@@ -140,7 +140,8 @@ UPDATE \"switchyard_jobs\"
 /// counted (the token is cleared, so the next claim is not a reclaim).
 pub(crate) const ABANDON: &str = "
 UPDATE \"switchyard_jobs\"
-   SET token = NULL, reserved_at = NULL, claimed_by = NULL, visible_at = {NOW}, ready = 1
+   SET token = NULL, reserved_at = NULL, claimed_by = NULL, started = 0, visible_at = {NOW},
+       ready = 1
  WHERE id = ?1 AND token = ?2";
 
 /// Renews a lease. A lapsed lease may already have been promoted into the claim index;

@@ -257,5 +257,33 @@ pub async fn a_snooze_comes_back_later_without_counting_an_attempt(
     assert_eq!(back.envelope.attempts, 1, "a snooze counted an attempt");
     assert_eq!(back.envelope.last_error.as_deref(), Some("first failure"));
     t.ack(&back).await?;
+    if !t.capabilities().exact_delays {
+        return Ok(());
+    }
+    // A message that expires while snoozed is dead-lettered with its attempts as they
+    // were: neither the snooze nor the earlier start is counted again.
+    let brief = crate::Envelope::builder(q.as_str(), "brief")
+        .expires_in(Duration::from_millis(800))
+        .build()?;
+    t.publish(brief.clone()).await?;
+    let r = t.reserve(&q).await?.expect("the brief message");
+    t.snooze(&r, Duration::from_secs(5)).await?;
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        // A claim sweeps expired messages (at most once a second).
+        let _ = t.reserve(&q).await?;
+        let dead = t.dead_list(Some(&q), 10).await?;
+        if !dead.is_empty() || std::time::Instant::now() > deadline {
+            break dead;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(dead.len(), 1, "the snoozed message never expired");
+    assert_eq!(dead[0].reason, reason::EXPIRED);
+    assert_eq!(
+        dead[0].attempts, 0,
+        "an expired snoozed message was charged"
+    );
     Ok(())
 }

@@ -213,9 +213,13 @@ impl Worker {
         }
         // A job that failed because the grace period ran out was stopped by us: it goes
         // back for immediate redelivery, not through the retry backoff.
-        if hard_stop.is_cancelled()
-            && matches!(ending, Ending::Finished(Err(_)) | Ending::Panicked(_))
-        {
+        // (A job that asked to wait keeps its wait: it counts no attempt either way.)
+        let failed = match &ending {
+            Ending::Finished(Err(e)) => !matches!(e, JobError::Snooze { .. }),
+            Ending::Panicked(_) => true,
+            _ => false,
+        };
+        if hard_stop.is_cancelled() && failed {
             ending = Ending::ShutDown;
         }
         ending
@@ -287,12 +291,14 @@ impl Worker {
         }
     }
 
-    /// A job that has to wait: back after `after`, its attempt not counted (so neither
-    /// the backoff nor the attempt limit moves).
+    /// A job that has to wait: back after `after` (at least [`MIN_SNOOZE`], at most
+    /// [`MAX_SNOOZE`]), its attempt not counted (so neither the backoff nor the attempt
+    /// limit moves).
     async fn snoozed(&self, r: &Reservation, after: Duration, message: &str, rate_limited: bool) {
+        let after = after.clamp(MIN_SNOOZE, MAX_SNOOZE);
         match self.transport.snooze(r, after).await {
             Ok(()) => {
-                tracing::debug!(retry_in = ?after, rate_limited, "snoozed");
+                tracing::debug!(retry_in = ?after, rate_limited, reason = message, "snoozed");
                 let env = &r.envelope;
                 crate::metrics::snoozed(
                     self.tenant.as_deref(),
@@ -300,10 +306,15 @@ impl Worker {
                     &env.kind,
                     rate_limited,
                 );
-                // The attempt that ran is closed as pending, as an unrun give-back is.
-                self.record(|| {
-                    StatusUpdate::ended(env, env.attempts + 1, JobState::Pending, Some(message))
-                });
+                // The attempt that ran is closed as pending, as an unrun give-back is,
+                // keeping the last failure as it was. A transport that keeps start marks
+                // in the status store closed it already, before the message went back:
+                // written again here, after, it could land on the next run's start.
+                if !self.transport.capabilities().start_marks_in_status {
+                    self.record(|| {
+                        StatusUpdate::ended(env, env.attempts + 1, JobState::Pending, None)
+                    });
+                }
             }
             Err(err) => self.log_settle_error("snooze", &err),
         }
@@ -401,6 +412,13 @@ impl Worker {
         }
     }
 }
+
+/// The shortest snooze: the attempt's `pending` record, written in the background, then
+/// lands before the next run's start.
+const MIN_SNOOZE: Duration = Duration::from_secs(1);
+
+/// The longest snooze (100 years): a store adds it to its clock.
+const MAX_SNOOZE: Duration = Duration::from_secs(100 * 366 * 24 * 60 * 60);
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {

@@ -140,7 +140,8 @@ impl JobError {
         }
     }
 
-    /// Come back after `after`, without counting an attempt.
+    /// Come back after `after` (at least 1 s), without counting an attempt. Snoozes
+    /// are not limited: give a job that may wait for ever an expiry.
     pub fn snooze(after: Duration) -> Self {
         JobError::Snooze {
             message: format!("snoozed for {}", humantime::format_duration(after)),
