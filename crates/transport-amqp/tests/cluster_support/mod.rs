@@ -77,6 +77,30 @@ fn ctl_ok(node: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Joins `node` (its app stopped) to `seed`'s cluster; a join that fails (an aborted
+/// schema copy) is tried again from a reset node, three times in all.
+fn join(node: &str, seed: &str) {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let out = ctl(node, &["join_cluster", seed]);
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            tries < 3,
+            "rabbitmqctl -n {node} join_cluster {seed} failed {tries} times: {}",
+            text(&out)
+        );
+        eprintln!(
+            "join_cluster failed, resetting {node} and trying again: {}",
+            text(&out)
+        );
+        ctl_ok(node, &["reset"]);
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+}
+
 fn json(what: &str, out: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("{what} is not JSON ({e}): {out}"))
 }
@@ -174,16 +198,14 @@ impl Cluster {
             cluster.await_node(i);
         }
         let booted = started.elapsed();
-        std::thread::scope(|s| {
-            for i in 1..NODES {
-                s.spawn(move || {
-                    let node = node_name(i);
-                    ctl_ok(&node, &["stop_app"]);
-                    ctl_ok(&node, &["join_cluster", &node_name(0)]);
-                    ctl_ok(&node, &["start_app"]);
-                });
-            }
-        });
+        // One join at a time: two nodes joining at once can abort each other's schema
+        // copy (RabbitMQ 3.10: `{aborted, {shutdown, … sync_dump_log, schema_prepare}}`).
+        for i in 1..NODES {
+            let node = node_name(i);
+            ctl_ok(&node, &["stop_app"]);
+            join(&node, &node_name(0));
+            ctl_ok(&node, &["start_app"]);
+        }
         let running = cluster.running_nodes(0);
         assert_eq!(running.len(), NODES, "a cluster of three: {running:?}");
         eprintln!(
