@@ -41,9 +41,10 @@ pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     Claim, ClaimStrategy, Config, ConfigError, DeadLetter, DeadLetters, DeadSelection, DecodeError,
     DrainSetting, Duplicate, Envelope, EnvelopeBuilder, Error, GiveBack, HeldSelection, Holding,
-    Holdings, Identifier, LeaseToken, OnConflict, Published, QueueName, QueueStats, Receipt,
-    Reservation, Result, Scope, SecretUrl, Start, Transport, TransportExt, Unique, UniqueScope,
-    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
+    Holdings, Identifier, LeaseToken, Limit, LimitBy, LimitStore, LimitUsage, OnConflict,
+    Published, QueueName, QueueStats, Receipt, Reservation, Result, Scope, SecretUrl, Start,
+    Transport, TransportExt, Unique, UniqueScope, DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
 };
 
 mod router;
@@ -238,6 +239,9 @@ impl StatusStore for KeptOpen {
     }
     fn unique_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
         self.store.unique_keys()
+    }
+    fn limits(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
+        self.store.limits()
     }
 }
 

@@ -18,6 +18,8 @@ pub mod inbox;
 mod job_state;
 mod key_store;
 pub mod labels;
+pub mod limit;
+mod limit_store;
 pub mod metrics;
 mod names;
 mod published;
@@ -50,6 +52,8 @@ pub use envelope::{
 pub use error::{ConfigError, DecodeError, Error, Result};
 pub use holdings::{HeldSelection, Holding, Holdings};
 pub use key_store::UniqueKeyStore;
+pub use limit::{Acquired, Denial, Limit, LimitBy, LimitUsage, Rate, Want};
+pub use limit_store::{LimitLease, LimitStore};
 pub use names::{Identifier, QueueName};
 pub use published::{Duplicate, Published};
 pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};

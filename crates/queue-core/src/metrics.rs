@@ -39,6 +39,8 @@ pub const RELEASED: &str = "switchyard_released_total";
 pub const DEAD_LETTERED: &str = "switchyard_dead_lettered_total";
 /// Jobs that came back to wait without counting an attempt.
 pub const SNOOZED: &str = "switchyard_snoozed_total";
+/// Jobs a worker's limit held back before they ran.
+pub const LIMITED: &str = "switchyard_limited_total";
 /// How long handlers ran.
 pub const HANDLER_DURATION: &str = "switchyard_handler_duration_seconds";
 /// Messages per queue and state.
@@ -66,6 +68,10 @@ pub fn describe() {
     metrics::describe_counter!(
         SNOOZED,
         "Jobs that came back to wait without counting an attempt, by reason (snoozed, rate_limited)."
+    );
+    metrics::describe_counter!(
+        LIMITED,
+        "Jobs a limit held back before they ran (saturation), by limit (concurrency, rate, store_failed)."
     );
     metrics::describe_histogram!(
         HANDLER_DURATION,
@@ -146,6 +152,18 @@ pub(crate) fn snoozed(tenant: Option<&str>, queue: &str, kind: &str, rate_limite
         ],
     );
     metrics::counter!(SNOOZED, labels).increment(1);
+}
+
+pub(crate) fn limited(tenant: Option<&str>, queue: &str, kind: &str, by: &str) {
+    let labels = labels(
+        tenant,
+        [
+            ("queue", queue.to_owned()),
+            ("kind", kind.to_owned()),
+            ("limit", by.to_owned()),
+        ],
+    );
+    metrics::counter!(LIMITED, labels).increment(1);
 }
 
 pub(crate) fn handler_duration(tenant: Option<&str>, queue: &str, kind: &str, d: Duration) {

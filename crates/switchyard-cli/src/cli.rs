@@ -281,6 +281,11 @@ pub(crate) struct WorkArgs {
     /// message). Not on RabbitMQ, which cannot pass over messages in a queue
     #[arg(long = "label", value_name = "LABEL")]
     pub(crate) labels: Vec<String>,
+    /// A limit kept across every worker that declares it: BY[,kind=K][,concurrency=N]
+    /// [,rate=N/PERIOD][,burst=N], BY one of queue, kind, header:NAME, field:/POINTER
+    /// (header:tenant,concurrency=2 or queue,rate=50/s); repeat for several
+    #[arg(long = "limit", value_name = "LIMIT")]
+    pub(crate) limits: Vec<String>,
     /// This worker's name, recorded with host:pid as the holder of what it claims
     /// (`stats --held`, `switchyard job`, the dashboard)
     #[arg(long, env = "SWITCHYARD_WORKER_NAME", value_name = "NAME")]

@@ -97,7 +97,8 @@ impl Store for AmqpStore {
     )> {
         let t = Arc::new(AmqpTransport::connect(self.options(url())).await?);
         self.opened.lock().expect("the list").push(t.clone());
-        Ok((t, None))
+        let control = self.control.as_ref().map(|(_, sql)| sql.status_store());
+        Ok((t, control))
     }
 
     async fn open_unreachable(&self, _options: OpenOptions) -> Result<Arc<dyn Transport>> {
@@ -122,7 +123,8 @@ fn harness(kind: QueueKind) -> Arc<dyn Harness> {
     })
 }
 
-/// Quorum queues with a SQLite control store beside the broker, where unique keys live.
+/// Quorum queues with a SQLite control store beside the broker, where unique keys and
+/// limits live.
 fn controlled() -> Arc<dyn Harness> {
     Arc::new(AmqpHarness {
         kind: QueueKind::Quorum,
@@ -143,4 +145,5 @@ mod classic {
 /// The cases of unique keys, which RabbitMQ keeps in its control store.
 mod control_store {
     queue_core::conformance_tests!(unique_keys: super::controlled());
+    queue_core::conformance_tests!(limits: super::controlled());
 }

@@ -13,6 +13,7 @@ mod connect;
 mod cursor;
 mod error;
 mod inbox;
+mod limits;
 mod migrate;
 mod options;
 mod server;

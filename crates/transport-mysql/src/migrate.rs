@@ -29,6 +29,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         7,
         include_str!("../../../migrations/mysql/0007_unique_keys.sql"),
     ),
+    (8, include_str!("../../../migrations/mysql/0008_limits.sql")),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::broker_keys::MySqlBrokerKeys;
 use crate::error::SqlxResultExt;
+use crate::limits::MySqlLimits;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 
@@ -159,6 +160,8 @@ pub struct MySqlStatusStore {
     known: String,
     /// The key table's statements, for the broker key store.
     keys: Arc<KeySql>,
+    /// The limit tables.
+    limits: Arc<MySqlLimits>,
 }
 
 impl MySqlStatusStore {
@@ -170,6 +173,7 @@ impl MySqlStatusStore {
     ) -> Self {
         let s = |sql: &str| specialise(sql, schema, table);
         MySqlStatusStore {
+            limits: Arc::new(MySqlLimits::new(pool.clone(), schema, table)),
             pool,
             create_head: s(CREATE_HEAD),
             create_row: s(CREATE_ROW),
@@ -313,6 +317,10 @@ impl MySqlStatusStore {
 
 #[async_trait]
 impl StatusBackend for MySqlStatusStore {
+    fn limit_store(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
+        Some(self.limits.clone())
+    }
+
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
         Some(Arc::new(MySqlBrokerKeys::new(
             self.pool.clone(),

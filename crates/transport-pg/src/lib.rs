@@ -13,6 +13,7 @@ mod broker_keys;
 mod connect;
 mod error;
 mod inbox;
+mod limits;
 mod listener;
 mod migrate;
 mod options;

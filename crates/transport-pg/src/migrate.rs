@@ -35,6 +35,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         7,
         include_str!("../../../migrations/postgres/0007_unique_keys.sql"),
     ),
+    (
+        8,
+        include_str!("../../../migrations/postgres/0008_limits.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::broker_keys::PgBrokerKeys;
 use crate::error::SqlxResultExt;
+use crate::limits::PgLimits;
 use crate::listener;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
@@ -194,6 +195,8 @@ pub struct PgStatusStore {
     workers: String,
     /// The key table's statements, for the broker key store.
     keys: Arc<KeySql>,
+    /// The limit tables.
+    limits: Arc<PgLimits>,
 }
 
 impl PgStatusStore {
@@ -212,7 +215,6 @@ impl PgStatusStore {
             )
         };
         PgStatusStore {
-            pool,
             connect,
             channel: listener::channel(schema, &format!("{table}_status")),
             stop,
@@ -240,6 +242,8 @@ impl PgStatusStore {
             stopped: s(STOPPED),
             workers: s(WORKERS),
             keys: Arc::new(KeySql::new(schema, table)),
+            limits: Arc::new(PgLimits::new(pool.clone(), schema, table)),
+            pool,
         }
     }
 
@@ -395,6 +399,10 @@ impl StatusBackend for PgStatusStore {
             self.pool.clone(),
             self.keys.clone(),
         )))
+    }
+
+    fn limit_store(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
+        Some(self.limits.clone())
     }
 
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {

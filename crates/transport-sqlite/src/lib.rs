@@ -9,6 +9,7 @@
 mod broker_keys;
 mod error;
 mod inbox;
+mod limits;
 mod migrate;
 mod options;
 mod sql;

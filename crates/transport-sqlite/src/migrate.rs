@@ -28,6 +28,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         6,
         include_str!("../../../migrations/sqlite/0006_unique_keys.sql"),
     ),
+    (
+        7,
+        include_str!("../../../migrations/sqlite/0007_limits.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use crate::broker_keys::SqliteBrokerKeys;
 use crate::error::SqlxResultExt;
+use crate::limits::SqliteLimits;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 
@@ -156,12 +157,15 @@ pub struct SqliteStatusStore {
     workers: String,
     /// The key table's statements, for the broker key store.
     keys: Arc<KeySql>,
+    /// The limit tables.
+    limits: Arc<SqliteLimits>,
 }
 
 impl SqliteStatusStore {
     pub(crate) fn new(writer: SqlitePool, reader: SqlitePool, table: &str) -> Self {
         let s = |sql: &str| specialise(sql, table);
         SqliteStatusStore {
+            limits: Arc::new(SqliteLimits::new(writer.clone(), table)),
             writer,
             reader,
             create: s(CREATE),
@@ -258,6 +262,10 @@ fn try_rows(of: &[StatusUpdate]) -> String {
 
 #[async_trait]
 impl StatusBackend for SqliteStatusStore {
+    fn limit_store(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
+        Some(self.limits.clone())
+    }
+
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {
         Some(Arc::new(SqliteBrokerKeys::new(
             self.writer.clone(),

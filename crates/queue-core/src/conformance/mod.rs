@@ -14,6 +14,7 @@ mod harness;
 mod holder_cases;
 mod label_cases;
 mod lease_cases;
+pub mod limit_cases;
 mod ordering_cases;
 mod runner;
 mod shutdown_cases;
@@ -53,6 +54,15 @@ macro_rules! conformance_tests {
             debounce_moves_a_waiting_job_no_later_than_max_wait,
             racing_publishers_leave_one_job_per_key,
             invalid_unique_keys_are_refused
+        );
+    };
+    // The cases of limits: for a transport that keeps them only with a store beside it
+    // (RabbitMQ with its control store), run in a harness of their own.
+    (limits: $harness:expr) => {
+        $crate::conformance_tests!(@limits $harness;
+            a_concurrency_limit_holds_across_workers,
+            a_stale_lease_frees_no_slot,
+            a_rate_limit_spaces_starts_without_counting_attempts
         );
     };
     ($harness:expr) => {
@@ -96,6 +106,7 @@ macro_rules! conformance_tests {
             concurrent_claimers_keep_every_key_in_order
         );
         $crate::conformance_tests!(unique_keys: $harness);
+        $crate::conformance_tests!(limits: $harness);
         $crate::conformance_tests!(@worker $harness;
             worker_handles_every_message_once_and_coalesces_acks,
             worker_retries_with_backoff_then_dead_letters,
@@ -120,6 +131,14 @@ macro_rules! conformance_tests {
             #[test]
             fn $case() {
                 $crate::conformance::run($harness, $crate::conformance::worker_cases::$case);
+            }
+        )*
+    };
+    (@limits $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::limit_cases::$case);
             }
         )*
     };

@@ -12,6 +12,7 @@ mod claimed;
 mod connections;
 mod engine;
 mod fence;
+pub mod limits;
 mod status;
 mod store;
 pub mod unique;

@@ -132,6 +132,11 @@ pub trait StatusBackend: Send + Sync + fmt::Debug + 'static {
     fn broker_keys(&self) -> Option<std::sync::Arc<dyn crate::UniqueKeyStore>> {
         None
     }
+
+    /// The slots and buckets of limits in this store's limit tables.
+    fn limit_store(&self) -> Option<std::sync::Arc<dyn crate::LimitStore>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -240,6 +245,10 @@ impl<B: StatusBackend> StatusStore for B {
 
     fn unique_keys(&self) -> Option<std::sync::Arc<dyn crate::UniqueKeyStore>> {
         self.broker_keys()
+    }
+
+    fn limits(&self) -> Option<std::sync::Arc<dyn crate::LimitStore>> {
+        self.limit_store()
     }
 }
 

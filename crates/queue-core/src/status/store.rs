@@ -126,4 +126,10 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     fn unique_keys(&self) -> Option<std::sync::Arc<dyn crate::UniqueKeyStore>> {
         None
     }
+
+    /// The slots and buckets of workers' limits, kept in this store when it can (the
+    /// SQL stores; see [`LimitStore`](crate::LimitStore)).
+    fn limits(&self) -> Option<std::sync::Arc<dyn crate::LimitStore>> {
+        None
+    }
 }

@@ -48,6 +48,8 @@ pub struct Worker {
     pub(super) labels: Arc<[String]>,
     /// `options.tenant`, shared with each job's context.
     pub(super) tenant: Option<Arc<str>>,
+    /// Where those are kept: set when the worker starts, if it has limits.
+    pub(super) limit_store: Option<Arc<dyn crate::limit_store::LimitStore>>,
 }
 
 impl fmt::Debug for Worker {
@@ -77,6 +79,7 @@ impl Worker {
             holder: Arc::from(crate::registry::process_holder()),
             labels: Arc::from(Vec::new()),
             tenant: options_tenant,
+            limit_store: None,
         }
     }
 

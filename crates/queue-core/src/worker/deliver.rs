@@ -14,6 +14,7 @@ use super::acker::Acker;
 use super::builder::Worker;
 use super::handler::Report;
 use super::handler::{JobContext, JobError, JobResult};
+use super::limits::{HeldLease, Taken};
 use super::options::UnknownKind;
 use crate::error::Error;
 use crate::reason;
@@ -124,6 +125,11 @@ impl Worker {
         else {
             return;
         };
+        let held = match self.take_limits(&r).await {
+            Taken::Free => None,
+            Taken::Held(held) => Some(held),
+            Taken::HeldBack => return,
+        };
         let cancel = hard_stop.child_token();
         let attempt = env.attempts + 1;
         // A transport that marks starts in the status store has recorded this one.
@@ -150,7 +156,9 @@ impl Worker {
         let job = tokio::spawn(
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
         );
-        let ending = self.watch(&r, job, &cancel, &hard_stop).await;
+        let ending = self
+            .watch(&r, held.as_ref(), job, &cancel, &hard_stop)
+            .await;
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
         crate::metrics::handler_duration(self.tenant.as_deref(), &env.queue, &env.kind, elapsed);
@@ -160,6 +168,11 @@ impl Worker {
         };
         self.settle(r, ending, result, max_attempts, elapsed, acker)
             .await;
+        // The run is over whatever its settlement came to: a stale lease's free names a
+        // token its slots no longer carry, and frees nothing.
+        if let Some(held) = held {
+            self.free_limits(&held).await;
+        }
     }
 
     /// Waits for the handler's end while renewing its lease every third of it; on a
@@ -167,6 +180,7 @@ impl Worker {
     async fn watch(
         &self,
         r: &Reservation,
+        held: Option<&HeldLease>,
         mut job: tokio::task::JoinHandle<JobResult>,
         cancel: &CancellationToken,
         hard_stop: &CancellationToken,
@@ -191,7 +205,15 @@ impl Worker {
                 _ = cancel.cancelled() => break Ending::ShutDown,
                 // The heartbeat: only jobs that outlive a third of the lease pay for it.
                 _ = beat.tick() => match self.transport.extend(r, lease).await {
-                    Ok(()) => tracing::trace!("lease extended"),
+                    Ok(()) => {
+                        tracing::trace!("lease extended");
+                        if let Some(held) = held {
+                            if !self.renew_limits(held, lease).await {
+                                tracing::warn!("heartbeat found the job's limit slots lost; cancelling the handler");
+                                break Ending::LeaseLost;
+                            }
+                        }
+                    }
                     Err(err) if err.is_lease_lost() => {
                         tracing::warn!("heartbeat found the lease lost; cancelling the handler");
                         break Ending::LeaseLost;

@@ -4,7 +4,8 @@
 //! How the pieces fit: [`Worker::run`] (`run.rs`) starts the fetcher (`fetch.rs`), which
 //! claims batches into a channel; the dispatcher (`dispatch.rs`) takes them off it,
 //! marks them started and runs each in its own task (`deliver.rs`), whose acks the
-//! acker (`acker.rs`) commits in batches.
+//! acker (`acker.rs`) commits in batches. A limited job takes its slots first
+//! (`limits.rs`).
 
 mod acker;
 mod builder;
@@ -13,6 +14,7 @@ mod deliver;
 mod dispatch;
 mod fetch;
 mod handler;
+mod limits;
 mod options;
 mod registration;
 mod retry;

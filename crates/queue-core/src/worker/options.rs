@@ -59,6 +59,9 @@ pub struct WorkerOptions {
     /// [`crate::tenants`]): told to handlers ([`JobContext::tenant`](super::JobContext::tenant))
     /// and put on the worker's metrics.
     pub tenant: Option<String>,
+    /// Limits on how many of its jobs run at once or start per period, kept across
+    /// every worker that declares the same (see [`crate::limit`]).
+    pub limits: Vec<crate::limit::Limit>,
 }
 
 impl Default for WorkerOptions {
@@ -77,6 +80,7 @@ impl Default for WorkerOptions {
             name: None,
             labels: Vec::new(),
             tenant: None,
+            limits: Vec::new(),
         }
     }
 }
@@ -150,6 +154,12 @@ impl WorkerOptions {
         S: Into<String>,
     {
         self.labels = labels.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Adds limits its jobs keep (see [`crate::limit`]).
+    pub fn with_limits(mut self, limits: impl IntoIterator<Item = crate::limit::Limit>) -> Self {
+        self.limits.extend(limits);
         self
     }
 

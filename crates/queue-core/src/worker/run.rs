@@ -37,6 +37,7 @@ impl Worker {
         self.check_status_store()?;
         let mut this = self;
         this.claim_as()?;
+        this.check_limits()?;
         let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);

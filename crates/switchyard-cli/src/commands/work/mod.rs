@@ -47,7 +47,13 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         .with_timeout(timeout)
         .with_grace_period(parse_duration("--grace", &args.grace)?)
         .with_drain(args.drain)
-        .with_labels(labels_arg(&args.labels)?);
+        .with_labels(labels_arg(&args.labels)?)
+        .with_limits(
+            args.limits
+                .iter()
+                .map(|spec| switchyard::Limit::parse(spec))
+                .collect::<switchyard::Result<Vec<_>>>()?,
+        );
     let options = match &args.name {
         Some(name) => options.with_name(name.clone()),
         None => options,

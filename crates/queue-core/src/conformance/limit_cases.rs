@@ -1,0 +1,232 @@
+//! Cases of limits: slots held by leases across workers, a stale lease freeing nothing,
+//! and a rate that spaces starts without counting attempts.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::harness::{Harness, OpenOptions, Store};
+use super::worker_support::{drain, fast, fresh_queue};
+use crate::limit::{Acquired, Limit};
+use crate::limit_store::{LimitLease, LimitStore};
+use crate::status::StatusStore;
+use crate::worker::{handler_fn, JobContext, Worker};
+use crate::{Envelope, QueueName, Result, Transport};
+
+/// What a limited case opens: the store, its transport, the status store beside it
+/// (where workers find the limit store) and the limit store.
+type Limited = (
+    Box<dyn Store>,
+    Arc<dyn Transport>,
+    Arc<dyn StatusStore>,
+    Arc<dyn LimitStore>,
+);
+
+/// A fresh store's transport, status store and limit store, or `None` (said why) where
+/// the backend keeps no limits (RabbitMQ without a control store).
+async fn open_limited(h: &Arc<dyn Harness>) -> Result<Option<Limited>> {
+    let store = h.store().await?;
+    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
+    let limits = status.as_ref().and_then(|s| s.limits());
+    match (status, limits) {
+        (Some(status), Some(limits)) => Ok(Some((store, t, status, limits))),
+        _ => {
+            eprintln!(
+                "not applicable to {}: no store beside it keeps limits",
+                t.name()
+            );
+            Ok(None)
+        }
+    }
+}
+
+fn keyed(q: &QueueName, key: &str, n: usize) -> Envelope {
+    Envelope::builder(q.as_str(), "call")
+        .payload(&serde_json::json!({ "k": key, "n": n }))
+        .build()
+        .expect("a valid envelope")
+}
+
+/// Per key: how many run now, and the most that ever ran at once.
+type Probe = Arc<Mutex<HashMap<String, (usize, usize)>>>;
+
+/// A limit of 2 per key holds across two workers of 8 handlers each: never more than 2
+/// of a key run at once, every job runs once and on its first attempt (waits count
+/// none), and no slot is held once they are done.
+pub async fn a_concurrency_limit_holds_across_workers(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, status, limits)) = open_limited(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let mut envs = Vec::new();
+    for key in ["a", "b", "c"] {
+        for n in 0..6 {
+            envs.push(keyed(&q, key, n));
+        }
+    }
+    t.publish_batch(envs.clone()).await?;
+    let probe: Probe = Arc::default();
+    let runs: Arc<Mutex<Vec<(uuid::Uuid, u32)>>> = Arc::default();
+    let worker = || {
+        let (probe, runs) = (probe.clone(), runs.clone());
+        Worker::new(t.clone(), q.clone(), fast().with_concurrency(8))
+            .with_status(status.clone())
+            .limit(Limit::per_field("/k").concurrency(2))
+            .handle_any(handler_fn(move |ctx: JobContext| {
+                let (probe, runs) = (probe.clone(), runs.clone());
+                async move {
+                    let key: serde_json::Value = ctx
+                        .payload()
+                        .map_err(|e| crate::worker::JobError::fail(e.to_string()))?;
+                    let key = key["k"].as_str().unwrap_or_default().to_owned();
+                    if let Ok(mut p) = probe.lock() {
+                        let e = p.entry(key.clone()).or_default();
+                        e.0 += 1;
+                        e.1 = e.1.max(e.0);
+                    }
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    if let Ok(mut p) = probe.lock() {
+                        if let Some(e) = p.get_mut(&key) {
+                            e.0 -= 1;
+                        }
+                    }
+                    if let Ok(mut r) = runs.lock() {
+                        r.push((ctx.envelope.id, ctx.attempt));
+                    }
+                    Ok(())
+                }
+            }))
+    };
+    let (one, two) = tokio::join!(drain(worker()), drain(worker()));
+    one?;
+    two?;
+    let probe = probe.lock().expect("the probe").clone();
+    for (key, (_, most)) in &probe {
+        assert!(
+            *most <= 2,
+            "key {key}: {most} ran at once under a limit of 2"
+        );
+    }
+    assert!(
+        probe.values().any(|(_, most)| *most == 2),
+        "no key ever ran two at once: {probe:?}"
+    );
+    let runs = runs.lock().expect("the runs").clone();
+    let ids: HashSet<_> = runs.iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        runs.len(),
+        envs.len(),
+        "a job ran twice or not at all: {runs:?}"
+    );
+    assert_eq!(ids.len(), envs.len());
+    assert!(
+        runs.iter().all(|(_, attempt)| *attempt == 1),
+        "a wait for a slot counted an attempt: {runs:?}"
+    );
+    let held: u64 = limits
+        .usage()
+        .await?
+        .iter()
+        .filter(|u| u.queue == q.as_str())
+        .map(|u| u.running)
+        .sum();
+    assert_eq!(held, 0, "slots stayed held after every job was done");
+    Ok(())
+}
+
+/// A lease's slot counts until its hold runs out, and then is another's: the stale
+/// lease's free and renewal touch nothing of its successor's (even of the same job).
+pub async fn a_stale_lease_frees_no_slot(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, _t, _status, limits)) = open_limited(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let want = [Limit::per_queue().concurrency(1).want("queue".to_owned())];
+    let lease = |id: &'static str, token: &'static str| LimitLease {
+        queue: q.as_str(),
+        id,
+        token,
+    };
+    let (stale, other, successor) = (lease("x", "t1"), lease("y", "t2"), lease("x", "t3"));
+    let hold = Duration::from_millis(400);
+    let limits = limits.as_ref();
+    let take = |l| limits.acquire(l, hold, &want);
+    assert_eq!(take(stale).await?, Acquired::Granted);
+    assert!(
+        matches!(take(other).await?, Acquired::Wait { .. }),
+        "a second job took the only slot"
+    );
+    assert!(
+        matches!(take(successor).await?, Acquired::Wait { .. }),
+        "the job's next lease took the slot while the first still held it"
+    );
+    assert!(
+        limits.extend(stale, hold).await?,
+        "a live slot was not renewed"
+    );
+    tokio::time::sleep(hold + Duration::from_millis(200)).await;
+    assert_eq!(
+        take(successor).await?,
+        Acquired::Granted,
+        "a run-out slot stayed held"
+    );
+    // The stale lease wakes up: its renewal fails and its free frees nothing.
+    assert!(
+        !limits.extend(stale, hold).await?,
+        "a run-out slot was renewed"
+    );
+    limits.release(stale).await?;
+    assert!(
+        matches!(take(other).await?, Acquired::Wait { .. }),
+        "the stale lease's free freed its successor's slot"
+    );
+    assert!(limits.extend(successor, hold).await?);
+    limits.release(successor).await?;
+    assert_eq!(take(other).await?, Acquired::Granted);
+    limits.release(other).await?;
+    Ok(())
+}
+
+/// A rate of 20 a second with a burst of 2 never starts more than 2 + 20 × t jobs in any
+/// t seconds, and the jobs it holds back run on their first attempt.
+pub async fn a_rate_limit_spaces_starts_without_counting_attempts(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let Some((_store, t, status, _limits)) = open_limited(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let envs: Vec<Envelope> = (0..12).map(|n| keyed(&q, "a", n)).collect();
+    t.publish_batch(envs.clone()).await?;
+    let starts: Arc<Mutex<Vec<(Instant, u32)>>> = Arc::default();
+    let s = starts.clone();
+    let worker = Worker::new(t.clone(), q.clone(), fast().with_concurrency(8))
+        .with_status(status)
+        .limit(Limit::per_queue().rate(20, Duration::from_secs(1)).burst(2))
+        .handle_any(handler_fn(move |ctx: JobContext| {
+            if let Ok(mut s) = s.lock() {
+                s.push((Instant::now(), ctx.attempt));
+            }
+            async { Ok(()) }
+        }));
+    drain(worker).await?;
+    let mut starts = starts.lock().expect("the starts").clone();
+    assert_eq!(starts.len(), envs.len(), "not every job ran once");
+    assert!(
+        starts.iter().all(|(_, a)| *a == 1),
+        "a wait for a token counted an attempt"
+    );
+    starts.sort_by_key(|(at, _)| *at);
+    for i in 0..starts.len() {
+        for j in i + 1..starts.len() {
+            let span = starts[j].0.duration_since(starts[i].0).as_secs_f64();
+            let allowed = 2.0 + 20.0 * span + 1.0;
+            let n = (j - i + 1) as f64;
+            assert!(
+                n <= allowed,
+                "{n} starts within {span:.3} s under 20/s with a burst of 2"
+            );
+        }
+    }
+    Ok(())
+}

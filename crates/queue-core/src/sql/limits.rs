@@ -1,0 +1,418 @@
+//! Limits in a SQL store: the decision every SQL backend makes in one transaction over
+//! its two limit tables (`<table>_limits`, a row per key with its bucket, locked while a
+//! job takes it; `<table>_limit_holders`, a row per job holding a slot or booked a
+//! start), and the statements a backend runs for it ([`LimitTable`]).
+//!
+//! A slot is a holder row naming the lease's token, held while `held_until` is ahead of
+//! the store's clock: renewed by the lease's heartbeat, deleted by its ack, release or
+//! dead letter, and left to run out with the lease when the worker dies. Each statement
+//! that touches it names the token, so a stale lease frees nothing. A rate's bucket
+//! refills by the store's clock; a job that finds it empty books the next free start
+//! (a holder row without a token), takes the token ahead (the bucket goes negative), and
+//! is told to come back then.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::limit::{Acquired, Denial, Want};
+use crate::limit_store::LimitLease;
+
+/// How long a job denied a slot waits, at the least; each wait is up to twice this.
+pub const SLOT_WAIT: Duration = Duration::from_millis(500);
+
+/// How long a booked start is kept past its time, for a job that comes back late.
+pub const BOOKING_KEPT_US: i64 = 3_600_000_000;
+
+/// A key's row, locked.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket {
+    /// Tokens left (`None`: never used; a full bucket).
+    pub tokens: Option<f64>,
+    /// When the bucket was last refilled (µs).
+    pub refilled_us: i64,
+    /// The store's clock (µs).
+    pub now_us: i64,
+}
+
+/// This job's own holder row under a key.
+#[derive(Debug, Clone)]
+pub struct Mine {
+    /// The lease holding the slot (`None`: a booked start).
+    pub token: Option<String>,
+    /// A booked start's time (µs).
+    pub run_at_us: Option<i64>,
+}
+
+/// A write to a holder row.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// The lease, for a slot; `None` for a booked start.
+    pub token: Option<&'a str>,
+    /// A booked start's time (µs).
+    pub run_at_us: Option<i64>,
+    /// Until when the row counts (µs).
+    pub until_us: i64,
+}
+
+/// What a backend runs on its limit tables, inside one transaction.
+#[async_trait]
+pub trait LimitTable: Send {
+    /// Creates `key`'s row when missing and locks it: its bucket and the store's clock.
+    async fn lock(&mut self, queue: &str, key: &str) -> Result<Bucket>;
+
+    /// Deletes `key`'s holder rows that ran out by `now_us`; then the job's own row.
+    async fn mine(&mut self, queue: &str, key: &str, id: &str, now_us: i64)
+        -> Result<Option<Mine>>;
+
+    /// Slots of `key` held at `now_us`, but this lease's own.
+    async fn running(&mut self, lease: LimitLease<'_>, key: &str, now_us: i64) -> Result<u64>;
+
+    /// Writes the job's holder row (replacing any other of the job under the key).
+    async fn hold(&mut self, lease: LimitLease<'_>, hold: Hold<'_>) -> Result<()>;
+
+    /// Deletes the job's holder row under `key` (a booked start, taken).
+    async fn unhold(&mut self, lease: LimitLease<'_>, key: &str) -> Result<()>;
+
+    /// Saves `key`'s bucket and the limits last declared for it.
+    async fn save(
+        &mut self,
+        queue: &str,
+        want: &Want,
+        tokens: Option<f64>,
+        refilled_us: i64,
+    ) -> Result<()>;
+}
+
+/// What one key says.
+enum Verdict {
+    /// Run: hold a slot (when limited), take a token (`Some`: the bucket after) or a
+    /// booking (`took_booking`).
+    Go {
+        tokens: Option<f64>,
+        took_booking: bool,
+    },
+    /// Out of tokens: booked at this time (`new_booking`: booked just now, the bucket
+    /// after).
+    Later {
+        run_at_us: i64,
+        new_booking: Option<f64>,
+    },
+}
+
+/// Takes the slots and tokens of `wants` for `lease`, all or none (see the module
+/// documentation). The caller commits whatever this returns: a denial writes only
+/// bookings.
+pub async fn acquire<T: LimitTable>(
+    mut t: T,
+    lease: LimitLease<'_>,
+    hold: Duration,
+    wants: &[Want],
+) -> Result<Acquired> {
+    let mut wants: Vec<&Want> = wants.iter().collect();
+    // One order for every transaction: two jobs sharing keys cannot deadlock.
+    wants.sort_by(|a, b| a.key.cmp(&b.key));
+    wants.dedup_by(|a, b| a.key == b.key);
+    let mut verdicts = Vec::with_capacity(wants.len());
+    for want in &wants {
+        let bucket = t.lock(lease.queue, &want.key).await?;
+        let now = bucket.now_us;
+        let mine = t.mine(lease.queue, &want.key, lease.id, now).await?;
+        if let Some(n) = want.concurrency {
+            if t.running(lease, &want.key, now).await? >= u64::from(n) {
+                return Ok(Acquired::Wait {
+                    after: jittered(SLOT_WAIT),
+                    by: Denial::Concurrency,
+                });
+            }
+        }
+        let booked = mine
+            .as_ref()
+            .filter(|m| m.token.is_none())
+            .and_then(|m| m.run_at_us);
+        let verdict = match (want.rate, booked) {
+            (None, _) => Verdict::Go {
+                tokens: None,
+                took_booking: booked.is_some(),
+            },
+            (Some(_), Some(at)) if at <= now => Verdict::Go {
+                tokens: None,
+                took_booking: true,
+            },
+            (Some(_), Some(at)) => Verdict::Later {
+                run_at_us: at,
+                new_booking: None,
+            },
+            (Some(rate), None) => {
+                let per_us = rate.per_micro();
+                let burst = f64::from(rate.burst);
+                let elapsed = (now - bucket.refilled_us).max(0) as f64;
+                let tokens = bucket
+                    .tokens
+                    .map_or(burst, |t| (t + elapsed * per_us).min(burst));
+                if tokens >= 1.0 {
+                    Verdict::Go {
+                        tokens: Some(tokens - 1.0),
+                        took_booking: false,
+                    }
+                } else {
+                    let wait_us = ((1.0 - tokens) / per_us).ceil() as i64;
+                    Verdict::Later {
+                        run_at_us: now + wait_us.max(1),
+                        new_booking: Some(tokens - 1.0),
+                    }
+                }
+            }
+        };
+        verdicts.push((*want, now, verdict));
+    }
+    let later = verdicts
+        .iter()
+        .filter_map(|(_, now, v)| match v {
+            Verdict::Later { run_at_us, .. } => Some(run_at_us - now),
+            _ => None,
+        })
+        .max();
+    if let Some(wait_us) = later {
+        for (want, now, verdict) in &verdicts {
+            if let Verdict::Later {
+                run_at_us,
+                new_booking: Some(tokens),
+            } = verdict
+            {
+                let booking = Hold {
+                    key: &want.key,
+                    token: None,
+                    run_at_us: Some(*run_at_us),
+                    until_us: run_at_us + BOOKING_KEPT_US,
+                };
+                t.hold(lease, booking).await?;
+                t.save(lease.queue, want, Some(*tokens), *now).await?;
+            }
+        }
+        return Ok(Acquired::Wait {
+            after: Duration::from_micros(u64::try_from(wait_us).unwrap_or(0)),
+            by: Denial::Rate,
+        });
+    }
+    let hold_us = crate::time_units::micros(hold);
+    for (want, now, verdict) in &verdicts {
+        let Verdict::Go {
+            tokens,
+            took_booking,
+        } = verdict
+        else {
+            continue;
+        };
+        if want.concurrency.is_some() {
+            let slot = Hold {
+                key: &want.key,
+                token: Some(lease.token),
+                run_at_us: None,
+                until_us: now + hold_us,
+            };
+            t.hold(lease, slot).await?;
+        } else if *took_booking {
+            t.unhold(lease, &want.key).await?;
+        }
+        if tokens.is_some() || want.rate.is_none() {
+            t.save(lease.queue, want, *tokens, *now).await?;
+        }
+    }
+    Ok(Acquired::Granted)
+}
+
+/// `base` to twice `base`: jobs denied together come back spread out.
+fn jittered(base: Duration) -> Duration {
+    base + base.mul_f64(fastrand::f64())
+}
+
+/// The SQL dialects the limit statements are written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// PostgreSQL: `$n` parameters, the server's clock in µs written out.
+    Postgres,
+    /// MySQL and MariaDB: backquoted names; `{NOW}` left for the backend.
+    MySql,
+    /// SQLite: no row locks (the write lock serialises); `{NOW}` left for the backend.
+    Sqlite,
+}
+
+/// The limit tables' statements in one dialect, for the default table name: a backend
+/// specialises them for its table as it does its own.
+#[derive(Debug, Clone)]
+pub struct LimitStatements {
+    /// Creates a key's row (queue, key) unless it exists.
+    pub ensure: String,
+    /// A key's row, locked (queue, key): tokens, refilled_at, the clock.
+    pub lock: String,
+    /// Deletes a key's holders that ran out (queue, key, now).
+    pub expire: String,
+    /// A job's holder row under a key (queue, key, id): token, run_at.
+    pub mine: String,
+    /// Slots held under a key (queue, key, now, id, token), but the lease's own.
+    pub running: String,
+    /// Writes a job's holder row (queue, key, id, token, run_at, held_until).
+    pub hold: String,
+    /// Deletes a job's booked start (queue, key, id).
+    pub unhold: String,
+    /// Saves a key's bucket and limits (concurrency, rate, tokens, refilled_at, queue,
+    /// key).
+    pub save: String,
+    /// Renews a lease's live slots (hold µs, queue, id, token).
+    pub extend: String,
+    /// Deletes a lease's holder rows (queue, id, token).
+    pub release: String,
+    /// Each key's use: queue, key, concurrency, rate, tokens, running.
+    pub usage: String,
+}
+
+const ENSURE: &str =
+    "INSERT {IGNORE}INTO \"switchyard_jobs_limits\" (queue, limit_key, refilled_at)
+    VALUES (?, ?, {NOW}){NOTHING}";
+const LOCK: &str = "SELECT tokens, refilled_at, {NOW_I64} FROM \"switchyard_jobs_limits\"
+ WHERE queue = ? AND limit_key = ?{FOR_UPDATE}";
+const EXPIRE: &str = "DELETE FROM \"switchyard_jobs_limit_holders\"
+ WHERE queue = ? AND limit_key = ? AND held_until <= ?";
+const MINE: &str = "SELECT token, run_at FROM \"switchyard_jobs_limit_holders\"
+ WHERE queue = ? AND limit_key = ? AND id = ?";
+const RUNNING: &str = "SELECT COUNT(*) FROM \"switchyard_jobs_limit_holders\"
+ WHERE queue = ? AND limit_key = ? AND token IS NOT NULL AND held_until > ?
+   AND NOT (id = ? AND token = ?)";
+const HOLD: &str = "INSERT INTO \"switchyard_jobs_limit_holders\"
+    (queue, limit_key, id, token, run_at, held_until) VALUES (?, ?, ?, ?, ?, ?){UPSERT}";
+const UNHOLD: &str = "DELETE FROM \"switchyard_jobs_limit_holders\"
+ WHERE queue = ? AND limit_key = ? AND id = ? AND token IS NULL";
+const SAVE: &str = "UPDATE \"switchyard_jobs_limits\"
+   SET concurrency = ?, rate_per_second = ?, tokens = ?, refilled_at = ?
+ WHERE queue = ? AND limit_key = ?";
+const EXTEND: &str = "UPDATE \"switchyard_jobs_limit_holders\" SET held_until = {NOW} + ?
+ WHERE queue = ? AND id = ? AND token = ? AND held_until > {NOW}";
+const RELEASE: &str = "DELETE FROM \"switchyard_jobs_limit_holders\"
+ WHERE queue = ? AND id = ? AND token = ?";
+const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_second, l.tokens,
+       (SELECT COUNT(*) FROM \"switchyard_jobs_limit_holders\" h
+         WHERE h.queue = l.queue AND h.limit_key = l.limit_key AND h.token IS NOT NULL
+           AND h.held_until > {NOW}) AS running
+  FROM \"switchyard_jobs_limits\" l
+ ORDER BY running DESC, l.queue, l.limit_key LIMIT 1000";
+
+/// PostgreSQL's clock in µs since the epoch.
+const PG_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+
+impl LimitStatements {
+    /// The statements in `dialect`.
+    pub fn new(dialect: Dialect) -> Self {
+        let s = |sql: &str| {
+            let (ignore, nothing, for_update, upsert, now_i64) = match dialect {
+                Dialect::Postgres => (
+                    "",
+                    " ON CONFLICT DO NOTHING",
+                    " FOR UPDATE",
+                    " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
+                     run_at = excluded.run_at, held_until = excluded.held_until",
+                    "{NOW}",
+                ),
+                Dialect::MySql => (
+                    "IGNORE ",
+                    "",
+                    " FOR UPDATE",
+                    " ON DUPLICATE KEY UPDATE token = VALUES(token), run_at = VALUES(run_at), \
+                     held_until = VALUES(held_until)",
+                    "CAST({NOW} AS SIGNED)",
+                ),
+                Dialect::Sqlite => (
+                    "",
+                    " ON CONFLICT DO NOTHING",
+                    "",
+                    " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
+                     run_at = excluded.run_at, held_until = excluded.held_until",
+                    "{NOW}",
+                ),
+            };
+            let sql = sql
+                .replace("{IGNORE}", ignore)
+                .replace("{NOTHING}", nothing)
+                .replace("{FOR_UPDATE}", for_update)
+                .replace("{UPSERT}", upsert)
+                .replace("{NOW_I64}", now_i64);
+            match dialect {
+                Dialect::Postgres => numbered(&sql.replace("{NOW}", PG_NOW)),
+                Dialect::MySql => sql.replace('"', "`"),
+                Dialect::Sqlite => sql,
+            }
+        };
+        LimitStatements {
+            ensure: s(ENSURE),
+            lock: s(LOCK),
+            expire: s(EXPIRE),
+            mine: s(MINE),
+            running: s(RUNNING),
+            hold: s(HOLD),
+            unhold: s(UNHOLD),
+            save: s(SAVE),
+            extend: s(EXTEND),
+            release: s(RELEASE),
+            usage: s(USAGE),
+        }
+    }
+
+    /// Each statement through `f` (a backend's table specialisation).
+    pub fn map(self, f: impl Fn(&str) -> String) -> Self {
+        LimitStatements {
+            ensure: f(&self.ensure),
+            lock: f(&self.lock),
+            expire: f(&self.expire),
+            mine: f(&self.mine),
+            running: f(&self.running),
+            hold: f(&self.hold),
+            unhold: f(&self.unhold),
+            save: f(&self.save),
+            extend: f(&self.extend),
+            release: f(&self.release),
+            usage: f(&self.usage),
+        }
+    }
+}
+
+/// `?` placeholders numbered `$1`, `$2`, … (the statements hold no `?` in literals).
+fn numbered(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 16);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_per_dialect() {
+        let pg = LimitStatements::new(Dialect::Postgres);
+        assert!(
+            pg.running.contains("AND NOT (id = $4 AND token = $5)"),
+            "{}",
+            pg.running
+        );
+        assert!(pg.lock.ends_with("FOR UPDATE"), "{}", pg.lock);
+        let my = LimitStatements::new(Dialect::MySql);
+        assert!(my
+            .ensure
+            .starts_with("INSERT IGNORE INTO `switchyard_jobs_limits`"));
+        assert!(my.hold.contains("ON DUPLICATE KEY UPDATE"));
+        let lite = LimitStatements::new(Dialect::Sqlite);
+        assert!(!lite.lock.contains("FOR UPDATE"));
+        assert!(lite.extend.contains("{NOW}"));
+    }
+}

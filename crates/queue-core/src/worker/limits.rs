@@ -1,0 +1,146 @@
+//! The worker's side of limits ([`crate::limit`]): a job takes its slots and tokens
+//! before its handler runs, renews them with its lease's heartbeat, and frees them when
+//! its run ends; a job that finds a limit reached goes back without running and without
+//! counting an attempt.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::builder::Worker;
+use crate::error::{ConfigError, Error, Result};
+use crate::limit::{Acquired, Limit, Want};
+use crate::limit_store::{LimitLease, LimitStore};
+use crate::reservation::Reservation;
+use crate::transport_ext::TransportExt;
+
+/// The shortest wait of a job a limit held back (a store adds it to its clock).
+const MIN_WAIT: Duration = Duration::from_millis(10);
+
+/// How long a job waits when the limit store could not be asked.
+const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// What taking a job's limits came to.
+pub(super) enum Taken {
+    /// The job is not limited.
+    Free,
+    /// It holds slots or tokens under this lease: renew and free them.
+    Held(HeldLease),
+    /// A limit held it back: it is back in its queue.
+    HeldBack,
+}
+
+/// The lease a job's slots belong to, kept past the reservation's settlement.
+pub(super) struct HeldLease {
+    queue: String,
+    id: String,
+    token: String,
+}
+
+impl HeldLease {
+    fn lease(&self) -> LimitLease<'_> {
+        LimitLease {
+            queue: &self.queue,
+            id: &self.id,
+            token: &self.token,
+        }
+    }
+}
+
+impl Worker {
+    /// Limits `limit` the jobs of this worker, across every worker that declares the same
+    /// (see [`crate::limit`]). Kept in the status store given by
+    /// [`for_jobs`](Worker::for_jobs) or [`with_status`](Worker::with_status) (a SQL
+    /// store), unless [`with_limit_store`](Worker::with_limit_store) names another.
+    pub fn limit(mut self, limit: Limit) -> Self {
+        self.options.limits.push(limit);
+        self
+    }
+
+    /// Keeps the slots and buckets of this worker's limits in `store`.
+    pub fn with_limit_store(mut self, store: Arc<dyn LimitStore>) -> Self {
+        self.limit_store = Some(store);
+        self
+    }
+
+    /// Checks the limits and finds their store.
+    pub(super) fn check_limits(&mut self) -> Result<()> {
+        if self.options.limits.is_empty() {
+            return Ok(());
+        }
+        for limit in &self.options.limits {
+            limit.check()?;
+        }
+        if self.limit_store.is_none() {
+            self.limit_store = self.status.as_ref().and_then(|s| s.limits());
+        }
+        if self.limit_store.is_none() {
+            return Err(Error::Config(ConfigError::new(
+                "worker limits",
+                Some(format!("{} limit(s)", self.options.limits.len())),
+                "a store to keep them in: a SQL status store (Worker::for_jobs over \
+                 PostgreSQL, MySQL or SQLite, or RabbitMQ with a control store)",
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes `r`'s slots and tokens, or sends it back to wait.
+    pub(super) async fn take_limits(&self, r: &Reservation) -> Taken {
+        let Some(store) = &self.limit_store else {
+            return Taken::Free;
+        };
+        let env = &r.envelope;
+        let wants: Vec<Want> = self
+            .options
+            .limits
+            .iter()
+            .filter_map(|l| l.key_of(env).map(|key| l.want(key)))
+            .collect();
+        if wants.is_empty() {
+            return Taken::Free;
+        }
+        let held = HeldLease {
+            queue: env.queue.to_string(),
+            id: env.id.to_string(),
+            token: r.token().to_string(),
+        };
+        let (wait, by) = match store.acquire(held.lease(), r.lease, &wants).await {
+            Ok(Acquired::Granted) => return Taken::Held(held),
+            Ok(Acquired::Wait { after, by }) => (after, by.as_str()),
+            Err(err) => {
+                tracing::warn!(error = %err, "the limit store failed; the job waits and tries again");
+                (STORE_DOWN_WAIT, "store_failed")
+            }
+        };
+        let wait = wait.max(MIN_WAIT);
+        crate::metrics::limited(self.tenant.as_deref(), &env.queue, &env.kind, by);
+        match self.transport.snooze(r, wait).await {
+            Ok(()) => tracing::debug!(retry_in = ?wait, limit = by, "held back by a limit"),
+            Err(err) => self.log_settle_error("limit wait", &err),
+        }
+        Taken::HeldBack
+    }
+
+    /// Renews `held`'s slots for another `lease`; `false` when they are lost.
+    pub(super) async fn renew_limits(&self, held: &HeldLease, lease: Duration) -> bool {
+        let Some(store) = &self.limit_store else {
+            return true;
+        };
+        match store.extend(held.lease(), lease).await {
+            Ok(kept) => kept,
+            Err(err) => {
+                tracing::warn!(error = %err, "renewing the job's limit slots failed; retrying at the next beat");
+                true
+            }
+        }
+    }
+
+    /// Frees `held`'s slots (a failure leaves them to run out with the lease).
+    pub(super) async fn free_limits(&self, held: &HeldLease) {
+        if let Some(store) = &self.limit_store {
+            if let Err(err) = store.release(held.lease()).await {
+                tracing::warn!(error = %err, "freeing the job's limit slots failed; they run out with its lease");
+            }
+        }
+    }
+}

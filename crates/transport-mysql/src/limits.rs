@@ -1,0 +1,226 @@
+//! Workers' limits kept in this database ([`queue_core::sql::limits`]): for the
+//! transport's own jobs, and for RabbitMQ's when this database is its control store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use queue_core::sql::broker_keys::again_while_transient;
+use queue_core::sql::limits::{acquire, Bucket, Dialect, Hold, LimitStatements, LimitTable, Mine};
+use queue_core::sql::micros;
+use queue_core::{Acquired, LimitLease, LimitStore, LimitUsage, Result, Want};
+use sqlx::{MySqlConnection, MySqlPool, Row};
+
+use crate::error::SqlxResultExt;
+
+/// How many times an acquire runs in all when it loses deadlocks.
+const DEADLOCK_TRIES: usize = 5;
+
+/// The limit tables of one table of jobs.
+#[derive(Debug)]
+pub(crate) struct MySqlLimits {
+    pool: MySqlPool,
+    sql: Arc<LimitStatements>,
+}
+
+impl MySqlLimits {
+    pub(crate) fn new(pool: MySqlPool, schema: Option<&str>, table: &str) -> Self {
+        let sql =
+            LimitStatements::new(Dialect::MySql).map(|s| crate::sql::specialise(s, schema, table));
+        MySqlLimits {
+            pool,
+            sql: Arc::new(sql),
+        }
+    }
+}
+
+/// The limit tables on one transaction.
+struct Tables<'a> {
+    sql: &'a LimitStatements,
+    conn: &'a mut MySqlConnection,
+}
+
+#[async_trait]
+impl LimitTable for Tables<'_> {
+    async fn lock(&mut self, queue: &str, key: &str) -> Result<Bucket> {
+        sqlx::query(&self.sql.ensure)
+            .bind(queue)
+            .bind(key)
+            .execute(&mut *self.conn)
+            .await
+            .backend()?;
+        let row = sqlx::query(&self.sql.lock)
+            .bind(queue)
+            .bind(key)
+            .fetch_one(&mut *self.conn)
+            .await
+            .backend()?;
+        Ok(Bucket {
+            tokens: row.try_get(0).backend()?,
+            refilled_us: row.try_get(1).backend()?,
+            now_us: row.try_get(2).backend()?,
+        })
+    }
+
+    async fn mine(
+        &mut self,
+        queue: &str,
+        key: &str,
+        id: &str,
+        now_us: i64,
+    ) -> Result<Option<Mine>> {
+        sqlx::query(&self.sql.expire)
+            .bind(queue)
+            .bind(key)
+            .bind(now_us)
+            .execute(&mut *self.conn)
+            .await
+            .backend()?;
+        let row = sqlx::query(&self.sql.mine)
+            .bind(queue)
+            .bind(key)
+            .bind(id)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .backend()?;
+        row.map(|r| {
+            Ok(Mine {
+                token: text(r.try_get(0).backend()?),
+                run_at_us: r.try_get(1).backend()?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn running(&mut self, lease: LimitLease<'_>, key: &str, now_us: i64) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(&self.sql.running)
+            .bind(lease.queue)
+            .bind(key)
+            .bind(now_us)
+            .bind(lease.id)
+            .bind(lease.token)
+            .fetch_one(&mut *self.conn)
+            .await
+            .backend()?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn hold(&mut self, lease: LimitLease<'_>, hold: Hold<'_>) -> Result<()> {
+        sqlx::query(&self.sql.hold)
+            .bind(lease.queue)
+            .bind(hold.key)
+            .bind(lease.id)
+            .bind(hold.token)
+            .bind(hold.run_at_us)
+            .bind(hold.until_us)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+
+    async fn unhold(&mut self, lease: LimitLease<'_>, key: &str) -> Result<()> {
+        sqlx::query(&self.sql.unhold)
+            .bind(lease.queue)
+            .bind(key)
+            .bind(lease.id)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+
+    async fn save(
+        &mut self,
+        queue: &str,
+        want: &Want,
+        tokens: Option<f64>,
+        refilled_us: i64,
+    ) -> Result<()> {
+        sqlx::query(&self.sql.save)
+            .bind(
+                want.concurrency
+                    .map(|n| i32::try_from(n).unwrap_or(i32::MAX)),
+            )
+            .bind(want.rate.map(|r| r.per_micro() * 1_000_000.0))
+            .bind(tokens)
+            .bind(refilled_us)
+            .bind(queue)
+            .bind(&want.key)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+}
+
+#[async_trait]
+impl LimitStore for MySqlLimits {
+    async fn acquire(
+        &self,
+        lease: LimitLease<'_>,
+        hold: Duration,
+        wants: &[Want],
+    ) -> Result<Acquired> {
+        again_while_transient(DEADLOCK_TRIES, || async {
+            let mut tx = self.pool.begin().await.backend()?;
+            let tables = Tables {
+                sql: &self.sql,
+                conn: &mut tx,
+            };
+            let acquired = acquire(tables, lease, hold, wants).await?;
+            tx.commit().await.backend()?;
+            Ok(acquired)
+        })
+        .await
+    }
+
+    async fn extend(&self, lease: LimitLease<'_>, hold: Duration) -> Result<bool> {
+        let done = sqlx::query(&self.sql.extend)
+            .bind(micros(hold))
+            .bind(lease.queue)
+            .bind(lease.id)
+            .bind(lease.token)
+            .execute(&self.pool)
+            .await
+            .backend()?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn release(&self, lease: LimitLease<'_>) -> Result<()> {
+        sqlx::query(&self.sql.release)
+            .bind(lease.queue)
+            .bind(lease.id)
+            .bind(lease.token)
+            .execute(&self.pool)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+
+    async fn usage(&self) -> Result<Vec<LimitUsage>> {
+        let rows = sqlx::query(&self.sql.usage)
+            .fetch_all(&self.pool)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| {
+                let concurrency: Option<i32> = r.try_get(2).backend()?;
+                let running: i64 = r.try_get(5).backend()?;
+                Ok(LimitUsage {
+                    queue: text(r.try_get(0).backend()?).unwrap_or_default(),
+                    key: text(r.try_get(1).backend()?).unwrap_or_default(),
+                    concurrency: concurrency.and_then(|n| u32::try_from(n).ok()),
+                    running: u64::try_from(running).unwrap_or(0),
+                    rate_per_second: r.try_get(3).backend()?,
+                    tokens: r.try_get(4).backend()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A text column of a binary collation, which the driver hands over as bytes.
+fn text(bytes: Option<Vec<u8>>) -> Option<String> {
+    bytes.map(|b| String::from_utf8_lossy(&b).into_owned())
+}
