@@ -349,6 +349,9 @@ pub(crate) struct StatsArgs {
     /// With --held, at most this many, longest held first
     #[arg(long, default_value_t = 100, requires = "held")]
     pub(crate) limit: usize,
+    /// List the keys of workers' limits (`work --limit`): slots held and buckets
+    #[arg(long, conflicts_with = "held")]
+    pub(crate) limits: bool,
 }
 
 #[derive(Debug, Clone, Subcommand)]

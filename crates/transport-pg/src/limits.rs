@@ -14,7 +14,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use crate::error::SqlxResultExt;
 
 /// How many times an acquire runs in all when it loses deadlocks.
-const DEADLOCK_TRIES: usize = 5;
+const DEADLOCK_TRIES: usize = 20;
 
 /// The limit tables of one table of jobs.
 #[derive(Debug)]
@@ -42,40 +42,45 @@ struct Tables<'a> {
 
 #[async_trait]
 impl LimitTable for Tables<'_> {
-    async fn lock(&mut self, queue: &str, key: &str) -> Result<Bucket> {
+    async fn lock(&mut self, queue: &str, key: &str) -> Result<Option<Bucket>> {
+        let row = sqlx::query(&self.sql.lock)
+            .bind(queue)
+            .bind(key)
+            .fetch_optional(&mut *self.conn)
+            .await
+            .backend()?;
+        row.map(|row| {
+            Ok(Bucket {
+                tokens: row.try_get(0).backend()?,
+                refilled_us: row.try_get(1).backend()?,
+                now_us: row.try_get(2).backend()?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn ensure(&mut self, queue: &str, key: &str) -> Result<()> {
         sqlx::query(&self.sql.ensure)
             .bind(queue)
             .bind(key)
             .execute(&mut *self.conn)
             .await
-            .backend()?;
-        let row = sqlx::query(&self.sql.lock)
-            .bind(queue)
-            .bind(key)
-            .fetch_one(&mut *self.conn)
-            .await
-            .backend()?;
-        Ok(Bucket {
-            tokens: row.try_get(0).backend()?,
-            refilled_us: row.try_get(1).backend()?,
-            now_us: row.try_get(2).backend()?,
-        })
+            .backend()
+            .map(|_| ())
     }
 
-    async fn mine(
-        &mut self,
-        queue: &str,
-        key: &str,
-        id: &str,
-        now_us: i64,
-    ) -> Result<Option<Mine>> {
+    async fn expire(&mut self, queue: &str, key: &str, now_us: i64) -> Result<()> {
         sqlx::query(&self.sql.expire)
             .bind(queue)
             .bind(key)
             .bind(now_us)
             .execute(&mut *self.conn)
             .await
-            .backend()?;
+            .backend()
+            .map(|_| ())
+    }
+
+    async fn mine(&mut self, queue: &str, key: &str, id: &str) -> Result<Option<Mine>> {
         let row = sqlx::query(&self.sql.mine)
             .bind(queue)
             .bind(key)

@@ -89,7 +89,7 @@ impl<B: BrokerKeySql> UniqueKeyStore for B {
 }
 
 /// Runs `attempt` (a whole transaction) again while it fails transiently (a lost
-/// deadlock), up to `tries` times in all.
+/// deadlock, a busy SQLite file), up to `tries` times in all, a little apart.
 pub async fn again_while_transient<T, F, Fut>(tries: usize, mut attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -100,7 +100,11 @@ where
         tried += 1;
         match attempt().await {
             Err(err) if err.is_transient() && tried < tries => {
-                tracing::debug!(error = %err, "a transaction of unique keys runs again");
+                tracing::debug!(error = %err, "a transaction runs again");
+                // Apart, and a little later each time: SQLite answers a busy file at
+                // once when waiting could deadlock, and those who collided would again.
+                let ms = 2 * tried as u64 + fastrand::u64(..5 * tried as u64);
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
             }
             other => return other,
         }

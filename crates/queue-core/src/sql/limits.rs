@@ -22,6 +22,13 @@ use crate::limit_store::LimitLease;
 /// How long a job denied a slot waits, at the least; each wait is up to twice this.
 pub const SLOT_WAIT: Duration = Duration::from_millis(500);
 
+/// One start in this many deletes its key's holder rows that ran out.
+const EXPIRE_ONE_IN: u32 = 32;
+
+/// How late a job may come back for its booked start and still take it (a worker
+/// polling an idle queue looks once a second at the longest).
+const LATE_GRACE_US: i64 = 1_500_000;
+
 /// How long a booked start is kept past its time, for a job that comes back late.
 pub const BOOKING_KEPT_US: i64 = 3_600_000_000;
 
@@ -61,12 +68,17 @@ pub struct Hold<'a> {
 /// What a backend runs on its limit tables, inside one transaction.
 #[async_trait]
 pub trait LimitTable: Send {
-    /// Creates `key`'s row when missing and locks it: its bucket and the store's clock.
-    async fn lock(&mut self, queue: &str, key: &str) -> Result<Bucket>;
+    /// Locks `key`'s row: its bucket and the store's clock; `None` when it is missing.
+    async fn lock(&mut self, queue: &str, key: &str) -> Result<Option<Bucket>>;
 
-    /// Deletes `key`'s holder rows that ran out by `now_us`; then the job's own row.
-    async fn mine(&mut self, queue: &str, key: &str, id: &str, now_us: i64)
-        -> Result<Option<Mine>>;
+    /// Creates `key`'s row unless another transaction has.
+    async fn ensure(&mut self, queue: &str, key: &str) -> Result<()>;
+
+    /// Deletes `key`'s holder rows that ran out by `now_us`.
+    async fn expire(&mut self, queue: &str, key: &str, now_us: i64) -> Result<()>;
+
+    /// The job's own holder row under `key`.
+    async fn mine(&mut self, queue: &str, key: &str, id: &str) -> Result<Option<Mine>>;
 
     /// Slots of `key` held at `now_us`, but this lease's own.
     async fn running(&mut self, lease: LimitLease<'_>, key: &str, now_us: i64) -> Result<u64>;
@@ -118,9 +130,27 @@ pub async fn acquire<T: LimitTable>(
     wants.dedup_by(|a, b| a.key == b.key);
     let mut verdicts = Vec::with_capacity(wants.len());
     for want in &wants {
-        let bucket = t.lock(lease.queue, &want.key).await?;
+        // The row is locked before any write: on MySQL a duplicate insert first takes
+        // a shared lock, and two of those upgrading deadlock each other.
+        let bucket = match t.lock(lease.queue, &want.key).await? {
+            Some(bucket) => bucket,
+            None => {
+                t.ensure(lease.queue, &want.key).await?;
+                t.lock(lease.queue, &want.key).await?.ok_or_else(|| {
+                    crate::Error::Conflict(format!(
+                        "the limit row of {} in queue {} vanished while it was taken",
+                        want.key, lease.queue
+                    ))
+                })?
+            }
+        };
         let now = bucket.now_us;
-        let mine = t.mine(lease.queue, &want.key, lease.id, now).await?;
+        // Rows that ran out count for nothing; they are deleted now and then rather
+        // than by every start, which would read all of a key's bookings each time.
+        if fastrand::u32(..EXPIRE_ONE_IN) == 0 {
+            t.expire(lease.queue, &want.key, now).await?;
+        }
+        let mine = t.mine(lease.queue, &want.key, lease.id).await?;
         if let Some(n) = want.concurrency {
             if t.running(lease, &want.key, now).await? >= u64::from(n) {
                 return Ok(Acquired::Wait {
@@ -138,15 +168,17 @@ pub async fn acquire<T: LimitTable>(
                 tokens: None,
                 took_booking: booked.is_some(),
             },
-            (Some(_), Some(at)) if at <= now => Verdict::Go {
-                tokens: None,
-                took_booking: true,
-            },
-            (Some(_), Some(at)) => Verdict::Later {
+            (Some(_), Some(at)) if at > now => Verdict::Later {
                 run_at_us: at,
                 new_booking: None,
             },
-            (Some(rate), None) => {
+            (Some(_), Some(at)) if now - at <= LATE_GRACE_US => Verdict::Go {
+                tokens: None,
+                took_booking: true,
+            },
+            // Booked, but back so late that running now would bunch starts up: it asks
+            // again as if new (its booked start is lost).
+            (Some(rate), _) => {
                 let per_us = rate.per_micro();
                 let burst = f64::from(rate.burst);
                 let elapsed = (now - bucket.refilled_us).max(0) as f64;
@@ -156,7 +188,7 @@ pub async fn acquire<T: LimitTable>(
                 if tokens >= 1.0 {
                     Verdict::Go {
                         tokens: Some(tokens - 1.0),
-                        took_booking: false,
+                        took_booking: booked.is_some(),
                     }
                 } else {
                     let wait_us = ((1.0 - tokens) / per_us).ceil() as i64;

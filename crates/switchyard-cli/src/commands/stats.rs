@@ -10,6 +10,9 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     if args.held {
         return held(config, queue.as_ref(), args.limit, json).await;
     }
+    if args.limits {
+        return limits(config, queue.as_ref(), json).await;
+    }
     if config.migrating() {
         return migration(config, queue.as_ref(), json).await;
     }
@@ -66,6 +69,52 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
             s.oldest_ready_age
                 .map(human_duration)
                 .unwrap_or_else(|| "-".into())
+        );
+    }
+    Ok(())
+}
+
+/// `stats --limits`: each key of a worker's limit, its slots held and its bucket.
+async fn limits(config: &Config, queue: Option<&QueueName>, json: bool) -> Result<()> {
+    let jobs = switchyard::connect_existing_jobs(config).await?;
+    let Some(store) = jobs.store().and_then(|s| s.limits()) else {
+        return Err(switchyard::Error::NotSupported(format!(
+            "{} keeps no limits without a SQL store beside it (QUEUE_STATUS=on and a DATABASE_URL)",
+            jobs.transport().name()
+        )));
+    };
+    let usage: Vec<_> = store
+        .usage()
+        .await?
+        .into_iter()
+        .filter(|u| queue.is_none_or(|q| q.as_str() == u.queue))
+        .collect();
+    if json {
+        return crate::output::json_line(&serde_json::json!({ "limits": usage }));
+    }
+    if usage.is_empty() {
+        outln!("no limit has been used");
+        return Ok(());
+    }
+    outln!(
+        "{:<24} {:<40} {:>8} {:>12} {:>10} {:>10}",
+        "QUEUE",
+        "KEY",
+        "RUNNING",
+        "CONCURRENCY",
+        "RATE/S",
+        "TOKENS"
+    );
+    let shown = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    for u in usage {
+        outln!(
+            "{:<24} {:<40} {:>8} {:>12} {:>10} {:>10}",
+            u.queue,
+            u.key,
+            u.running,
+            shown(u.concurrency.map(|n| n.to_string())),
+            shown(u.rate_per_second.map(|r| format!("{r:.2}"))),
+            shown(u.tokens.map(|t| format!("{t:.1}")))
         );
     }
     Ok(())
