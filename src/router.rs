@@ -225,6 +225,8 @@ impl Transport for Router {
         caps.ordering_keys = a.ordering_keys || b.ordering_keys;
         // Likewise a unique key's jobs: one side holds the key.
         caps.unique_keys = a.unique_keys || b.unique_keys;
+        // Limits live in the status store, which both sides share.
+        caps.limits = a.limits && b.limits;
         caps.unique_replace = if a.unique_keys {
             a.unique_replace
         } else {

@@ -74,6 +74,11 @@ pub struct Capabilities {
     /// A unique key's `replace` rule (debounce) moves a waiting job: RabbitMQ cannot
     /// change a message it already queues.
     pub unique_replace: bool,
+    /// Workers' limits ([`Limit`](crate::Limit)) can be kept: their slots and buckets
+    /// live in the SQL store beside the jobs (its status store), for RabbitMQ in its
+    /// control store. A worker with limits needs that store
+    /// ([`Worker::for_jobs`](crate::worker::Worker::for_jobs)).
+    pub limits: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -105,6 +110,7 @@ impl Default for Capabilities {
             ordering_keys: false,
             unique_keys: false,
             unique_replace: false,
+            limits: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

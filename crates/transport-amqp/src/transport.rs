@@ -332,6 +332,11 @@ impl Transport for AmqpTransport {
         caps.charges_only_started = self.options().control_store.is_some();
         caps.start_marks_in_status = self.options().control_store.is_some();
         caps.unique_keys = self.unique_keys.is_some();
+        caps.limits = self
+            .options()
+            .control_store
+            .as_ref()
+            .is_some_and(|store| store.limits().is_some());
         caps
     }
 

@@ -28,6 +28,11 @@ async fn open_limited(h: &Arc<dyn Harness>) -> Result<Option<Limited>> {
     let store = h.store().await?;
     let (t, status) = store.open_with_status(OpenOptions::default()).await?;
     let limits = status.as_ref().and_then(|s| s.limits());
+    assert_eq!(
+        t.capabilities().limits,
+        limits.is_some(),
+        "the capability `limits` says otherwise than the store beside the transport"
+    );
     match (status, limits) {
         (Some(status), Some(limits)) => Ok(Some((store, t, status, limits))),
         _ => {

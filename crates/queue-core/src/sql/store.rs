@@ -156,6 +156,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         holders: true,
         ordering_keys: true,
         unique_keys: true,
+        limits: true,
         unique_replace: true,
         max_payload_bytes,
         ..Capabilities::default()
