@@ -39,12 +39,12 @@ pub use queue_core::tenants::TenantSelection;
 pub use queue_core::{labels, metrics, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
-    Claim, ClaimStrategy, Config, ConfigError, DeadLetter, DeadLetters, DeadSelection, DecodeError,
-    DrainSetting, Duplicate, Envelope, EnvelopeBuilder, Error, GiveBack, HeldSelection, Holding,
-    Holdings, Identifier, LeaseToken, Limit, LimitBy, LimitStore, LimitUsage, OnConflict,
-    Published, QueueName, QueueStats, Receipt, Reservation, Result, Scope, SecretUrl, Start,
-    Transport, TransportExt, Unique, UniqueScope, DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
+    Claim, ClaimStrategy, Config, ConfigError, Controls, DeadLetter, DeadLetters, DeadSelection,
+    DecodeError, DrainSetting, Duplicate, Envelope, EnvelopeBuilder, Error, GiveBack,
+    HeldSelection, Holding, Holdings, Identifier, LeaseToken, Limit, LimitBy, LimitStore,
+    LimitUsage, OnConflict, Paused, Published, QueueName, QueueStats, Receipt, Reservation, Result,
+    Scope, SecretUrl, Start, Transport, TransportExt, Unique, UniqueScope,
+    DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_VISIBILITY_TIMEOUT, ENVELOPE_VERSION,
 };
 
 mod router;
@@ -242,6 +242,9 @@ impl StatusStore for KeptOpen {
     }
     fn limits(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
         self.store.limits()
+    }
+    fn controls(&self) -> Option<Arc<dyn queue_core::Controls>> {
+        self.store.controls()
     }
 }
 

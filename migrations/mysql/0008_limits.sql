@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS `switchyard_jobs_limits` (
     refilled_at     BIGINT       NOT NULL,
     PRIMARY KEY (queue, limit_key)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
-CREATE TABLE IF NOT EXISTS `switchyard_jobs_limit_holders` (
+CREATE TABLE IF NOT EXISTS `switchyard_jobs_holds` (
     queue      VARCHAR(191) NOT NULL,
     limit_key  VARCHAR(191) NOT NULL,
     id         VARCHAR(64)  NOT NULL,  -- the job
@@ -26,5 +26,5 @@ CREATE TABLE IF NOT EXISTS `switchyard_jobs_limit_holders` (
     run_at     BIGINT       NULL,      -- a booked start's time
     held_until BIGINT       NOT NULL,  -- counts until then
     PRIMARY KEY (queue, limit_key, id),
-    KEY switchyard_jobs_limit_holders_job (queue, id)
+    KEY by_job (queue, id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

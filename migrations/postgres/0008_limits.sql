@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_limits" (
     refilled_at     bigint NOT NULL,  -- when the bucket was last refilled
     PRIMARY KEY (queue, limit_key)
 );
-CREATE TABLE IF NOT EXISTS "switchyard_jobs_limit_holders" (
+CREATE TABLE IF NOT EXISTS "switchyard_jobs_holds" (
     queue      text COLLATE "C" NOT NULL,
     limit_key  text COLLATE "C" NOT NULL,
     id         text COLLATE "C" NOT NULL, -- the job
@@ -27,5 +27,5 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_limit_holders" (
     held_until bigint NOT NULL,           -- counts until then
     PRIMARY KEY (queue, limit_key, id)
 );
-CREATE INDEX IF NOT EXISTS switchyard_jobs_limit_holders_job
-    ON "switchyard_jobs_limit_holders" (queue, id);
+CREATE INDEX IF NOT EXISTS switchyard_jobs_hjob
+    ON "switchyard_jobs_holds" (queue, id);

@@ -18,7 +18,7 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_limits" (
     refilled_at     INTEGER NOT NULL,
     PRIMARY KEY (queue, limit_key)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS "switchyard_jobs_limit_holders" (
+CREATE TABLE IF NOT EXISTS "switchyard_jobs_holds" (
     queue      TEXT    NOT NULL,
     limit_key  TEXT    NOT NULL,
     id         TEXT    NOT NULL,  -- the job
@@ -27,5 +27,5 @@ CREATE TABLE IF NOT EXISTS "switchyard_jobs_limit_holders" (
     held_until INTEGER NOT NULL,  -- counts until then
     PRIMARY KEY (queue, limit_key, id)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS "switchyard_jobs_limit_holders_job"
-    ON "switchyard_jobs_limit_holders" (queue, id);
+CREATE INDEX IF NOT EXISTS "switchyard_jobs_hjob"
+    ON "switchyard_jobs_holds" (queue, id);

@@ -22,17 +22,22 @@ pub enum JobState {
     /// Dead-lettered for any other reason: attempts exhausted, expired, no handler.
     /// Final.
     Dead,
+    /// Cancelled by an operator ([`Controls::cancel`](crate::Controls::cancel),
+    /// `switchyard cancel`): never run, or its handler cancelled; the message is gone.
+    /// Final.
+    Cancelled,
 }
 
 impl JobState {
     /// Every state, in the order a job usually passes through them.
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
         JobState::Pending,
         JobState::Running,
         JobState::Retrying,
         JobState::Completed,
         JobState::Failed,
         JobState::Dead,
+        JobState::Cancelled,
     ];
 
     /// The stored name.
@@ -44,6 +49,7 @@ impl JobState {
             JobState::Retrying => "retrying",
             JobState::Failed => "failed",
             JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
         }
     }
 
@@ -56,7 +62,7 @@ impl JobState {
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            JobState::Completed | JobState::Failed | JobState::Dead
+            JobState::Completed | JobState::Failed | JobState::Dead | JobState::Cancelled
         )
     }
 }

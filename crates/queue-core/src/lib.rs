@@ -9,6 +9,7 @@
 mod capabilities;
 mod config;
 pub mod connect;
+mod controls;
 mod dead_letters;
 mod envelope;
 mod error;
@@ -45,6 +46,7 @@ pub use capabilities::{Capabilities, DEFAULT_MAX_PAYLOAD_BYTES};
 pub use config::{
     parse_duration, BackendKind, ClaimStrategy, Config, DrainSetting, DEFAULT_VISIBILITY_TIMEOUT,
 };
+pub use controls::{Controls, Paused};
 pub use dead_letters::{DeadLetter, DeadLetters, DeadSelection};
 pub use envelope::{
     check_ordering_key, Envelope, EnvelopeBuilder, ENVELOPE_VERSION, MAX_ORDERING_KEY_LEN,

@@ -156,6 +156,9 @@ impl Limit {
             LimitBy::Header(h) if h.is_empty() => {
                 Err(Error::InvalidInput("limit header name is empty".to_owned()))
             }
+            _ if self.kind.as_deref() == Some("") => Err(Error::InvalidInput(format!(
+                "limit {self} names an empty kind: give kind=NAME or leave it out"
+            ))),
             _ => Ok(()),
         }
     }

@@ -39,6 +39,8 @@ pub const RELEASED: &str = "switchyard_released_total";
 pub const DEAD_LETTERED: &str = "switchyard_dead_lettered_total";
 /// Jobs that came back to wait without counting an attempt.
 pub const SNOOZED: &str = "switchyard_snoozed_total";
+/// Jobs an operator cancelled, as a worker ended them.
+pub const CANCELLED: &str = "switchyard_cancelled_total";
 /// Jobs a worker's limit held back before they ran.
 pub const LIMITED: &str = "switchyard_limited_total";
 /// How long handlers ran.
@@ -68,6 +70,10 @@ pub fn describe() {
     metrics::describe_counter!(
         SNOOZED,
         "Jobs that came back to wait without counting an attempt, by reason (snoozed, rate_limited)."
+    );
+    metrics::describe_counter!(
+        CANCELLED,
+        "Jobs an operator cancelled, as a worker ended them, by whether their handler had started (ran: true, false)."
     );
     metrics::describe_counter!(
         LIMITED,
@@ -152,6 +158,18 @@ pub(crate) fn snoozed(tenant: Option<&str>, queue: &str, kind: &str, rate_limite
         ],
     );
     metrics::counter!(SNOOZED, labels).increment(1);
+}
+
+pub(crate) fn cancelled(tenant: Option<&str>, queue: &str, kind: &str, ran: bool) {
+    let labels = labels(
+        tenant,
+        [
+            ("queue", queue.to_owned()),
+            ("kind", kind.to_owned()),
+            ("ran", ran.to_string()),
+        ],
+    );
+    metrics::counter!(CANCELLED, labels).increment(1);
 }
 
 pub(crate) fn limited(tenant: Option<&str>, queue: &str, kind: &str, by: &str) {

@@ -93,13 +93,14 @@ impl Identifier {
     }
 
     /// Validates `value` as the name of a queue table: an identifier short enough for
-    /// the `_status`, `_tries`, `_procs`, `_dead`, `_claim` and `_due` names derived from
-    /// it (56 characters,
+    /// the `_status`, `_tries`, `_procs`, `_dead`, `_claim`, `_due`, `_limits`, `_cancel`
+    /// and other names derived from it (56 characters,
     /// so they stay within PostgreSQL's 63), and not itself such a derived name.
     pub fn table(setting: &str, value: impl Into<String>) -> Result<Self, ConfigError> {
         let id = Identifier::new(setting, value)?;
         let derived = [
             "_dead", "_claim", "_due", "_expiry", "_status", "_tries", "_procs", "_sfin", "_supd",
+            "_unique", "_limits", "_holds", "_hjob", "_paused", "_cancel",
         ]
         .iter()
         .find(|suffix| id.0.ends_with(*suffix));
@@ -107,7 +108,7 @@ impl Identifier {
             return Err(ConfigError::new(
                 setting,
                 Some(id.0),
-                "a bare SQL identifier of at most 56 characters that does not end in _status, _tries, _procs, _dead, _claim, _due, _expiry, _sfin or _supd (those name the tables and indexes derived from it)",
+                "a bare SQL identifier of at most 56 characters that does not end in _status, _tries, _procs, _dead, _claim, _due, _expiry, _sfin, _supd, _unique, _limits, _holds, _hjob, _paused or _cancel (those name the tables and indexes derived from it)",
             ));
         }
         Ok(id)

@@ -87,6 +87,56 @@ pub(crate) enum Command {
     /// The admin server: dashboard, JSON API, live job events and Prometheus metrics
     #[command(after_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
+    /// Stop every worker from starting a queue's jobs (or one kind's) until resumed
+    #[command(after_help = PAUSE_EXAMPLES)]
+    Pause(PauseArgs),
+    /// Let workers start a paused queue's (or kind's) jobs again
+    #[command(after_help = PAUSE_EXAMPLES)]
+    Resume(PauseArgs),
+    /// Cancel jobs by id or by filter: a waiting job never runs, a running one's handler
+    /// is cancelled; both end `cancelled`
+    #[command(after_help = CANCEL_EXAMPLES)]
+    Cancel(CancelArgs),
+}
+
+const PAUSE_EXAMPLES: &str = "Examples:
+  switchyard pause invoices
+  switchyard pause invoices --kind reminder
+  switchyard resume invoices";
+
+const CANCEL_EXAMPLES: &str = "Examples:
+  switchyard cancel 0195e2c4-7d1a-7b8e-9c55-3f1d2a6b8e90
+  switchyard cancel --queue imports --state pending --older-than 1h --dry-run
+  switchyard cancel --queue imports --kind csv";
+
+#[derive(Debug, Args)]
+pub(crate) struct PauseArgs {
+    /// The queue
+    pub(crate) queue: String,
+    /// Only this kind of the queue's jobs
+    #[arg(long)]
+    pub(crate) kind: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CancelArgs {
+    /// Jobs to cancel, by id
+    pub(crate) ids: Vec<String>,
+    /// Every unfinished job of this queue (with the other filters)
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// Only jobs of this kind
+    #[arg(long)]
+    pub(crate) kind: Option<String>,
+    /// Only jobs in this state: pending, retrying or running
+    #[arg(long)]
+    pub(crate) state: Option<String>,
+    /// Only jobs published longer ago than this, e.g. 1h
+    #[arg(long, value_name = "DUR")]
+    pub(crate) older_than: Option<String>,
+    /// Count what would be cancelled, and cancel nothing
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 }
 
 const MIGRATE_EXAMPLES: &str = "Examples:

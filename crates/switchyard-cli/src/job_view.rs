@@ -127,6 +127,7 @@ fn location(s: &JobStatus, backend: &str) -> String {
             None => on("running"),
         },
         JobState::Completed => "done: acknowledged and removed from its queue".to_owned(),
+        JobState::Cancelled => "cancelled: removed from its queue".to_owned(),
         JobState::Failed | JobState::Dead => format!(
             "a dead letter of queue {} ({backend}); replay it with `switchyard dead replay --id {}`",
             s.queue, s.id

@@ -10,6 +10,7 @@
 
 mod broker_keys;
 mod connect;
+mod controls;
 mod cursor;
 mod error;
 mod inbox;

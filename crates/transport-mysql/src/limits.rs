@@ -92,6 +92,7 @@ impl LimitTable for Tables<'_> {
             Ok(Mine {
                 token: text(r.try_get(0).backend()?),
                 run_at_us: r.try_get(1).backend()?,
+                held_until_us: r.try_get(2).backend()?,
             })
         })
         .transpose()

@@ -30,6 +30,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         include_str!("../../../migrations/mysql/0007_unique_keys.sql"),
     ),
     (8, include_str!("../../../migrations/mysql/0008_limits.sql")),
+    (
+        9,
+        include_str!("../../../migrations/mysql/0009_controls.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

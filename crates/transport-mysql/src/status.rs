@@ -14,6 +14,7 @@ use sqlx::{MySqlPool, Row};
 use uuid::Uuid;
 
 use crate::broker_keys::MySqlBrokerKeys;
+use crate::controls::MySqlControls;
 use crate::error::SqlxResultExt;
 use crate::limits::MySqlLimits;
 use crate::sql::specialise;
@@ -55,8 +56,8 @@ ON DUPLICATE KEY UPDATE
     attempts = IF(@ok, VALUES(attempts), attempts),
     state = IF(@ok, VALUES(state), state)";
 const OK: &str = "(VALUES(attempts) > attempts \
-    OR (VALUES(attempts) = attempts AND state NOT IN ('completed', 'failed', 'dead')) \
-    OR (VALUES(runs) = 1 AND state IN ('completed', 'failed', 'dead')))";
+    OR (VALUES(attempts) = attempts AND state NOT IN ('completed', 'failed', 'dead', 'cancelled')) \
+    OR (VALUES(runs) = 1 AND state IN ('completed', 'failed', 'dead', 'cancelled')))";
 
 const RESET: &str = "
 UPDATE `switchyard_jobs_status`
@@ -126,7 +127,7 @@ DELETE FROM `switchyard_jobs_status`
 const THROUGHPUT: &str = "
 SELECT queue, CAST(FLOOR(finished_at / ?) * ? AS SIGNED) AS bucket,
        CAST(SUM(state = 'completed') AS SIGNED) AS completed,
-       CAST(SUM(state <> 'completed') AS SIGNED) AS failed
+       CAST(SUM(state IN ('failed', 'dead')) AS SIGNED) AS failed
   FROM `switchyard_jobs_status`
  WHERE finished_at IS NOT NULL AND finished_at >= {NOW} - ?
  GROUP BY 1, 2 ORDER BY 2, 1";
@@ -162,6 +163,8 @@ pub struct MySqlStatusStore {
     keys: Arc<KeySql>,
     /// The limit tables.
     limits: Arc<MySqlLimits>,
+    /// The control tables.
+    controls: Arc<MySqlControls>,
 }
 
 impl MySqlStatusStore {
@@ -173,6 +176,7 @@ impl MySqlStatusStore {
     ) -> Self {
         let s = |sql: &str| specialise(sql, schema, table);
         MySqlStatusStore {
+            controls: Arc::new(MySqlControls::new(pool.clone(), schema, table)),
             limits: Arc::new(MySqlLimits::new(pool.clone(), schema, table)),
             pool,
             create_head: s(CREATE_HEAD),
@@ -319,6 +323,10 @@ impl MySqlStatusStore {
 impl StatusBackend for MySqlStatusStore {
     fn limit_store(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
         Some(self.limits.clone())
+    }
+
+    fn control_store(&self) -> Option<Arc<dyn queue_core::Controls>> {
+        Some(self.controls.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

@@ -11,6 +11,7 @@
 
 mod broker_keys;
 mod connect;
+mod controls;
 mod error;
 mod inbox;
 mod limits;

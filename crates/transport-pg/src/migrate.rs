@@ -39,6 +39,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         8,
         include_str!("../../../migrations/postgres/0008_limits.sql"),
     ),
+    (
+        9,
+        include_str!("../../../migrations/postgres/0009_controls.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

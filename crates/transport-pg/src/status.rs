@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::broker_keys::PgBrokerKeys;
+use crate::controls::PgControls;
 use crate::error::SqlxResultExt;
 use crate::limits::PgLimits;
 use crate::listener;
@@ -73,8 +74,8 @@ WITH changed AS (
         worker = coalesce(excluded.worker, s.worker),
         started_at = coalesce(excluded.started_at, s.started_at)
     WHERE excluded.attempts > s.attempts
-       OR (excluded.attempts = s.attempts AND s.state NOT IN ('completed', 'failed', 'dead'))
-       OR (excluded.runs = 1 AND s.state IN ('completed', 'failed', 'dead'))
+       OR (excluded.attempts = s.attempts AND s.state NOT IN ('completed', 'failed', 'dead', 'cancelled'))
+       OR (excluded.runs = 1 AND s.state IN ('completed', 'failed', 'dead', 'cancelled'))
     RETURNING id)
 {NOTIFY_RETURNED}";
 
@@ -161,7 +162,7 @@ const THROUGHPUT: &str = "
 SELECT queue,
        (floor(extract(epoch FROM finished_at) * 1000000 / $2) * $2)::bigint AS bucket,
        count(*) FILTER (WHERE state = 'completed') AS completed,
-       count(*) FILTER (WHERE state <> 'completed') AS failed
+       count(*) FILTER (WHERE state IN ('failed', 'dead')) AS failed
   FROM \"switchyard_jobs_status\"
  WHERE finished_at >= now() - $1 * interval '1 microsecond'
  GROUP BY 1, 2 ORDER BY 2, 1";
@@ -197,6 +198,8 @@ pub struct PgStatusStore {
     keys: Arc<KeySql>,
     /// The limit tables.
     limits: Arc<PgLimits>,
+    /// The control tables.
+    controls: Arc<PgControls>,
 }
 
 impl PgStatusStore {
@@ -242,6 +245,7 @@ impl PgStatusStore {
             stopped: s(STOPPED),
             workers: s(WORKERS),
             keys: Arc::new(KeySql::new(schema, table)),
+            controls: Arc::new(PgControls::new(pool.clone(), schema, table)),
             limits: Arc::new(PgLimits::new(pool.clone(), schema, table)),
             pool,
         }
@@ -403,6 +407,10 @@ impl StatusBackend for PgStatusStore {
 
     fn limit_store(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
         Some(self.limits.clone())
+    }
+
+    fn control_store(&self) -> Option<Arc<dyn queue_core::Controls>> {
+        Some(self.controls.clone())
     }
 
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {

@@ -7,6 +7,7 @@
 #![doc = include_str!("../README.md")]
 
 mod broker_keys;
+mod controls;
 mod error;
 mod inbox;
 mod limits;

@@ -32,6 +32,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         7,
         include_str!("../../../migrations/sqlite/0007_limits.sql"),
     ),
+    (
+        8,
+        include_str!("../../../migrations/sqlite/0008_controls.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

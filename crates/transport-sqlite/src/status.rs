@@ -13,6 +13,7 @@ use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
 use crate::broker_keys::SqliteBrokerKeys;
+use crate::controls::SqliteControls;
 use crate::error::SqlxResultExt;
 use crate::limits::SqliteLimits;
 use crate::sql::specialise;
@@ -55,8 +56,8 @@ ON CONFLICT (id) DO UPDATE SET
     worker = coalesce(excluded.worker, worker),
     started_at = coalesce(excluded.started_at, started_at)
 WHERE excluded.attempts > attempts
-   OR (excluded.attempts = attempts AND state NOT IN ('completed', 'failed', 'dead'))
-   OR (excluded.runs = 1 AND state IN ('completed', 'failed', 'dead'))";
+   OR (excluded.attempts = attempts AND state NOT IN ('completed', 'failed', 'dead', 'cancelled'))
+   OR (excluded.runs = 1 AND state IN ('completed', 'failed', 'dead', 'cancelled'))";
 
 /// Failed attempts: `[id, attempt, state, error, worker, started_ago]`. The latest word
 /// on an attempt wins (a job published again under its id counts attempts anew).
@@ -126,7 +127,7 @@ DELETE FROM \"switchyard_jobs_status\" WHERE id IN (
 
 const THROUGHPUT: &str = "
 SELECT queue, (finished_at / ?2) * ?2 AS bucket,
-       sum(state = 'completed') AS completed, sum(state <> 'completed') AS failed
+       sum(state = 'completed') AS completed, sum(state IN ('failed', 'dead')) AS failed
   FROM \"switchyard_jobs_status\"
  WHERE finished_at IS NOT NULL AND finished_at >= {NOW} - ?1
  GROUP BY queue, bucket ORDER BY bucket, queue";
@@ -159,12 +160,15 @@ pub struct SqliteStatusStore {
     keys: Arc<KeySql>,
     /// The limit tables.
     limits: Arc<SqliteLimits>,
+    /// The control tables.
+    controls: Arc<SqliteControls>,
 }
 
 impl SqliteStatusStore {
     pub(crate) fn new(writer: SqlitePool, reader: SqlitePool, table: &str) -> Self {
         let s = |sql: &str| specialise(sql, table);
         SqliteStatusStore {
+            controls: Arc::new(SqliteControls::new(writer.clone(), table)),
             limits: Arc::new(SqliteLimits::new(writer.clone(), table)),
             writer,
             reader,
@@ -264,6 +268,10 @@ fn try_rows(of: &[StatusUpdate]) -> String {
 impl StatusBackend for SqliteStatusStore {
     fn limit_store(&self) -> Option<Arc<dyn queue_core::LimitStore>> {
         Some(self.limits.clone())
+    }
+
+    fn control_store(&self) -> Option<Arc<dyn queue_core::Controls>> {
+        Some(self.controls.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

@@ -10,6 +10,7 @@
 mod bad_data_cases;
 mod case_support;
 pub mod cases;
+pub mod control_cases;
 mod harness;
 mod holder_cases;
 mod label_cases;
@@ -56,13 +57,18 @@ macro_rules! conformance_tests {
             invalid_unique_keys_are_refused
         );
     };
-    // The cases of limits: for a transport that keeps them only with a store beside it
-    // (RabbitMQ with its control store), run in a harness of their own.
+    // The cases of limits, pauses and cancellations: for a transport that keeps them
+    // only with a store beside it (RabbitMQ with its control store), run in a harness of
+    // their own.
     (limits: $harness:expr) => {
         $crate::conformance_tests!(@limits $harness;
             a_concurrency_limit_holds_across_workers,
             a_stale_lease_frees_no_slot,
             a_rate_limit_spaces_starts_without_counting_attempts
+        );
+        $crate::conformance_tests!(@controls $harness;
+            pausing_stops_starts_until_resumed,
+            cancelled_jobs_never_run_or_are_stopped
         );
     };
     ($harness:expr) => {
@@ -131,6 +137,14 @@ macro_rules! conformance_tests {
             #[test]
             fn $case() {
                 $crate::conformance::run($harness, $crate::conformance::worker_cases::$case);
+            }
+        )*
+    };
+    (@controls $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::control_cases::$case);
             }
         )*
     };

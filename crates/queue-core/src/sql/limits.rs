@@ -1,6 +1,6 @@
 //! Limits in a SQL store: the decision every SQL backend makes in one transaction over
 //! its two limit tables (`<table>_limits`, a row per key with its bucket, locked while a
-//! job takes it; `<table>_limit_holders`, a row per job holding a slot or booked a
+//! job takes it; `<table>_holds`, a row per job holding a slot or booked a
 //! start), and the statements a backend runs for it ([`LimitTable`]).
 //!
 //! A slot is a holder row naming the lease's token, held while `held_until` is ahead of
@@ -50,6 +50,8 @@ pub struct Mine {
     pub token: Option<String>,
     /// A booked start's time (µs).
     pub run_at_us: Option<i64>,
+    /// Until when the row counts (µs).
+    pub held_until_us: i64,
 }
 
 /// A write to a holder row.
@@ -124,10 +126,7 @@ pub async fn acquire<T: LimitTable>(
     hold: Duration,
     wants: &[Want],
 ) -> Result<Acquired> {
-    let mut wants: Vec<&Want> = wants.iter().collect();
-    // One order for every transaction: two jobs sharing keys cannot deadlock.
-    wants.sort_by(|a, b| a.key.cmp(&b.key));
-    wants.dedup_by(|a, b| a.key == b.key);
+    let wants = merged(wants);
     let mut verdicts = Vec::with_capacity(wants.len());
     for want in &wants {
         // The row is locked before any write: on MySQL a duplicate insert first takes
@@ -151,8 +150,13 @@ pub async fn acquire<T: LimitTable>(
             t.expire(lease.queue, &want.key, now).await?;
         }
         let mine = t.mine(lease.queue, &want.key, lease.id).await?;
+        // The job's earlier lease still holds a slot (it may still run): this lease
+        // waits for it to end or run out rather than take its row over.
+        let earlier = mine.as_ref().is_some_and(|m| {
+            m.token.as_deref().is_some_and(|t| t != lease.token) && m.held_until_us > now
+        });
         if let Some(n) = want.concurrency {
-            if t.running(lease, &want.key, now).await? >= u64::from(n) {
+            if earlier || t.running(lease, &want.key, now).await? >= u64::from(n) {
                 return Ok(Acquired::Wait {
                     after: jittered(SLOT_WAIT),
                     by: Denial::Concurrency,
@@ -182,9 +186,12 @@ pub async fn acquire<T: LimitTable>(
                 let per_us = rate.per_micro();
                 let burst = f64::from(rate.burst);
                 let elapsed = (now - bucket.refilled_us).max(0) as f64;
+                // A late booking's token comes back first: the start it was taken for
+                // never happened, so the rate is not spent on it.
+                let refund = if booked.is_some() { 1.0 } else { 0.0 };
                 let tokens = bucket
                     .tokens
-                    .map_or(burst, |t| (t + elapsed * per_us).min(burst));
+                    .map_or(burst, |t| (t + refund + elapsed * per_us).min(burst));
                 if tokens >= 1.0 {
                     Verdict::Go {
                         tokens: Some(tokens - 1.0),
@@ -199,7 +206,7 @@ pub async fn acquire<T: LimitTable>(
                 }
             }
         };
-        verdicts.push((*want, now, verdict));
+        verdicts.push((want, now, verdict));
     }
     let later = verdicts
         .iter()
@@ -257,6 +264,33 @@ pub async fn acquire<T: LimitTable>(
     Ok(Acquired::Granted)
 }
 
+/// `wants` one per key, sorted by key (one order for every transaction: two jobs sharing
+/// keys cannot deadlock); two limits counting under one key keep the stricter of each.
+fn merged(wants: &[Want]) -> Vec<Want> {
+    let mut out: Vec<Want> = Vec::with_capacity(wants.len());
+    let mut sorted: Vec<&Want> = wants.iter().collect();
+    sorted.sort_by(|a, b| a.key.cmp(&b.key));
+    for w in sorted {
+        match out.last_mut() {
+            Some(last) if last.key == w.key => {
+                last.concurrency = match (last.concurrency, w.concurrency) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                last.rate = match (last.rate, w.rate) {
+                    (Some(a), Some(b)) => Some(crate::limit::Rate {
+                        burst: a.burst.min(b.burst),
+                        ..if a.per_micro() <= b.per_micro() { a } else { b }
+                    }),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => out.push(w.clone()),
+        }
+    }
+    out
+}
+
 /// `base` to twice `base`: jobs denied together come back spread out.
 fn jittered(base: Duration) -> Duration {
     base + base.mul_f64(fastrand::f64())
@@ -283,7 +317,7 @@ pub struct LimitStatements {
     pub lock: String,
     /// Deletes a key's holders that ran out (queue, key, now).
     pub expire: String,
-    /// A job's holder row under a key (queue, key, id): token, run_at.
+    /// A job's holder row under a key (queue, key, id): token, run_at, held_until.
     pub mine: String,
     /// Slots held under a key (queue, key, now, id, token), but the lease's own.
     pub running: String,
@@ -307,26 +341,26 @@ const ENSURE: &str =
     VALUES (?, ?, {NOW}){NOTHING}";
 const LOCK: &str = "SELECT tokens, refilled_at, {NOW_I64} FROM \"switchyard_jobs_limits\"
  WHERE queue = ? AND limit_key = ?{FOR_UPDATE}";
-const EXPIRE: &str = "DELETE FROM \"switchyard_jobs_limit_holders\"
+const EXPIRE: &str = "DELETE FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND limit_key = ? AND held_until <= ?";
-const MINE: &str = "SELECT token, run_at FROM \"switchyard_jobs_limit_holders\"
+const MINE: &str = "SELECT token, run_at, held_until FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND limit_key = ? AND id = ?";
-const RUNNING: &str = "SELECT COUNT(*) FROM \"switchyard_jobs_limit_holders\"
+const RUNNING: &str = "SELECT COUNT(*) FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND limit_key = ? AND token IS NOT NULL AND held_until > ?
    AND NOT (id = ? AND token = ?)";
-const HOLD: &str = "INSERT INTO \"switchyard_jobs_limit_holders\"
+const HOLD: &str = "INSERT INTO \"switchyard_jobs_holds\"
     (queue, limit_key, id, token, run_at, held_until) VALUES (?, ?, ?, ?, ?, ?){UPSERT}";
-const UNHOLD: &str = "DELETE FROM \"switchyard_jobs_limit_holders\"
+const UNHOLD: &str = "DELETE FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND limit_key = ? AND id = ? AND token IS NULL";
 const SAVE: &str = "UPDATE \"switchyard_jobs_limits\"
-   SET concurrency = ?, rate_per_second = ?, tokens = ?, refilled_at = ?
+   SET concurrency = ?, rate_per_second = ?, tokens = COALESCE(?, tokens), refilled_at = ?
  WHERE queue = ? AND limit_key = ?";
-const EXTEND: &str = "UPDATE \"switchyard_jobs_limit_holders\" SET held_until = {NOW} + ?
+const EXTEND: &str = "UPDATE \"switchyard_jobs_holds\" SET held_until = {NOW} + ?
  WHERE queue = ? AND id = ? AND token = ? AND held_until > {NOW}";
-const RELEASE: &str = "DELETE FROM \"switchyard_jobs_limit_holders\"
+const RELEASE: &str = "DELETE FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND id = ? AND token = ?";
 const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_second, l.tokens,
-       (SELECT COUNT(*) FROM \"switchyard_jobs_limit_holders\" h
+       (SELECT COUNT(*) FROM \"switchyard_jobs_holds\" h
          WHERE h.queue = l.queue AND h.limit_key = l.limit_key AND h.token IS NOT NULL
            AND h.held_until > {NOW}) AS running
   FROM \"switchyard_jobs_limits\" l
@@ -335,48 +369,56 @@ const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_seco
 /// PostgreSQL's clock in µs since the epoch.
 const PG_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
 
+impl Dialect {
+    /// `sql`, written with `?` parameters, double-quoted names and the placeholders
+    /// `{IGNORE}`, `{NOTHING}` (an insert that keeps an existing row), `{FOR_UPDATE}`,
+    /// `{UPSERT}` (of a limit holder) and `{NOW_I64}`, in this dialect; `{NOW}` is left
+    /// for MySQL's and SQLite's own specialisation.
+    pub fn write(self, sql: &str) -> String {
+        let (ignore, nothing, for_update, upsert, now_i64) = match self {
+            Dialect::Postgres => (
+                "",
+                " ON CONFLICT DO NOTHING",
+                " FOR UPDATE",
+                " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
+                 run_at = excluded.run_at, held_until = excluded.held_until",
+                "{NOW}",
+            ),
+            Dialect::MySql => (
+                "IGNORE ",
+                "",
+                " FOR UPDATE",
+                " ON DUPLICATE KEY UPDATE token = VALUES(token), run_at = VALUES(run_at), \
+                 held_until = VALUES(held_until)",
+                "CAST({NOW} AS SIGNED)",
+            ),
+            Dialect::Sqlite => (
+                "",
+                " ON CONFLICT DO NOTHING",
+                "",
+                " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
+                 run_at = excluded.run_at, held_until = excluded.held_until",
+                "{NOW}",
+            ),
+        };
+        let sql = sql
+            .replace("{IGNORE}", ignore)
+            .replace("{NOTHING}", nothing)
+            .replace("{FOR_UPDATE}", for_update)
+            .replace("{UPSERT}", upsert)
+            .replace("{NOW_I64}", now_i64);
+        match self {
+            Dialect::Postgres => numbered(&sql.replace("{NOW}", PG_NOW)),
+            Dialect::MySql => sql.replace('"', "`"),
+            Dialect::Sqlite => sql,
+        }
+    }
+}
+
 impl LimitStatements {
     /// The statements in `dialect`.
     pub fn new(dialect: Dialect) -> Self {
-        let s = |sql: &str| {
-            let (ignore, nothing, for_update, upsert, now_i64) = match dialect {
-                Dialect::Postgres => (
-                    "",
-                    " ON CONFLICT DO NOTHING",
-                    " FOR UPDATE",
-                    " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
-                     run_at = excluded.run_at, held_until = excluded.held_until",
-                    "{NOW}",
-                ),
-                Dialect::MySql => (
-                    "IGNORE ",
-                    "",
-                    " FOR UPDATE",
-                    " ON DUPLICATE KEY UPDATE token = VALUES(token), run_at = VALUES(run_at), \
-                     held_until = VALUES(held_until)",
-                    "CAST({NOW} AS SIGNED)",
-                ),
-                Dialect::Sqlite => (
-                    "",
-                    " ON CONFLICT DO NOTHING",
-                    "",
-                    " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
-                     run_at = excluded.run_at, held_until = excluded.held_until",
-                    "{NOW}",
-                ),
-            };
-            let sql = sql
-                .replace("{IGNORE}", ignore)
-                .replace("{NOTHING}", nothing)
-                .replace("{FOR_UPDATE}", for_update)
-                .replace("{UPSERT}", upsert)
-                .replace("{NOW_I64}", now_i64);
-            match dialect {
-                Dialect::Postgres => numbered(&sql.replace("{NOW}", PG_NOW)),
-                Dialect::MySql => sql.replace('"', "`"),
-                Dialect::Sqlite => sql,
-            }
-        };
+        let s = |sql: &str| dialect.write(sql);
         LimitStatements {
             ensure: s(ENSURE),
             lock: s(LOCK),

@@ -10,6 +10,7 @@ pub mod broker_keys;
 mod claim;
 mod claimed;
 mod connections;
+pub mod controls;
 mod engine;
 mod fence;
 pub mod limits;

@@ -137,6 +137,11 @@ pub trait StatusBackend: Send + Sync + fmt::Debug + 'static {
     fn limit_store(&self) -> Option<std::sync::Arc<dyn crate::LimitStore>> {
         None
     }
+
+    /// Paused queues and cancellation marks in this store's control tables.
+    fn control_store(&self) -> Option<std::sync::Arc<dyn crate::Controls>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -249,6 +254,10 @@ impl<B: StatusBackend> StatusStore for B {
 
     fn limits(&self) -> Option<std::sync::Arc<dyn crate::LimitStore>> {
         self.limit_store()
+    }
+
+    fn controls(&self) -> Option<std::sync::Arc<dyn crate::Controls>> {
+        self.control_store()
     }
 }
 

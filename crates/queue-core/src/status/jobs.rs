@@ -194,7 +194,7 @@ impl Jobs {
                     version = status.version;
                     match status.state {
                         JobState::Completed => return Ok(status.result.unwrap_or(Value::Null)),
-                        JobState::Failed | JobState::Dead => {
+                        JobState::Failed | JobState::Dead | JobState::Cancelled => {
                             return Err(WaitError::Failed(Box::new(status)))
                         }
                         _ => last = Some(status),

@@ -132,4 +132,10 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     fn limits(&self) -> Option<std::sync::Arc<dyn crate::LimitStore>> {
         None
     }
+
+    /// Paused queues and cancellation marks, kept in this store when it can (the SQL
+    /// stores; see [`Controls`](crate::Controls)).
+    fn controls(&self) -> Option<std::sync::Arc<dyn crate::Controls>> {
+        None
+    }
 }

@@ -50,6 +50,9 @@ pub struct Worker {
     pub(super) tenant: Option<Arc<str>>,
     /// Where those are kept: set when the worker starts, if it has limits.
     pub(super) limit_store: Option<Arc<dyn crate::limit_store::LimitStore>>,
+    /// Paused queues and cancellations, when its status store keeps them: set when the
+    /// worker starts.
+    pub(super) controls: Option<Arc<super::controls::ControlView>>,
 }
 
 impl fmt::Debug for Worker {
@@ -80,6 +83,7 @@ impl Worker {
             labels: Arc::from(Vec::new()),
             tenant: options_tenant,
             limit_store: None,
+            controls: None,
         }
     }
 

@@ -31,6 +31,10 @@ enum Ending {
     Panicked(String),
     TimedOut(Duration),
     LeaseLost,
+    /// An operator cancelled the job.
+    Cancelled,
+    /// Its limit slots ran out or another lease took them: it goes back, uncharged.
+    SlotLost,
     ShutDown,
 }
 
@@ -125,7 +129,10 @@ impl Worker {
         else {
             return;
         };
-        let held = match self.take_limits(&r).await {
+        if self.held_by_controls(&r).await {
+            return;
+        }
+        let mut held = match self.take_limits(&r).await {
             Taken::Free => None,
             Taken::Held(held) => Some(held),
             Taken::HeldBack => return,
@@ -157,7 +164,7 @@ impl Worker {
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
         );
         let ending = self
-            .watch(&r, held.as_ref(), job, &cancel, &hard_stop)
+            .watch(&r, held.as_mut(), job, &cancel, &hard_stop)
             .await;
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
@@ -180,7 +187,7 @@ impl Worker {
     async fn watch(
         &self,
         r: &Reservation,
-        held: Option<&HeldLease>,
+        mut held: Option<&mut HeldLease>,
         mut job: tokio::task::JoinHandle<JobResult>,
         cancel: &CancellationToken,
         hard_stop: &CancellationToken,
@@ -188,6 +195,11 @@ impl Worker {
         let lease = r.lease;
         let every = (lease / 3).max(Duration::from_millis(10));
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // Cancellations are read from the worker's view of the controls, which one read
+        // every quarter second keeps current for all its jobs.
+        let look = super::controls::REFRESH;
+        let mut cancel_check = tokio::time::interval_at(tokio::time::Instant::now() + look, look);
+        let id = r.envelope.id;
         let deadline = self
             .options
             .timeout
@@ -203,14 +215,20 @@ impl Worker {
                 },
                 _ = sleep_until(deadline) => break Ending::TimedOut(self.options.timeout.unwrap_or_default()),
                 _ = cancel.cancelled() => break Ending::ShutDown,
+                _ = cancel_check.tick(), if self.controls.is_some() => {
+                    if self.is_cancelled(id).await {
+                        tracing::info!("cancelled by an operator; cancelling the handler");
+                        break Ending::Cancelled;
+                    }
+                }
                 // The heartbeat: only jobs that outlive a third of the lease pay for it.
                 _ = beat.tick() => match self.transport.extend(r, lease).await {
                     Ok(()) => {
                         tracing::trace!("lease extended");
-                        if let Some(held) = held {
+                        if let Some(held) = held.as_deref_mut() {
                             if !self.renew_limits(held, lease).await {
                                 tracing::warn!("heartbeat found the job's limit slots lost; cancelling the handler");
-                                break Ending::LeaseLost;
+                                break Ending::SlotLost;
                             }
                         }
                     }
@@ -226,7 +244,13 @@ impl Worker {
         // before it is aborted.
         cancel.cancel();
         if !job.is_finished() {
-            let late = tokio::time::timeout(CANCEL_GRACE, &mut job).await;
+            // A cancelled job gets the grace period of a shutdown to stop (an exec
+            // command: SIGTERM, then SIGKILL when it ends).
+            let grace = match ending {
+                Ending::Cancelled => self.options.grace_period,
+                _ => CANCEL_GRACE,
+            };
+            let late = tokio::time::timeout(grace, &mut job).await;
             job.abort();
             // A job that completes cleanly once told to stop at shutdown is done.
             if let (Ending::ShutDown, Ok(Ok(Ok(())))) = (&ending, &late) {
@@ -290,6 +314,11 @@ impl Worker {
                 tracing::warn!(
                     "lease lost while handling: another worker has the message; stopped"
                 );
+            }
+            Ending::Cancelled => self.end_cancelled(&r, true).await,
+            Ending::SlotLost => {
+                self.snoozed(&r, Duration::ZERO, "its limit slots were lost", false)
+                    .await
             }
             Ending::ShutDown => self.release_at_shutdown(&r, attempt).await,
         }

@@ -279,7 +279,13 @@ impl Fetcher {
             }
             !quiet
         };
+        let worker = self.links.worker.clone();
         let handle = flight.claims.spawn(async move {
+            // A paused queue claims nothing: the loop backs off as from an empty claim,
+            // and looks again at the next poll.
+            if worker.queue_paused().await {
+                return (room, starts, Ok(Vec::new()));
+            }
             // While handlers keep up, messages start as they are claimed (one round trip
             // fewer per batch); a crash then charges them an attempt each, at most once,
             // because a message with attempts is never started by its claim.

@@ -34,6 +34,8 @@ pub(super) struct HeldLease {
     queue: String,
     id: String,
     token: String,
+    /// When the slots were last taken or renewed.
+    renewed: std::time::Instant,
 }
 
 impl HeldLease {
@@ -103,9 +105,13 @@ impl Worker {
             queue: env.queue.to_string(),
             id: env.id.to_string(),
             token: r.token().to_string(),
+            renewed: std::time::Instant::now(),
         };
+        // Only a slot is held past the start; a token is spent at it.
+        let holds = wants.iter().any(|w| w.concurrency.is_some());
         let (wait, by) = match store.acquire(held.lease(), r.lease, &wants).await {
-            Ok(Acquired::Granted) => return Taken::Held(held),
+            Ok(Acquired::Granted) if holds => return Taken::Held(held),
+            Ok(Acquired::Granted) => return Taken::Free,
             Ok(Acquired::Wait { after, by }) => (after, by.as_str()),
             Err(err) => {
                 tracing::warn!(error = %err, "the limit store failed; the job waits and tries again");
@@ -121,16 +127,24 @@ impl Worker {
         Taken::HeldBack
     }
 
-    /// Renews `held`'s slots for another `lease`; `false` when they are lost.
-    pub(super) async fn renew_limits(&self, held: &HeldLease, lease: Duration) -> bool {
+    /// Renews `held`'s slots for another `lease`; `false` when they are lost: another
+    /// lease may have them, or the store could not renew them before they ran out.
+    pub(super) async fn renew_limits(&self, held: &mut HeldLease, lease: Duration) -> bool {
         let Some(store) = &self.limit_store else {
             return true;
         };
         match store.extend(held.lease(), lease).await {
-            Ok(kept) => kept,
-            Err(err) => {
-                tracing::warn!(error = %err, "renewing the job's limit slots failed; retrying at the next beat");
+            Ok(true) => {
+                held.renewed = std::time::Instant::now();
                 true
+            }
+            Ok(false) => false,
+            Err(err) => {
+                // The slots count until the last renewal's hold ends; past that another
+                // job may take them, so the run must not go on.
+                let kept = held.renewed.elapsed() < lease;
+                tracing::warn!(error = %err, kept, "renewing the job's limit slots failed");
+                kept
             }
         }
     }

@@ -9,6 +9,7 @@
 
 mod acker;
 mod builder;
+mod controls;
 mod counters;
 mod deliver;
 mod dispatch;

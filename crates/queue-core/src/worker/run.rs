@@ -38,6 +38,11 @@ impl Worker {
         let mut this = self;
         this.claim_as()?;
         this.check_limits()?;
+        this.controls = this
+            .status
+            .as_ref()
+            .and_then(|s| s.controls())
+            .map(|store| Arc::new(super::controls::ControlView::new(store)));
         let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);

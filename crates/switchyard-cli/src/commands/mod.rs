@@ -2,6 +2,7 @@
 
 mod bench;
 mod common;
+mod control;
 mod dead;
 mod demo;
 mod job;
@@ -60,6 +61,9 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Prune(args) => prune::run(&config, args, json).await,
         Command::Job(args) => job::run(&config, &args.id, json).await,
         Command::Serve(args) => serve::run(&config, args).await,
+        Command::Pause(args) => control::pause(&config, args, json).await,
+        Command::Resume(args) => control::resume(&config, args, json).await,
+        Command::Cancel(args) => control::cancel(&config, args, json).await,
     }
 }
 

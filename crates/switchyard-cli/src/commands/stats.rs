@@ -16,8 +16,19 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
     if config.migrating() {
         return migration(config, queue.as_ref(), json).await;
     }
-    let transport = switchyard::connect_existing(config).await?;
+    let jobs = switchyard::connect_existing_jobs(config).await?;
+    let transport = jobs.transport().clone();
     let stats = transport.stats(queue.as_ref()).await?;
+    // What operators paused, where the store beside the jobs keeps it.
+    let paused = match jobs.store().and_then(|s| s.controls()) {
+        Some(controls) => controls
+            .paused()
+            .await?
+            .into_iter()
+            .filter(|p| queue.as_ref().is_none_or(|q| q.as_str() == p.queue))
+            .collect(),
+        None => Vec::new(),
+    };
     // On RabbitMQ the transport returns a row for every queue that exists (zeros
     // included): no row for a queue named explicitly means the broker has none.
     if let (Some(q), BackendKind::RabbitMq, true) = (&queue, config.backend, stats.is_empty()) {
@@ -31,11 +42,18 @@ pub(crate) async fn run(config: &Config, args: StatsArgs, json: bool) -> Result<
             "backend": transport.name(),
             "delayed_counted": delayed_counted,
             "queues": stats,
+            "paused": paused,
         });
         if let (Some(tenant), Some(obj)) = (&config.tenant, line.as_object_mut()) {
             obj.insert("tenant".into(), tenant.as_str().into());
         }
         return crate::output::json_line(&line);
+    }
+    for p in &paused {
+        match &p.kind {
+            Some(kind) => outln!("paused: kind {kind} of queue {}", p.queue),
+            None => outln!("paused: queue {}", p.queue),
+        }
     }
     if stats.is_empty() {
         outln!(

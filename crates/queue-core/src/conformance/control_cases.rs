@@ -1,0 +1,217 @@
+//! Cases of an operator's controls: a paused queue or kind is not started until
+//! resumed, a cancelled job never runs, and a running one's handler is cancelled; both
+//! end `cancelled`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::harness::{Harness, OpenOptions, Store};
+use super::worker_support::{fast, fresh_queue};
+use crate::controls::Controls;
+use crate::status::{JobState, StatusStore};
+use crate::worker::{handler_fn, JobContext, Worker};
+use crate::{Envelope, Error, QueueName, Result, Transport, TransportExt};
+
+/// What a control case opens: the store, its transport, its status store and the
+/// controls kept there.
+type Controlled = (
+    Box<dyn Store>,
+    Arc<dyn Transport>,
+    Arc<dyn StatusStore>,
+    Arc<dyn Controls>,
+);
+
+/// A fresh store's transport, status store and controls, or `None` (said why) where the
+/// backend keeps no controls (RabbitMQ without a control store).
+async fn open_controlled(h: &Arc<dyn Harness>) -> Result<Option<Controlled>> {
+    let store = h.store().await?;
+    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
+    let controls = status.as_ref().and_then(|s| s.controls());
+    match (status, controls) {
+        (Some(status), Some(controls)) => Ok(Some((store, t, status, controls))),
+        _ => {
+            eprintln!(
+                "not applicable to {}: no store beside it keeps controls",
+                t.name()
+            );
+            Ok(None)
+        }
+    }
+}
+
+fn job(q: &QueueName, kind: &str) -> Envelope {
+    Envelope::builder(q.as_str(), kind)
+        .build()
+        .expect("a valid envelope")
+}
+
+/// Runs until `cond` holds, or fails after `within`.
+async fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        if Instant::now() > deadline {
+            return Err(Error::InvalidInput(format!(
+                "{what} did not happen within {within:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// A paused queue is not claimed and a paused kind not run until resumed; then every
+/// job runs, on its first attempt.
+pub async fn pausing_stops_starts_until_resumed(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, status, controls)) = open_controlled(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    controls.pause(q.as_str(), None).await?;
+    controls.pause(q.as_str(), Some("later")).await?;
+    let paused = controls.paused().await?;
+    assert!(paused
+        .iter()
+        .any(|p| p.queue == q.as_str() && p.kind.is_none()));
+    t.publish_batch(vec![job(&q, "now"), job(&q, "now"), job(&q, "later")])
+        .await?;
+    let runs: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
+    let r = runs.clone();
+    let worker = Worker::new(t.clone(), q.clone(), fast().with_drain(false))
+        .with_status(status)
+        .handle_any(handler_fn(move |ctx: JobContext| {
+            if let Ok(mut r) = r.lock() {
+                r.push((ctx.envelope.kind.clone(), ctx.attempt));
+            }
+            async { Ok(()) }
+        }));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let count = |runs: &Arc<Mutex<Vec<(String, u32)>>>| runs.lock().map(|r| r.len()).unwrap_or(0);
+    assert_eq!(count(&runs), 0, "a paused queue's job ran");
+    assert!(controls.resume(q.as_str(), None).await?);
+    until(
+        Duration::from_secs(10),
+        "the resumed queue's jobs running",
+        || count(&runs) == 2,
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(count(&runs), 2, "a paused kind's job ran");
+    assert!(controls.resume(q.as_str(), Some("later")).await?);
+    assert!(
+        !controls.resume(q.as_str(), Some("later")).await?,
+        "resumed twice"
+    );
+    until(
+        Duration::from_secs(10),
+        "the resumed kind's job running",
+        || count(&runs) == 3,
+    )
+    .await?;
+    stop.cancel();
+    running
+        .await
+        .map_err(|e| Error::InvalidInput(format!("the worker panicked: {e}")))??;
+    let runs = runs.lock().expect("the runs").clone();
+    assert!(
+        runs.iter().all(|(_, a)| *a == 1),
+        "a pause counted an attempt: {runs:?}"
+    );
+    Ok(())
+}
+
+/// A job cancelled before a worker reaches it never runs; a running one's handler sees
+/// its cancellation within a second; both end `cancelled`, their messages gone and
+/// their marks forgotten.
+pub async fn cancelled_jobs_never_run_or_are_stopped(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, status, controls)) = open_controlled(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let (waiting, long) = (job(&q, "waiting"), job(&q, "long"));
+    t.publish(waiting.clone()).await?;
+    controls.cancel(&[waiting.id]).await?;
+    t.publish(long.clone()).await?;
+    let ran: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+    let stopped: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let (r, s) = (ran.clone(), stopped.clone());
+    let worker = Worker::new(t.clone(), q.clone(), fast().with_drain(false))
+        .with_status(status.clone())
+        .handle_any(handler_fn(move |ctx: JobContext| {
+            if let Ok(mut r) = r.lock() {
+                r.push(ctx.envelope.id);
+            }
+            let s = s.clone();
+            async move {
+                ctx.cancel.cancelled().await;
+                if let Ok(mut s) = s.lock() {
+                    *s = Some(Instant::now());
+                }
+                Ok(())
+            }
+        }));
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    until(Duration::from_secs(10), "the long job starting", || {
+        ran.lock().map(|r| r.contains(&long.id)).unwrap_or(false)
+    })
+    .await?;
+    let asked = Instant::now();
+    controls.cancel(&[long.id]).await?;
+    until(
+        Duration::from_secs(5),
+        "the running handler's cancellation",
+        || stopped.lock().map(|s| s.is_some()).unwrap_or(false),
+    )
+    .await?;
+    let took = stopped
+        .lock()
+        .ok()
+        .and_then(|s| *s)
+        .map(|at| at.duration_since(asked))
+        .unwrap_or_default();
+    assert!(
+        took < Duration::from_secs(2),
+        "cancelled {took:?} after the ask"
+    );
+    let ended = |id| {
+        let status = status.clone();
+        async move {
+            Ok::<_, Error>(
+                status
+                    .get(id)
+                    .await?
+                    .is_some_and(|s| s.state == JobState::Cancelled),
+            )
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(ended(waiting.id).await? && ended(long.id).await?) {
+        assert!(Instant::now() < deadline, "the jobs did not end cancelled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    running
+        .await
+        .map_err(|e| Error::InvalidInput(format!("the worker panicked: {e}")))??;
+    assert_eq!(
+        ran.lock().expect("the runs").clone(),
+        vec![long.id],
+        "the job cancelled while waiting ran"
+    );
+    let stats = t.stats(Some(&q)).await?;
+    assert!(
+        stats.iter().all(|s| s.ready + s.reserved == 0),
+        "a cancelled job's message stayed: {stats:?}"
+    );
+    let marks = controls.cancelled().await?;
+    assert!(
+        !marks.contains(&waiting.id) && !marks.contains(&long.id),
+        "an ended job's cancellation mark stayed"
+    );
+    Ok(())
+}

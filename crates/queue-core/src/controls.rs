@@ -1,0 +1,44 @@
+//! An operator's controls over running work, kept in the SQL store beside the jobs (the
+//! status store; RabbitMQ's control store) and seen by every worker within a poll:
+//! paused queues and kinds, and cancellations.
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::error::Result;
+
+/// A paused queue, or one paused kind of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+pub struct Paused {
+    /// The queue.
+    pub queue: String,
+    /// The kind, or `None` when the whole queue is paused.
+    pub kind: Option<String>,
+}
+
+/// Paused queues and cancelled jobs (see the module documentation).
+#[async_trait]
+pub trait Controls: Send + Sync + fmt::Debug {
+    /// Pauses `queue` (every kind, or only `kind`): no worker starts its jobs until it
+    /// is resumed. Pausing twice is one pause.
+    async fn pause(&self, queue: &str, kind: Option<&str>) -> Result<()>;
+
+    /// Resumes what [`pause`](Self::pause) paused; whether it was paused.
+    async fn resume(&self, queue: &str, kind: Option<&str>) -> Result<bool>;
+
+    /// Everything paused.
+    async fn paused(&self) -> Result<Vec<Paused>>;
+
+    /// Marks `ids` cancelled: a worker that has not started one never runs it, and one
+    /// running it cancels its handler; either ends the job `cancelled`.
+    async fn cancel(&self, ids: &[Uuid]) -> Result<()>;
+
+    /// The jobs marked cancelled and not ended yet (the newest 10,000).
+    async fn cancelled(&self) -> Result<Vec<Uuid>>;
+
+    /// Forgets the marks of `ids` (their jobs ended cancelled).
+    async fn forget(&self, ids: &[Uuid]) -> Result<()>;
+}

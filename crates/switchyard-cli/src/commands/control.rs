@@ -1,0 +1,172 @@
+//! `switchyard pause`, `resume` and `cancel`: an operator's controls, kept in the status
+//! store (RabbitMQ's control store) and seen by every worker within a poll.
+
+use std::sync::Arc;
+
+use switchyard::status::JobFilter;
+use switchyard::{Config, Controls, Error, JobState, Jobs, Result};
+
+use crate::cli::{CancelArgs, PauseArgs};
+
+/// The controls of the store `config` names, or why there are none.
+async fn controls(config: &Config) -> Result<(Jobs, Arc<dyn Controls>)> {
+    let jobs = switchyard::connect_existing_jobs(config).await?;
+    let Some(controls) = jobs.store().and_then(|s| s.controls()) else {
+        return Err(Error::NotSupported(format!(
+            "{} keeps no controls without a SQL store beside it: set DATABASE_URL (and QUEUE_STATUS=on)",
+            jobs.transport().name()
+        )));
+    };
+    Ok((jobs, controls))
+}
+
+pub(crate) async fn pause(config: &Config, args: PauseArgs, json: bool) -> Result<()> {
+    let queue = super::common::queue_arg(Some(&args.queue))?.map(|q| q.to_string());
+    let queue = queue.unwrap_or_default();
+    let (_jobs, controls) = controls(config).await?;
+    controls.pause(&queue, args.kind.as_deref()).await?;
+    if json {
+        return crate::output::json_line(
+            &serde_json::json!({ "paused": { "queue": queue, "kind": args.kind } }),
+        );
+    }
+    match &args.kind {
+        Some(kind) => outln!(
+            "paused kind {kind} of queue {queue}: workers put its jobs back until it is resumed"
+        ),
+        None => outln!("paused queue {queue}: workers claim nothing from it until it is resumed"),
+    }
+    Ok(())
+}
+
+pub(crate) async fn resume(config: &Config, args: PauseArgs, json: bool) -> Result<()> {
+    let queue = super::common::queue_arg(Some(&args.queue))?.map(|q| q.to_string());
+    let queue = queue.unwrap_or_default();
+    let (_jobs, controls) = controls(config).await?;
+    let was = controls.resume(&queue, args.kind.as_deref()).await?;
+    if json {
+        return crate::output::json_line(&serde_json::json!({
+            "resumed": { "queue": queue, "kind": args.kind }, "was_paused": was,
+        }));
+    }
+    let what = match &args.kind {
+        Some(kind) => format!("kind {kind} of queue {queue}"),
+        None => format!("queue {queue}"),
+    };
+    if was {
+        outln!("resumed {what}");
+    } else {
+        outln!("{what} was not paused");
+    }
+    Ok(())
+}
+
+pub(crate) async fn cancel(config: &Config, args: CancelArgs, json: bool) -> Result<()> {
+    let (jobs, controls) = controls(config).await?;
+    let mut ids = Vec::new();
+    for id in &args.ids {
+        ids.push(uuid::Uuid::parse_str(id.trim()).map_err(|_| {
+            switchyard::ConfigError::new(
+                "ID",
+                Some(id.clone()),
+                "a job's id: a UUID such as 0195e2c4-7d1a-7b8e-9c55-3f1d2a6b8e90 (publish prints it)",
+            )
+        })?);
+    }
+    let by_filter = args.queue.is_some() || args.kind.is_some() || args.state.is_some();
+    if by_filter {
+        ids.extend(matching(&jobs, &args).await?);
+    } else if ids.is_empty() {
+        return Err(Error::InvalidInput(
+            "cancel what? Give job ids, or a filter: --queue, --kind, --state, --older-than".into(),
+        ));
+    }
+    if args.dry_run {
+        if json {
+            return crate::output::json_line(
+                &serde_json::json!({ "would_cancel": ids.len(), "ids": ids }),
+            );
+        }
+        outln!(
+            "would cancel {} job(s); run again without --dry-run to cancel them",
+            ids.len()
+        );
+        return Ok(());
+    }
+    controls.cancel(&ids).await?;
+    if json {
+        return crate::output::json_line(
+            &serde_json::json!({ "cancelled": ids.len(), "ids": ids }),
+        );
+    }
+    for id in &ids {
+        let state = match jobs.store() {
+            Some(store) => store.get(*id).await?.map(|s| s.state),
+            None => None,
+        };
+        let what = match state {
+            Some(JobState::Running) => "running: its handler is cancelled within a second (an exec command gets SIGTERM, then SIGKILL after the worker's grace period)",
+            Some(s) if s.is_final() => "already ended: nothing to cancel",
+            _ => "waiting: it never runs; a worker ends it cancelled when it reaches it",
+        };
+        outln!("{id} {what}");
+    }
+    Ok(())
+}
+
+/// The unfinished jobs `args`' filter names, from the status store.
+async fn matching(jobs: &Jobs, args: &CancelArgs) -> Result<Vec<uuid::Uuid>> {
+    let Some(store) = jobs.store() else {
+        return Err(Error::NotSupported(
+            "cancelling by filter reads job status: it is off here (QUEUE_STATUS=off)".into(),
+        ));
+    };
+    let state = match args.state.as_deref() {
+        None => None,
+        Some(s) => match JobState::parse(s) {
+            Some(state @ (JobState::Pending | JobState::Retrying | JobState::Running)) => {
+                Some(state)
+            }
+            _ => {
+                return Err(switchyard::ConfigError::new(
+                    "--state",
+                    Some(s.to_owned()),
+                    "pending, retrying or running (ended jobs cannot be cancelled)",
+                )
+                .into())
+            }
+        },
+    };
+    let older_than = args
+        .older_than
+        .as_deref()
+        .map(|d| switchyard::parse_duration("--older-than", d))
+        .transpose()?;
+    let now = chrono::Utc::now();
+    let mut out = Vec::new();
+    let mut offset = 0;
+    loop {
+        let mut filter = JobFilter::new(JobFilter::MAX_LIMIT);
+        filter.queue = args.queue.clone();
+        filter.state = state;
+        filter.search = args.kind.clone();
+        filter.offset = offset;
+        let page = store.list(&filter).await?;
+        let n = page.len();
+        out.extend(
+            page.into_iter()
+                .filter(|s| !s.state.is_final())
+                .filter(|s| args.kind.as_ref().is_none_or(|k| *k == s.kind))
+                .filter(|s| {
+                    older_than
+                        .is_none_or(|age| (now - s.created_at).to_std().unwrap_or_default() >= age)
+                })
+                .map(|s| s.id),
+        );
+        if n < JobFilter::MAX_LIMIT {
+            break;
+        }
+        offset += n;
+    }
+    Ok(out)
+}
