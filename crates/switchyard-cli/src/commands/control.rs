@@ -8,9 +8,14 @@ use switchyard::{Config, Controls, Error, JobState, Jobs, Result};
 
 use crate::cli::{CancelArgs, PauseArgs};
 
-/// The controls of the store `config` names, or why there are none.
-async fn controls(config: &Config) -> Result<(Jobs, Arc<dyn Controls>)> {
-    let jobs = switchyard::connect_existing_jobs(config).await?;
+/// The controls of the store `config` names (created first when `create`: a queue can
+/// be paused before its first job), or why there are none.
+async fn controls(config: &Config, create: bool) -> Result<(Jobs, Arc<dyn Controls>)> {
+    let jobs = if create {
+        switchyard::connect_jobs(config).await?
+    } else {
+        switchyard::connect_existing_jobs(config).await?
+    };
     let Some(controls) = jobs.store().and_then(|s| s.controls()) else {
         return Err(Error::NotSupported(format!(
             "{} keeps no controls without a SQL store beside it: set DATABASE_URL (and QUEUE_STATUS=on)",
@@ -23,7 +28,7 @@ async fn controls(config: &Config) -> Result<(Jobs, Arc<dyn Controls>)> {
 pub(crate) async fn pause(config: &Config, args: PauseArgs, json: bool) -> Result<()> {
     let queue = super::common::queue_arg(Some(&args.queue))?.map(|q| q.to_string());
     let queue = queue.unwrap_or_default();
-    let (_jobs, controls) = controls(config).await?;
+    let (_jobs, controls) = controls(config, true).await?;
     controls.pause(&queue, args.kind.as_deref()).await?;
     if json {
         return crate::output::json_line(
@@ -42,7 +47,7 @@ pub(crate) async fn pause(config: &Config, args: PauseArgs, json: bool) -> Resul
 pub(crate) async fn resume(config: &Config, args: PauseArgs, json: bool) -> Result<()> {
     let queue = super::common::queue_arg(Some(&args.queue))?.map(|q| q.to_string());
     let queue = queue.unwrap_or_default();
-    let (_jobs, controls) = controls(config).await?;
+    let (_jobs, controls) = controls(config, false).await?;
     let was = controls.resume(&queue, args.kind.as_deref()).await?;
     if json {
         return crate::output::json_line(&serde_json::json!({
@@ -62,7 +67,7 @@ pub(crate) async fn resume(config: &Config, args: PauseArgs, json: bool) -> Resu
 }
 
 pub(crate) async fn cancel(config: &Config, args: CancelArgs, json: bool) -> Result<()> {
-    let (jobs, controls) = controls(config).await?;
+    let (jobs, controls) = controls(config, false).await?;
     let mut ids = Vec::new();
     for id in &args.ids {
         ids.push(uuid::Uuid::parse_str(id.trim()).map_err(|_| {
