@@ -5,7 +5,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const STATES = ["pending", "running", "retrying", "completed", "failed", "dead"];
+const STATES = ["pending", "running", "retrying", "completed", "failed", "dead", "cancelled"];
+const FINAL = new Set(["completed", "failed", "dead", "cancelled"]);
 const PAGE = 25;
 
 // ---- small helpers ---------------------------------------------------------------
@@ -405,6 +406,62 @@ async function act(verb, body, question) {
   }
 }
 
+// ---- flow control ----------------------------------------------------------------
+
+// Paused queues and kinds (each with a Resume button) and the limits' keys.
+async function refreshFlow() {
+  const flow = await getJson("/api/controls");
+  $("flow").hidden = !flow.available;
+  if (!flow.available) return;
+  const names = $("queue-names");
+  names.replaceChildren(...queueNames.map((q) => { const o = document.createElement("option"); o.value = q; return o; }));
+  const paused = $("paused").tBodies[0];
+  paused.replaceChildren();
+  for (const p of flow.paused) {
+    const tr = document.createElement("tr");
+    const td = document.createElement("td");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = "Resume";
+    button.addEventListener("click", () => control("resume", { queue: p.queue, kind: p.kind }));
+    td.append(button);
+    tr.append(cell(p.queue, "nowrap"), cell(p.kind || "every kind"), td);
+    paused.append(tr);
+  }
+  $("no-paused").hidden = flow.paused.length > 0;
+  const limits = $("limits").tBodies[0];
+  limits.replaceChildren();
+  for (const l of flow.limits) {
+    const tr = document.createElement("tr");
+    tr.append(cell(l.queue, "nowrap"), cell(l.key), cell(l.running, "num"), cell(l.concurrency ?? "–", "num"),
+      cell(l.rate_per_second === null ? "–" : l.rate_per_second.toFixed(2), "num"),
+      cell(l.tokens === null ? "–" : l.tokens.toFixed(1), "num"));
+    limits.append(tr);
+  }
+  $("no-limits").hidden = flow.limits.length > 0;
+}
+
+async function control(verb, body) {
+  const what = (body.kind ? "kind " + body.kind + " of " : "") + "queue " + body.queue;
+  try {
+    await postJson("/api/" + verb, body);
+    $("flow-message").textContent = (verb === "pause" ? "Paused " : "Resumed ") + what + ".";
+    await refreshFlow();
+  } catch (e) {
+    $("flow-message").textContent = (verb === "pause" ? "Pause" : "Resume") + " failed: " + e.message;
+  }
+}
+
+async function cancelJob(id) {
+  if (!window.confirm("Cancel job " + id + "? A waiting job never runs; a running one's handler is cancelled.")) return;
+  try {
+    await postJson("/api/jobs/" + encodeURIComponent(id) + "/cancel", {});
+    $("job-cancel-message").textContent = "cancel asked: the worker ends it within a second, and its command within the grace period";
+  } catch (e) {
+    $("job-cancel-message").textContent = "cancel failed: " + e.message;
+  }
+}
+
 // ---- workers ---------------------------------------------------------------------
 
 async function refreshWorkers() {
@@ -454,6 +511,7 @@ let events = null;
 let following = null;
 
 function showJob(s) {
+  $("job-cancel").hidden = FINAL.has(s.state);
   $("job-state").textContent = s.state;
   $("job-state").className = "state state-" + s.state;
   $("job-progress").value = s.progress;
@@ -578,6 +636,7 @@ async function refresh() {
     renderStats(await getJson("/api/stats"));
     const v = view();
     if (v === "overview" && statusStore) renderJobRows($("recent"), await getJson("/api/jobs?limit=10"));
+    if (v === "overview") await refreshFlow();
     if (v === "jobs") await refreshJobs();
     if (v === "dead") await refreshDead();
     await refreshWorkers();
@@ -621,6 +680,12 @@ document.addEventListener("DOMContentLoaded", () => {
     act("purge", { older_than: age }, "Delete the dead letters dead for more than " + age + " for good?");
   });
   $("job-copy").addEventListener("click", () => copyText($("job-id").textContent, $("job-copy")));
+  $("job-cancel").addEventListener("click", () => cancelJob($("job-id").textContent));
+  $("pause-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const kind = $("pause-kind").value.trim();
+    control("pause", { queue: $("pause-queue").value.trim(), kind: kind || null });
+  });
   window.addEventListener("hashchange", route);
   route();
   setInterval(() => { if (view() !== "job") refresh(); }, 1000);

@@ -4,7 +4,9 @@
 //! the chart's axes, replays a dead letter with its button and three selected ones at
 //! once, filters the job list by state, reads a job's payload and its failed attempts'
 //! errors, sees a running worker listed and dropped once it stops, follows jobs live
-//! over Server-Sent Events and measures how soon their completion reaches the page.
+//! over Server-Sent Events and measures how soon their completion reaches the page;
+//! pauses and resumes a queue from the flow-control panel and cancels a running job
+//! from its page.
 //! Screenshots of each view go to `target/test-output/dashboard/`.
 //!
 //! `scripts/test` installs Chromium and ChromeDriver when they are missing; without
@@ -66,6 +68,7 @@ fn the_dashboard_shows_counts_replays_dead_letters_and_follows_jobs() {
         "jobs-pending.png",
         "job-attempts.png",
         "workers.png",
+        "flow-control.png",
         "job.png",
     ] {
         let len = std::fs::metadata(out_dir.join(shot)).map_or(0, |m| m.len());

@@ -351,6 +351,40 @@ def main():
         until(lambda: text_of(browser, wrow) is None, "the stopped worker to leave the list", 30)
         log("workers list: showed pid", live_worker.pid, "and dropped it after it stopped")
 
+        # Flow control: pause a queue with the form, see that a worker starts nothing,
+        # resume it with the row's button; cancel a running job from its page.
+        held = "held-" + uuid.uuid4().hex[:8]
+        waiting = switchyard("publish", "--queue", held, "--kind", "w", "--payload", "{}").strip()
+        browser.go(url + "/")
+        browser.js(CONFIRMS)
+        until(lambda: browser.js("return !document.getElementById('flow').hidden"), "the flow control panel")
+        browser.type("#pause-queue", held)
+        click(browser, "#pause-form button")
+        prow = "#paused tbody tr"
+        until(lambda: held in (text_of(browser, prow) or ""), "the paused queue in the panel")
+        spawn([BIN, "work", "--queue", held, "--exec", "true"], stdout=subprocess.DEVNULL)
+        time.sleep(2)
+        if http("GET", f"{url}/api/jobs/{waiting}")["state"] != "pending":
+            fail("a job of the paused queue ran")
+        browser.screenshot("flow-control.png")
+        click(browser, f"{prow} button")
+        until(lambda: http("GET", f"{url}/api/jobs/{waiting}")["state"] == "completed",
+              "the resumed queue's job to complete", 30)
+        until(lambda: text_of(browser, prow) is None, "the resumed queue to leave the panel")
+        log("paused and resumed", held, "from the dashboard")
+        slow = "slow-" + uuid.uuid4().hex[:8]
+        long_job = switchyard("publish", "--queue", slow, "--kind", "s", "--payload", "{}").strip()
+        spawn([BIN, "work", "--queue", slow, "--exec", "sleep 60", "--grace", "1s"],
+              stdout=subprocess.DEVNULL)
+        browser.go(f"{url}/#job/{long_job}")
+        browser.js(CONFIRMS)
+        until(lambda: text_of(browser, "#job-state") == "running", "the slow job running", 30)
+        click(browser, "#job-cancel")
+        if long_job not in last_confirm(browser):
+            fail(f"the cancel was not confirmed first: {last_confirm(browser)!r}")
+        until(lambda: text_of(browser, "#job-state") == "cancelled", "the job to end cancelled", 15)
+        log("cancelled", long_job, "from its page")
+
         # A job's page follows it live; how long after the job ended does its last
         # event reach the page?
         live = "reports-" + uuid.uuid4().hex[:8]

@@ -30,9 +30,11 @@ use crate::cli::ServeArgs;
 use crate::host_guard::{guard_host, Loopback};
 use crate::metrics_listener;
 
-const DASHBOARD_HTML: &str = include_str!("../../assets/dashboard.html");
-const DASHBOARD_JS: &str = include_str!("../../assets/dashboard.js");
-const DASHBOARD_CSS: &str = include_str!("../../assets/dashboard.css");
+mod controls;
+
+const DASHBOARD_HTML: &str = include_str!("../../../assets/dashboard.html");
+const DASHBOARD_JS: &str = include_str!("../../../assets/dashboard.js");
+const DASHBOARD_CSS: &str = include_str!("../../../assets/dashboard.css");
 
 /// The throughput chart: finished jobs per 10 s over the last 5 minutes.
 const CHART_BUCKET: Duration = Duration::from_secs(10);
@@ -117,6 +119,10 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/dead", get(dead_list))
         .route("/api/dead/replay", post(dead_replay))
         .route("/api/dead/purge", post(dead_purge))
+        .route("/api/controls", get(controls::overview))
+        .route("/api/pause", post(controls::pause))
+        .route("/api/resume", post(controls::resume))
+        .route("/api/jobs/{id}/cancel", post(controls::cancel))
         .layer(axum::middleware::from_fn_with_state(
             Loopback(app.loopback),
             guard_host,
