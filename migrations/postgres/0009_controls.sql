@@ -1,6 +1,6 @@
 -- Switchyard on PostgreSQL, schema version 9: paused queues and cancelled jobs.
 --
--- An operator's controls, read by every worker about twice a second: a row per paused
+-- An operator's controls, read by every worker four times a second: a row per paused
 -- queue (kind '') or paused kind of a queue, and a row per job marked cancelled until a
 -- worker ends it `cancelled` (a job not started is then never run; a running one has
 -- its handler cancelled). Times are µs since the epoch, by the server's clock.

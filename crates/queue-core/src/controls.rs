@@ -36,8 +36,12 @@ pub trait Controls: Send + Sync + fmt::Debug {
     /// running it cancels its handler; either ends the job `cancelled`.
     async fn cancel(&self, ids: &[Uuid]) -> Result<()>;
 
-    /// The jobs marked cancelled and not ended yet (the newest 10,000).
+    /// The jobs marked cancelled and not ended yet (100,000 at most).
     async fn cancelled(&self) -> Result<Vec<Uuid>>;
+
+    /// How many jobs are marked, and when the newest mark was made (µs): a reader that
+    /// saw the same reads the marks again only when these change.
+    async fn marks(&self) -> Result<(u64, i64)>;
 
     /// Forgets the marks of `ids` (their jobs ended cancelled).
     async fn forget(&self, ids: &[Uuid]) -> Result<()>;

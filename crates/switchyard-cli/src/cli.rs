@@ -421,7 +421,7 @@ pub(crate) enum DeadCommand {
     /// Put dead letters back on their queue with attempts reset
     Replay {
         /// The dead letter's id
-        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        #[arg(long, required_unless_present_any = ["all", "kind", "older_than"], conflicts_with_all = ["all", "kind", "older_than"])]
         id: Option<String>,
         /// Every dead letter (of --queue when given)
         #[arg(long)]
@@ -429,6 +429,15 @@ pub(crate) enum DeadCommand {
         /// Only this queue
         #[arg(long)]
         queue: Option<String>,
+        /// Only dead letters of this kind
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only those dead for longer than this, e.g. 1h
+        #[arg(long)]
+        older_than: Option<String>,
+        /// Count what would be replayed, and replay nothing
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Delete dead letters
     Purge {
@@ -439,11 +448,17 @@ pub(crate) enum DeadCommand {
         #[arg(long, conflicts_with = "older_than")]
         all: bool,
         /// Those dead for longer than this, e.g. 30d
-        #[arg(long, required_unless_present_any = ["id", "all"])]
+        #[arg(long, required_unless_present_any = ["id", "all", "kind"])]
         older_than: Option<String>,
         /// Only this queue
         #[arg(long)]
         queue: Option<String>,
+        /// Only dead letters of this kind
+        #[arg(long, conflicts_with = "id")]
+        kind: Option<String>,
+        /// Count what would be deleted, and delete nothing
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 

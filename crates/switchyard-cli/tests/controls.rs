@@ -1,7 +1,7 @@
 //! Pause, resume and cancel from the command line, on every backend: a paused queue is
 //! not started by any worker until resumed; a cancelled exec job gets SIGTERM, then
 //! SIGKILL after the grace period, and ends `cancelled`; a cancelled waiting job never
-//! starts.
+//! starts; bulk replay, purge and cancel by filter count first with `--dry-run`.
 
 mod support;
 
@@ -212,5 +212,121 @@ fn a_cancelled_exec_job_is_stopped_on_mysql() {
 fn a_cancelled_exec_job_is_stopped_on_rabbitmq() {
     if let Some(sb) = Sandbox::rabbitmq() {
         a_cancelled_exec_job_is_stopped_and_a_waiting_one_never_runs(sb);
+    }
+}
+
+fn json_of(sb: &Sandbox, args: &[&str]) -> serde_json::Value {
+    let out = sb.run(args);
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// Dead letters replayed and purged by kind, and waiting jobs cancelled by filter, each
+/// counted first with `--dry-run` (which changes nothing).
+fn bulk_actions_by_filter_count_first(sb: Sandbox) {
+    let q = fresh_queue("bulk");
+    let a = sb.publish_lines(&q, "a", &"{}\n".repeat(3));
+    sb.publish_lines(&q, "b", &"{}\n".repeat(2));
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        &q,
+        "--exec",
+        "exit 1",
+        "--max-attempts",
+        "1",
+        "--drain",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(sb.dead(&q).len(), 5);
+    let dry = json_of(
+        &sb,
+        &[
+            "dead",
+            "replay",
+            "--queue",
+            &q,
+            "--kind",
+            "a",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(dry["would_replay"], 3, "{dry}");
+    assert_eq!(sb.dead(&q).len(), 5, "a dry run replayed");
+    let done = json_of(
+        &sb,
+        &["dead", "replay", "--queue", &q, "--kind", "a", "--json"],
+    );
+    assert_eq!(done["replayed"], 3, "{done}");
+    let dry = json_of(
+        &sb,
+        &[
+            "dead",
+            "purge",
+            "--queue",
+            &q,
+            "--kind",
+            "b",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(dry["would_purge"], 2, "{dry}");
+    let done = json_of(
+        &sb,
+        &["dead", "purge", "--queue", &q, "--kind", "b", "--json"],
+    );
+    assert_eq!(done["purged"], 2, "{done}");
+    assert!(sb.dead(&q).is_empty());
+    let dry = json_of(
+        &sb,
+        &[
+            "cancel",
+            "--queue",
+            &q,
+            "--kind",
+            "a",
+            "--state",
+            "pending",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(dry["would_cancel"], 3, "{dry}");
+    let done = json_of(&sb, &["cancel", "--queue", &q, "--kind", "a", "--json"]);
+    assert_eq!(done["cancelled"], 3, "{done}");
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        &q,
+        "--exec",
+        "echo run >> ran",
+        "--drain",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(lines(&sb, "ran").is_empty(), "a cancelled job ran");
+    for id in &a {
+        assert_eq!(state(&sb, id), "cancelled", "job {id}");
+    }
+    forget(&sb, &q);
+}
+
+#[test]
+fn bulk_actions_by_filter_count_first_on_sqlite() {
+    bulk_actions_by_filter_count_first(Sandbox::new());
+}
+
+#[test]
+fn bulk_actions_by_filter_count_first_on_postgres() {
+    if let Some(sb) = Sandbox::postgres() {
+        bulk_actions_by_filter_count_first(sb);
+    }
+}
+
+#[test]
+fn bulk_actions_by_filter_count_first_on_mysql() {
+    if let Some(sb) = Sandbox::mysql() {
+        bulk_actions_by_filter_count_first(sb);
     }
 }

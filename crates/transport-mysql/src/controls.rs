@@ -88,6 +88,16 @@ impl Controls for MySqlControls {
             .collect())
     }
 
+    async fn marks(&self) -> Result<(u64, i64)> {
+        let row = sqlx::query(&self.sql.marks)
+            .fetch_one(&self.pool)
+            .await
+            .backend()?;
+        let count: i64 = row.try_get(0).backend()?;
+        let newest: i64 = row.try_get(1).backend()?;
+        Ok((u64::try_from(count).unwrap_or(0), newest))
+    }
+
     async fn forget(&self, ids: &[Uuid]) -> Result<()> {
         for id in ids {
             sqlx::query(&self.sql.forget)

@@ -2,7 +2,7 @@
 //! queues and kinds (`<table>_paused`, the whole queue as kind `''`) and one of
 //! cancellation marks (`<table>_cancel`), both beside the queue's table.
 
-use super::limits::Dialect;
+use super::dialect::Dialect;
 
 /// The control tables' statements in one dialect, for the default table name: a
 /// backend specialises them for its table as it does its own.
@@ -18,6 +18,8 @@ pub struct ControlStatements {
     pub cancel: String,
     /// The marks: id.
     pub cancelled: String,
+    /// How many marks, and the newest one's time: whether they changed.
+    pub marks: String,
     /// Deletes a mark (id).
     pub forget: String,
 }
@@ -28,8 +30,8 @@ const RESUME: &str = "DELETE FROM \"switchyard_jobs_paused\" WHERE queue = ? AND
 const PAUSED: &str = "SELECT queue, kind FROM \"switchyard_jobs_paused\" ORDER BY queue, kind";
 const CANCEL: &str = "INSERT {IGNORE}INTO \"switchyard_jobs_cancel\" (id, marked_at)
     VALUES (?, {NOW}){NOTHING}";
-const CANCELLED: &str =
-    "SELECT id FROM \"switchyard_jobs_cancel\" ORDER BY marked_at DESC LIMIT 10000";
+const CANCELLED: &str = "SELECT id FROM \"switchyard_jobs_cancel\" LIMIT 100000";
+const MARKS: &str = "SELECT COUNT(*), COALESCE(MAX(marked_at), 0) FROM \"switchyard_jobs_cancel\"";
 const FORGET: &str = "DELETE FROM \"switchyard_jobs_cancel\" WHERE id = ?";
 
 impl ControlStatements {
@@ -42,6 +44,7 @@ impl ControlStatements {
             paused: s(PAUSED),
             cancel: s(CANCEL),
             cancelled: s(CANCELLED),
+            marks: s(MARKS),
             forget: s(FORGET),
         }
     }
@@ -54,6 +57,7 @@ impl ControlStatements {
             paused: f(&self.paused),
             cancel: f(&self.cancel),
             cancelled: f(&self.cancelled),
+            marks: f(&self.marks),
             forget: f(&self.forget),
         }
     }

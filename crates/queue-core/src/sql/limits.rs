@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use super::dialect::Dialect;
 use crate::error::Result;
 use crate::limit::{Acquired, Denial, Want};
 use crate::limit_store::LimitLease;
@@ -296,17 +297,6 @@ fn jittered(base: Duration) -> Duration {
     base + base.mul_f64(fastrand::f64())
 }
 
-/// The SQL dialects the limit statements are written for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// PostgreSQL: `$n` parameters, the server's clock in µs written out.
-    Postgres,
-    /// MySQL and MariaDB: backquoted names; `{NOW}` left for the backend.
-    MySql,
-    /// SQLite: no row locks (the write lock serialises); `{NOW}` left for the backend.
-    Sqlite,
-}
-
 /// The limit tables' statements in one dialect, for the default table name: a backend
 /// specialises them for its table as it does its own.
 #[derive(Debug, Clone)]
@@ -366,55 +356,6 @@ const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_seco
   FROM \"switchyard_jobs_limits\" l
  ORDER BY running DESC, l.queue, l.limit_key LIMIT 1000";
 
-/// PostgreSQL's clock in µs since the epoch.
-const PG_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
-
-impl Dialect {
-    /// `sql`, written with `?` parameters, double-quoted names and the placeholders
-    /// `{IGNORE}`, `{NOTHING}` (an insert that keeps an existing row), `{FOR_UPDATE}`,
-    /// `{UPSERT}` (of a limit holder) and `{NOW_I64}`, in this dialect; `{NOW}` is left
-    /// for MySQL's and SQLite's own specialisation.
-    pub fn write(self, sql: &str) -> String {
-        let (ignore, nothing, for_update, upsert, now_i64) = match self {
-            Dialect::Postgres => (
-                "",
-                " ON CONFLICT DO NOTHING",
-                " FOR UPDATE",
-                " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
-                 run_at = excluded.run_at, held_until = excluded.held_until",
-                "{NOW}",
-            ),
-            Dialect::MySql => (
-                "IGNORE ",
-                "",
-                " FOR UPDATE",
-                " ON DUPLICATE KEY UPDATE token = VALUES(token), run_at = VALUES(run_at), \
-                 held_until = VALUES(held_until)",
-                "CAST({NOW} AS SIGNED)",
-            ),
-            Dialect::Sqlite => (
-                "",
-                " ON CONFLICT DO NOTHING",
-                "",
-                " ON CONFLICT (queue, limit_key, id) DO UPDATE SET token = excluded.token, \
-                 run_at = excluded.run_at, held_until = excluded.held_until",
-                "{NOW}",
-            ),
-        };
-        let sql = sql
-            .replace("{IGNORE}", ignore)
-            .replace("{NOTHING}", nothing)
-            .replace("{FOR_UPDATE}", for_update)
-            .replace("{UPSERT}", upsert)
-            .replace("{NOW_I64}", now_i64);
-        match self {
-            Dialect::Postgres => numbered(&sql.replace("{NOW}", PG_NOW)),
-            Dialect::MySql => sql.replace('"', "`"),
-            Dialect::Sqlite => sql,
-        }
-    }
-}
-
 impl LimitStatements {
     /// The statements in `dialect`.
     pub fn new(dialect: Dialect) -> Self {
@@ -450,21 +391,6 @@ impl LimitStatements {
             usage: f(&self.usage),
         }
     }
-}
-
-/// `?` placeholders numbered `$1`, `$2`, … (the statements hold no `?` in literals).
-fn numbered(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 16);
-    let mut n = 0;
-    for c in sql.chars() {
-        if c == '?' {
-            n += 1;
-            out.push_str(&format!("${n}"));
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

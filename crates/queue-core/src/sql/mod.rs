@@ -11,6 +11,7 @@ mod claim;
 mod claimed;
 mod connections;
 pub mod controls;
+mod dialect;
 mod engine;
 mod fence;
 pub mod limits;

@@ -52,7 +52,7 @@ pub struct Worker {
     pub(super) limit_store: Option<Arc<dyn crate::limit_store::LimitStore>>,
     /// Paused queues and cancellations, when its status store keeps them: set when the
     /// worker starts.
-    pub(super) controls: Option<Arc<super::controls::ControlView>>,
+    pub(super) controls: Option<Arc<super::control_view::ControlView>>,
 }
 
 impl fmt::Debug for Worker {

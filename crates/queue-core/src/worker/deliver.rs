@@ -182,8 +182,9 @@ impl Worker {
         }
     }
 
-    /// Waits for the handler's end while renewing its lease every third of it; on a
-    /// timeout, a lost lease or shutdown, cancels it (aborting it after a grace).
+    /// Waits for the handler's end while renewing its lease (and limit slots) every third
+    /// of it; on a timeout, a lost lease or slot, an operator's cancel or shutdown,
+    /// cancels it (aborting it after a grace).
     async fn watch(
         &self,
         r: &Reservation,
@@ -197,7 +198,7 @@ impl Worker {
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         // Cancellations are read from the worker's view of the controls, which one read
         // every quarter second keeps current for all its jobs.
-        let look = super::controls::REFRESH;
+        let look = super::control_view::REFRESH;
         let mut cancel_check = tokio::time::interval_at(tokio::time::Instant::now() + look, look);
         let id = r.envelope.id;
         let deadline = self
@@ -216,7 +217,7 @@ impl Worker {
                 _ = sleep_until(deadline) => break Ending::TimedOut(self.options.timeout.unwrap_or_default()),
                 _ = cancel.cancelled() => break Ending::ShutDown,
                 _ = cancel_check.tick(), if self.controls.is_some() => {
-                    if self.is_cancelled(id).await {
+                    if self.is_cancelled(id) {
                         tracing::info!("cancelled by an operator; cancelling the handler");
                         break Ending::Cancelled;
                     }
@@ -246,8 +247,10 @@ impl Worker {
         if !job.is_finished() {
             // A cancelled job gets the grace period of a shutdown to stop (an exec
             // command: SIGTERM, then SIGKILL when it ends).
+            // Capped at half the lease, which is no longer renewed: the job must be
+            // stopped before another worker could take it.
             let grace = match ending {
-                Ending::Cancelled => self.options.grace_period,
+                Ending::Cancelled => self.options.grace_period.min(lease / 2),
                 _ => CANCEL_GRACE,
             };
             let late = tokio::time::timeout(grace, &mut job).await;

@@ -283,7 +283,7 @@ impl Fetcher {
         let handle = flight.claims.spawn(async move {
             // A paused queue claims nothing: the loop backs off as from an empty claim,
             // and looks again at the next poll.
-            if worker.queue_paused().await {
+            if worker.queue_paused() {
                 return (room, starts, Ok(Vec::new()));
             }
             // While handlers keep up, messages start as they are claimed (one round trip

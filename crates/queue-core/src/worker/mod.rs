@@ -9,6 +9,7 @@
 
 mod acker;
 mod builder;
+mod control_view;
 mod controls;
 mod counters;
 mod deliver;

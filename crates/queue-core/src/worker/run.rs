@@ -42,7 +42,16 @@ impl Worker {
             .status
             .as_ref()
             .and_then(|s| s.controls())
-            .map(|store| Arc::new(super::controls::ControlView::new(store)));
+            .map(|store| Arc::new(super::control_view::ControlView::new(store)));
+        // Read once before the first claim: a queue paused before the worker started is
+        // never claimed.
+        let refreshing = match &this.controls {
+            Some(view) => {
+                view.refresh().await;
+                Some(view.spawn_refresh(shutdown.child_token()))
+            }
+            None => None,
+        };
         let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);
@@ -69,6 +78,9 @@ impl Worker {
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
         dispatcher.run().await;
         dispatcher.finish(abort).await;
+        if let Some(task) = refreshing {
+            task.abort();
+        }
         services.finish().await;
         let report = worker.counters.snapshot();
         tracing::info!(queue = %worker.queue, ?report, "worker stopped");

@@ -25,7 +25,21 @@ async fn controls(config: &Config, create: bool) -> Result<(Jobs, Arc<dyn Contro
     Ok((jobs, controls))
 }
 
+/// `--kind`, which must name a kind when given.
+fn kind_arg(kind: Option<&str>) -> Result<()> {
+    match kind {
+        Some(k) if k.trim().is_empty() => Err(switchyard::ConfigError::new(
+            "--kind",
+            Some(k.to_owned()),
+            "a job kind (leave --kind out to pause or resume the whole queue)",
+        )
+        .into()),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) async fn pause(config: &Config, args: PauseArgs, json: bool) -> Result<()> {
+    kind_arg(args.kind.as_deref())?;
     let queue = super::common::queue_arg(Some(&args.queue))?.map(|q| q.to_string());
     let queue = queue.unwrap_or_default();
     let (_jobs, controls) = controls(config, true).await?;
@@ -45,6 +59,7 @@ pub(crate) async fn pause(config: &Config, args: PauseArgs, json: bool) -> Resul
 }
 
 pub(crate) async fn resume(config: &Config, args: PauseArgs, json: bool) -> Result<()> {
+    kind_arg(args.kind.as_deref())?;
     let queue = super::common::queue_arg(Some(&args.queue))?.map(|q| q.to_string());
     let queue = queue.unwrap_or_default();
     let (_jobs, controls) = controls(config, false).await?;
@@ -78,7 +93,10 @@ pub(crate) async fn cancel(config: &Config, args: CancelArgs, json: bool) -> Res
             )
         })?);
     }
-    let by_filter = args.queue.is_some() || args.kind.is_some() || args.state.is_some();
+    let by_filter = args.queue.is_some()
+        || args.kind.is_some()
+        || args.state.is_some()
+        || args.older_than.is_some();
     if by_filter {
         ids.extend(matching(&jobs, &args).await?);
     } else if ids.is_empty() {
@@ -98,23 +116,37 @@ pub(crate) async fn cancel(config: &Config, args: CancelArgs, json: bool) -> Res
         );
         return Ok(());
     }
-    controls.cancel(&ids).await?;
-    if json {
-        return crate::output::json_line(
-            &serde_json::json!({ "cancelled": ids.len(), "ids": ids }),
-        );
-    }
-    for id in &ids {
+    // A job that already ended is left alone: a mark would stay, and cancel its replay.
+    let mut marked = Vec::new();
+    let mut ended = Vec::new();
+    let mut states = Vec::new();
+    for id in ids {
         let state = match jobs.store() {
-            Some(store) => store.get(*id).await?.map(|s| s.state),
+            Some(store) => store.get(id).await?.map(|s| s.state),
             None => None,
         };
+        if state.is_some_and(JobState::is_final) {
+            ended.push(id);
+        } else {
+            marked.push(id);
+            states.push(state);
+        }
+    }
+    controls.cancel(&marked).await?;
+    if json {
+        return crate::output::json_line(&serde_json::json!({
+            "cancelled": marked.len(), "ids": marked, "already_ended": ended,
+        }));
+    }
+    for (id, state) in marked.iter().zip(states) {
         let what = match state {
             Some(JobState::Running) => "running: its handler is cancelled within a second (an exec command gets SIGTERM, then SIGKILL after the worker's grace period)",
-            Some(s) if s.is_final() => "already ended: nothing to cancel",
             _ => "waiting: it never runs; a worker ends it cancelled when it reaches it",
         };
         outln!("{id} {what}");
+    }
+    for id in ended {
+        outln!("{id} already ended: nothing to cancel");
     }
     Ok(())
 }

@@ -65,10 +65,31 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             }
             Ok(())
         }
-        DeadCommand::Replay { id, all, queue } => {
-            let selection = selection(id, all, None)?;
+        DeadCommand::Replay {
+            id,
+            all,
+            queue,
+            kind,
+            older_than,
+            dry_run,
+        } => {
             let queue = super::common::queue_arg(queue.as_deref())?;
             let jobs = switchyard::connect_existing_jobs(config).await?;
+            let filter = Filter::new(kind, older_than.as_deref())?;
+            if filter.is_some() || dry_run {
+                let ids = matching(jobs.transport().as_ref(), queue.as_ref(), id, &filter).await?;
+                if dry_run {
+                    return report(json, "would_replay", ids.len() as u64);
+                }
+                let mut n = 0;
+                for id in ids {
+                    n += jobs
+                        .replay_dead(queue.as_ref(), &DeadSelection::Id(id))
+                        .await?;
+                }
+                return report(json, "replayed", n);
+            }
+            let selection = selection(id, all, None)?;
             let n = jobs.replay_dead(queue.as_ref(), &selection).await?;
             report(json, "replayed", n)
         }
@@ -77,14 +98,71 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             all,
             older_than,
             queue,
+            kind,
+            dry_run,
         } => {
-            let selection = selection(id, all, older_than)?;
             let queue = super::common::queue_arg(queue.as_deref())?;
             let t = switchyard::connect_existing(config).await?;
+            if kind.is_some() || dry_run {
+                let filter = Filter::new(kind, older_than.as_deref())?;
+                let ids = matching(t.as_ref(), queue.as_ref(), id, &filter).await?;
+                if dry_run {
+                    return report(json, "would_purge", ids.len() as u64);
+                }
+                let mut n = 0;
+                for id in ids {
+                    n += t.dead_purge(queue.as_ref(), &DeadSelection::Id(id)).await?;
+                }
+                return report(json, "purged", n);
+            }
+            let selection = selection(id, all, older_than)?;
             let n = t.dead_purge(queue.as_ref(), &selection).await?;
             report(json, "purged", n)
         }
     }
+}
+
+/// The dead letters a bulk replay or purge by kind or age acts on, read from the list.
+#[derive(Debug, Default)]
+struct Filter {
+    kind: Option<String>,
+    older_than: Option<std::time::Duration>,
+}
+
+impl Filter {
+    /// `None` when neither a kind nor an age is given.
+    fn new(kind: Option<String>, older_than: Option<&str>) -> Result<Option<Self>> {
+        let older_than = older_than
+            .map(|d| parse_duration("--older-than", d))
+            .transpose()?;
+        Ok((kind.is_some() || older_than.is_some()).then_some(Filter { kind, older_than }))
+    }
+}
+
+/// The most dead letters a bulk action by filter reads.
+const MOST_FILTERED: usize = 100_000;
+
+/// The ids of the dead letters of `queue` that `filter` (or `id` alone) selects.
+async fn matching(
+    t: &dyn switchyard::Transport,
+    queue: Option<&switchyard::QueueName>,
+    id: Option<String>,
+    filter: &Option<Filter>,
+) -> Result<Vec<String>> {
+    let now = chrono::Utc::now();
+    let letters = t.dead_list(queue, MOST_FILTERED).await?;
+    Ok(letters
+        .into_iter()
+        .filter(|d| id.as_ref().is_none_or(|id| d.id == *id))
+        .filter(|d| {
+            filter.as_ref().is_none_or(|f| {
+                f.kind.as_ref().is_none_or(|k| *k == d.kind)
+                    && f.older_than
+                        .is_none_or(|age| (now - d.dead_at).to_std().unwrap_or_default() >= age)
+            })
+        })
+        .map(|d| d.id)
+        .collect())
 }
 
 fn selection(id: Option<String>, all: bool, older_than: Option<String>) -> Result<DeadSelection> {

@@ -61,8 +61,13 @@ fn pause_request(body: &[u8]) -> Result<(QueueName, Option<String>), super::ApiE
         )
     })?;
     let queue = QueueName::new(req.queue)?;
-    let kind = req.kind.filter(|k| !k.trim().is_empty());
-    Ok((queue, kind))
+    if req.kind.as_ref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            "\"kind\" is empty: name a job kind, or leave it out (or null) for the whole queue",
+        ));
+    }
+    Ok((queue, req.kind))
 }
 
 pub(super) async fn pause(
@@ -110,6 +115,17 @@ pub(super) async fn cancel(
             format!("{id:?} is not a job id (a UUID)"),
         )
     })?;
-    controls(&app)?.cancel(&[id]).await?;
+    let controls = controls(&app)?;
+    if let Some(store) = &app.store {
+        if let Some(status) = store.get(id).await? {
+            if status.state.is_final() {
+                return Err(problem(
+                    StatusCode::CONFLICT,
+                    format!("job {id} already ended {}: nothing to cancel", status.state),
+                ));
+            }
+        }
+    }
+    controls.cancel(&[id]).await?;
     Ok(Json(serde_json::json!({ "cancelled": id })).into_response())
 }
