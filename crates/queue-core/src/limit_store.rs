@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::limit::{Acquired, LimitUsage, Want};
 
 /// The lease a job's slots belong to: only calls that name it (its token) touch them.
+/// The worker draws a fresh token for each run, unique across processes.
 #[derive(Debug, Clone, Copy)]
 pub struct LimitLease<'a> {
     /// The job's queue.

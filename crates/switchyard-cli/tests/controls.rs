@@ -8,9 +8,7 @@ mod support;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use support::{text, Sandbox};
+use support::{text, Sandbox, Workers};
 
 fn fresh_queue(prefix: &str) -> String {
     format!("{prefix}-{:08x}", fastrand::u32(..))
@@ -32,16 +30,6 @@ fn worker(sb: &Sandbox, queue: &str, command: &str) -> Child {
     .stderr(Stdio::null())
     .spawn()
     .expect("start a worker")
-}
-
-fn stop(mut workers: Vec<Child>) {
-    for w in &workers {
-        let pid = Pid::from_raw(i32::try_from(w.id()).expect("a pid"));
-        let _ = kill(pid, Signal::SIGTERM);
-    }
-    for w in &mut workers {
-        let _ = w.wait();
-    }
 }
 
 fn lines(sb: &Sandbox, file: &str) -> Vec<String> {
@@ -72,7 +60,7 @@ fn a_paused_queue_waits_for_resume(sb: Sandbox) {
     assert!(out.status.success(), "{}", text(&out.stderr));
     sb.publish_lines(&q, "job", &"{}\n".repeat(5));
     let cmd = "echo \"$SWITCHYARD_MESSAGE_ID $SWITCHYARD_ATTEMPT\" >> runs";
-    let workers = vec![worker(&sb, &q, cmd), worker(&sb, &q, cmd)];
+    let workers = Workers(vec![worker(&sb, &q, cmd), worker(&sb, &q, cmd)]);
     std::thread::sleep(Duration::from_millis(2000));
     assert!(lines(&sb, "runs").is_empty(), "a paused queue's job ran");
     let out = sb.run(&["stats", "--json", "--queue", &q]);
@@ -91,7 +79,7 @@ fn a_paused_queue_waits_for_resume(sb: Sandbox) {
         "every job ran after the resume",
         || lines(&sb, "runs").len() == 5,
     );
-    stop(workers);
+    workers.stop();
     assert!(
         lines(&sb, "runs").iter().all(|l| l.ends_with(" 1")),
         "a pause counted an attempt"
@@ -106,7 +94,7 @@ fn a_cancelled_exec_job_is_stopped_and_a_waiting_one_never_runs(sb: Sandbox) {
     // Records its start and a SIGTERM, and ignores the SIGTERM: only SIGKILL ends it.
     let cmd = "echo \"started $SWITCHYARD_MESSAGE_ID\" >> runs; \
                trap 'echo term >> runs; sleep 60' TERM; sleep 60 & wait; echo done >> runs";
-    let w = worker(&sb, &q, cmd);
+    let w = Workers(vec![worker(&sb, &q, cmd)]);
     wait_for(Duration::from_secs(20), "the long job started", || {
         lines(&sb, "runs").contains(&format!("started {long}"))
     });
@@ -137,7 +125,7 @@ fn a_cancelled_exec_job_is_stopped_and_a_waiting_one_never_runs(sb: Sandbox) {
         "the waiting job ended cancelled",
         || state(&sb, &waiting) == "cancelled",
     );
-    stop(vec![w]);
+    w.stop();
     let runs = lines(&sb, "runs");
     assert!(
         runs.contains(&"term".to_owned()),

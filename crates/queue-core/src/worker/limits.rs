@@ -104,7 +104,10 @@ impl Worker {
         let held = HeldLease {
             queue: env.queue.to_string(),
             id: env.id.to_string(),
-            token: r.token().to_string(),
+            // A token of its own, not the transport's: RabbitMQ's lease tokens (consumer
+            // generation and delivery tag) repeat across processes, and a redelivered
+            // job must never pass for the lease that held its slot before.
+            token: uuid::Uuid::new_v4().to_string(),
             renewed: std::time::Instant::now(),
         };
         // Only a slot is held past the start; a token is spent at it.
@@ -121,7 +124,17 @@ impl Worker {
         let wait = wait.max(MIN_WAIT);
         crate::metrics::limited(self.tenant.as_deref(), &env.queue, &env.kind, by);
         match self.transport.snooze(r, wait).await {
-            Ok(()) => tracing::debug!(retry_in = ?wait, limit = by, "held back by a limit"),
+            Ok(()) => {
+                tracing::debug!(retry_in = ?wait, limit = by, "held back by a limit");
+                // The fetch loop of an idle queue polls a second apart at most: it is
+                // woken when the job is due, so that a booked start is taken on time.
+                if let Some(wake) = self.transport.wake_signal(&self.queue) {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(wait).await;
+                        wake.notify_waiters();
+                    });
+                }
+            }
             Err(err) => self.log_settle_error("limit wait", &err),
         }
         Taken::HeldBack

@@ -376,3 +376,39 @@ impl Drop for Sandbox {
         }
     }
 }
+
+/// Worker processes a test started: stopped with SIGTERM by [`Workers::stop`], and
+/// killed if the test ends first (a failed assertion must not leave them running).
+pub struct Workers(pub Vec<std::process::Child>);
+
+impl Workers {
+    /// SIGCONT (a frozen one) then SIGTERM to each, and waits for them all.
+    pub fn stop(mut self) {
+        for w in &self.0 {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(w.id()).unwrap_or(0));
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        }
+        for w in &mut self.0 {
+            let _ = w.wait();
+        }
+        self.0.clear();
+    }
+}
+
+impl std::ops::Deref for Workers {
+    type Target = [std::process::Child];
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
