@@ -158,6 +158,23 @@ impl Worker {
             report,
             tenant: self.tenant.clone(),
         };
+        // A worker stopped (frozen, swapped out) between taking its slots and starting
+        // the handler may wake after they ran out and another job took them: it must
+        // not start then.
+        if held.as_ref().is_some_and(|h| !h.still_held(r.lease)) {
+            tracing::warn!("the job's limit slots ran out before it started; it goes back");
+            self.snoozed(
+                &r,
+                Duration::ZERO,
+                "its limit slots ran out before it started",
+                false,
+            )
+            .await;
+            if let Some(held) = held {
+                self.free_limits(&held).await;
+            }
+            return;
+        }
         let started = std::time::Instant::now();
         // Its own task, so that a panic is caught as a JoinError.
         let job = tokio::spawn(

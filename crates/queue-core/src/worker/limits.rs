@@ -39,6 +39,11 @@ pub(super) struct HeldLease {
 }
 
 impl HeldLease {
+    /// Whether the slots surely still count: taken or renewed well within `lease`.
+    pub(super) fn still_held(&self, lease: Duration) -> bool {
+        self.renewed.elapsed() < lease / 2
+    }
+
     fn lease(&self) -> LimitLease<'_> {
         LimitLease {
             queue: &self.queue,
