@@ -18,7 +18,8 @@ const PG_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 impl Dialect {
     /// `sql`, written with `?` parameters, double-quoted names and the placeholders
     /// `{IGNORE}`, `{NOTHING}` (an insert that keeps an existing row), `{FOR_UPDATE}`,
-    /// `{UPSERT}` (of a limit holder) and `{NOW_I64}`, in this dialect; `{NOW}` is left
+    /// `{UPSERT}` (of a limit holder) and `{NOW_I64}` (the clock when a locked row is
+    /// read, as an integer), in this dialect; `{NOW}` is left
     /// for MySQL's and SQLite's own specialisation.
     pub fn write(self, sql: &str) -> String {
         let (ignore, nothing, for_update, upsert, now_i64) = match self {
@@ -36,7 +37,10 @@ impl Dialect {
                 " FOR UPDATE",
                 " ON DUPLICATE KEY UPDATE token = VALUES(token), run_at = VALUES(run_at), \
                  held_until = VALUES(held_until)",
-                "CAST({NOW} AS SIGNED)",
+                // The time the row was read, after any wait for its lock: `NOW()` is the
+                // statement's start, which a wait behind a long transaction leaves
+                // behind, and a bucket refilled by a stale clock runs ahead of its rate.
+                "CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)",
             ),
             Dialect::Sqlite => (
                 "",
