@@ -227,6 +227,9 @@ impl Transport for Router {
         caps.unique_keys = a.unique_keys || b.unique_keys;
         // Limits live in the status store, which both sides share.
         caps.limits = a.limits && b.limits;
+        // The jobs are in two places and the limits' store beside at most one of them:
+        // a denied job is put back to wait rather than parked.
+        caps.limit_parking = false;
         caps.unique_replace = if a.unique_keys {
             a.unique_replace
         } else {

@@ -79,6 +79,11 @@ pub struct Capabilities {
     /// control store. A worker with limits needs that store
     /// ([`Worker::for_jobs`](crate::worker::Worker::for_jobs)).
     pub limits: bool,
+    /// A job that finds every slot of a concurrency limit taken is set aside out of the
+    /// claim order and woken by the release of a slot (the SQL backends, whose limit
+    /// store sits beside the jobs). RabbitMQ cannot set a queued message aside: a denied
+    /// job goes back through the delay chain and is claimed again after its wait.
+    pub limit_parking: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -111,6 +116,7 @@ impl Default for Capabilities {
             unique_keys: false,
             unique_replace: false,
             limits: false,
+            limit_parking: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

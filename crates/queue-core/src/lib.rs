@@ -55,7 +55,7 @@ pub use error::{ConfigError, DecodeError, Error, Result};
 pub use holdings::{HeldSelection, Holding, Holdings};
 pub use key_store::UniqueKeyStore;
 pub use limit::{Acquired, Denial, Limit, LimitBy, LimitUsage, Rate, Want};
-pub use limit_store::{LimitLease, LimitStore};
+pub use limit_store::{LimitLease, LimitStore, Parked};
 pub use names::{Identifier, QueueName};
 pub use published::{Duplicate, Published};
 pub use redact::{redact_url, split_url_list, unsupported_secret_param, SecretUrl};

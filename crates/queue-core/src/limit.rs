@@ -5,11 +5,14 @@
 //! --limit`); they are enforced across every worker and process that declares them,
 //! through a [`LimitStore`](crate::LimitStore) (the SQL store beside the jobs, or the
 //! control store beside RabbitMQ). A job takes its slots and tokens as it starts, under
-//! its lease: the slot is held while the lease is, renewed by its heartbeat, and freed by
+//! its lease: the slot is held while the lease is, renewed by a heartbeat, and freed by
 //! that lease's ack, release or dead letter, or when the lease runs out. A stale worker's
 //! free names a lease that no longer holds the slot, so it frees nothing. A job that
 //! finds a limit reached goes back to its queue without running and without counting an
-//! attempt, for as long as the limit says (a snooze).
+//! attempt: for a rate, until its booked start (a snooze); for a slot, parked out of the
+//! claim order until the release of a slot of its key wakes it, where the store sits
+//! beside the jobs ([`Capabilities::limit_parking`](crate::Capabilities::limit_parking);
+//! a snooze of half a second to a second elsewhere).
 
 use std::fmt;
 use std::time::Duration;
@@ -105,6 +108,11 @@ impl Limit {
     pub fn concurrency(mut self, n: u32) -> Self {
         self.concurrency = Some(n.max(1));
         self
+    }
+
+    /// Whether it limits how many run at once.
+    pub(crate) fn has_concurrency(&self) -> bool {
+        self.concurrency.is_some()
     }
 
     /// At most `count` starts per `per`, `count` of them at once (set

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::sql::broker_keys::again_while_transient;
+use queue_core::sql::limit_waits::{self, WaitTable};
 use queue_core::sql::limits::{acquire, Bucket, Dialect, Hold, LimitStatements, LimitTable, Mine};
 use queue_core::sql::micros;
-use queue_core::{Acquired, LimitLease, LimitStore, LimitUsage, Result, Want};
+use queue_core::{Acquired, LimitLease, LimitStore, LimitUsage, Parked, Result, Want};
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
 use crate::error::SqlxResultExt;
@@ -21,6 +22,8 @@ const DEADLOCK_TRIES: usize = 20;
 pub(crate) struct MySqlLimits {
     pool: MySqlPool,
     sql: Arc<LimitStatements>,
+    /// The transport's snooze, which parks a job.
+    park: String,
 }
 
 impl MySqlLimits {
@@ -30,6 +33,7 @@ impl MySqlLimits {
         MySqlLimits {
             pool,
             sql: Arc::new(sql),
+            park: crate::sql::specialise(crate::sql::SNOOZE, schema, table),
         }
     }
 }
@@ -37,6 +41,7 @@ impl MySqlLimits {
 /// The limit tables on one transaction.
 struct Tables<'a> {
     sql: &'a LimitStatements,
+    park: &'a str,
     conn: &'a mut MySqlConnection,
 }
 
@@ -54,6 +59,7 @@ impl LimitTable for Tables<'_> {
                 tokens: row.try_get(0).backend()?,
                 refilled_us: row.try_get(1).backend()?,
                 now_us: row.try_get(2).backend()?,
+                concurrency: row.try_get::<Option<i32>, _>(3).backend()?.map(i64::from),
             })
         })
         .transpose()
@@ -161,6 +167,92 @@ impl LimitTable for Tables<'_> {
 }
 
 #[async_trait]
+impl WaitTable for Tables<'_> {
+    async fn park_job(&mut self, id: &str, job_token: &str, backstop_us: i64) -> Result<bool> {
+        let done = sqlx::query(self.park)
+            .bind(backstop_us)
+            .bind(backstop_us)
+            .bind(backstop_us)
+            .bind(id)
+            .bind(job_token)
+            .execute(&mut *self.conn)
+            .await
+            .backend()?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn wait(&mut self, queue: &str, key: &str, id: &str, now_us: i64) -> Result<()> {
+        sqlx::query(&self.sql.wait)
+            .bind(queue)
+            .bind(key)
+            .bind(id)
+            .bind(now_us)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+
+    async fn waiters(&mut self, queue: &str, key: &str, n: i64) -> Result<Vec<String>> {
+        let rows = sqlx::query(&self.sql.waiters)
+            .bind(queue)
+            .bind(key)
+            .bind(n)
+            .fetch_all(&mut *self.conn)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| Ok(text(r.try_get(0).backend()?).unwrap_or_default()))
+            .collect()
+    }
+
+    async fn unwait(&mut self, queue: &str, key: &str, id: &str) -> Result<()> {
+        sqlx::query(&self.sql.unwait)
+            .bind(queue)
+            .bind(key)
+            .bind(id)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+
+    async fn wake_job(&mut self, queue: &str, id: &str) -> Result<bool> {
+        let done = sqlx::query(&self.sql.wake)
+            .bind(id)
+            .bind(queue)
+            .execute(&mut *self.conn)
+            .await
+            .backend()?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_keys(&mut self, lease: LimitLease<'_>) -> Result<Vec<String>> {
+        let rows = sqlx::query(&self.sql.lease_keys)
+            .bind(lease.queue)
+            .bind(lease.id)
+            .bind(lease.token)
+            .fetch_all(&mut *self.conn)
+            .await
+            .backend()?;
+        rows.iter()
+            .map(|r| Ok(text(r.try_get(0).backend()?).unwrap_or_default()))
+            .collect()
+    }
+
+    async fn release(&mut self, lease: LimitLease<'_>) -> Result<()> {
+        sqlx::query(&self.sql.release)
+            .bind(lease.queue)
+            .bind(lease.id)
+            .bind(lease.token)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+}
+
+#[async_trait]
 impl LimitStore for MySqlLimits {
     async fn acquire(
         &self,
@@ -168,15 +260,29 @@ impl LimitStore for MySqlLimits {
         hold: Duration,
         wants: &[Want],
     ) -> Result<Acquired> {
+        let answers = self.acquire_batch(&[(lease, hold, wants)]).await?;
+        answers.into_iter().next().ok_or_else(|| {
+            queue_core::Error::Conflict("a limit batch of one came back empty".into())
+        })
+    }
+
+    async fn acquire_batch(
+        &self,
+        batch: &[(LimitLease<'_>, Duration, &[Want])],
+    ) -> Result<Vec<Acquired>> {
         again_while_transient(DEADLOCK_TRIES, || async {
             let mut tx = self.pool.begin().await.backend()?;
-            let tables = Tables {
-                sql: &self.sql,
-                conn: &mut tx,
-            };
-            let acquired = acquire(tables, lease, hold, wants).await?;
+            let mut out = Vec::with_capacity(batch.len());
+            for (lease, hold, wants) in batch {
+                let tables = Tables {
+                    sql: &self.sql,
+                    park: &self.park,
+                    conn: &mut tx,
+                };
+                out.push(acquire(tables, *lease, *hold, wants).await?);
+            }
             tx.commit().await.backend()?;
-            Ok(acquired)
+            Ok(out)
         })
         .await
     }
@@ -193,15 +299,73 @@ impl LimitStore for MySqlLimits {
         Ok(done.rows_affected() > 0)
     }
 
-    async fn release(&self, lease: LimitLease<'_>) -> Result<()> {
-        sqlx::query(&self.sql.release)
-            .bind(lease.queue)
-            .bind(lease.id)
-            .bind(lease.token)
-            .execute(&self.pool)
+    async fn release(&self, lease: LimitLease<'_>) -> Result<u64> {
+        again_while_transient(DEADLOCK_TRIES, || async {
+            let mut tx = self.pool.begin().await.backend()?;
+            let mut tables = Tables {
+                sql: &self.sql,
+                park: &self.park,
+                conn: &mut tx,
+            };
+            let woken = limit_waits::release(&mut tables, lease).await?;
+            tx.commit().await.backend()?;
+            Ok(woken)
+        })
+        .await
+    }
+
+    async fn park(
+        &self,
+        lease: LimitLease<'_>,
+        job_token: &str,
+        wants: &[Want],
+        backstop: Duration,
+    ) -> Result<Parked> {
+        again_while_transient(DEADLOCK_TRIES, || async {
+            let mut tx = self.pool.begin().await.backend()?;
+            let mut tables = Tables {
+                sql: &self.sql,
+                park: &self.park,
+                conn: &mut tx,
+            };
+            let parked =
+                limit_waits::park(&mut tables, lease, job_token, wants, micros(backstop)).await?;
+            tx.commit().await.backend()?;
+            Ok(parked)
+        })
+        .await
+    }
+
+    async fn wake_parked(&self) -> Result<u64> {
+        let keys = sqlx::query(&self.sql.waiting_keys)
+            .fetch_all(&self.pool)
             .await
-            .backend()
-            .map(|_| ())
+            .backend()?;
+        let keys: Vec<(String, String)> = keys
+            .iter()
+            .map(|r| {
+                Ok((
+                    text(r.try_get(0).backend()?).unwrap_or_default(),
+                    text(r.try_get(1).backend()?).unwrap_or_default(),
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let mut woken = 0;
+        for (queue, key) in &keys {
+            woken += again_while_transient(DEADLOCK_TRIES, || async {
+                let mut tx = self.pool.begin().await.backend()?;
+                let mut tables = Tables {
+                    sql: &self.sql,
+                    park: &self.park,
+                    conn: &mut tx,
+                };
+                let woken = limit_waits::wake_key(&mut tables, queue, key).await?;
+                tx.commit().await.backend()?;
+                Ok(woken)
+            })
+            .await?;
+        }
+        Ok(woken)
     }
 
     async fn usage(&self) -> Result<Vec<LimitUsage>> {

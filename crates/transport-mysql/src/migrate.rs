@@ -34,6 +34,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         9,
         include_str!("../../../migrations/mysql/0009_controls.sql"),
     ),
+    (
+        10,
+        include_str!("../../../migrations/mysql/0010_limit_waits.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

@@ -43,6 +43,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         9,
         include_str!("../../../migrations/postgres/0009_controls.sql"),
     ),
+    (
+        10,
+        include_str!("../../../migrations/postgres/0010_limit_waits.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

@@ -36,6 +36,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         8,
         include_str!("../../../migrations/sqlite/0008_controls.sql"),
     ),
+    (
+        9,
+        include_str!("../../../migrations/sqlite/0009_limit_waits.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use super::harness::{Harness, OpenOptions, Store};
 use super::worker_support::{drain, fast, fresh_queue};
 use crate::limit::{Acquired, Limit};
-use crate::limit_store::{LimitLease, LimitStore};
+use crate::limit_store::{LimitLease, LimitStore, Parked};
+use crate::reservation::Reservation;
 use crate::status::StatusStore;
+use crate::transport_ext::TransportExt;
 use crate::worker::{handler_fn, JobContext, Worker};
 use crate::{Envelope, QueueName, Result, Transport};
 
@@ -234,5 +236,225 @@ pub async fn a_rate_limit_spaces_starts_without_counting_attempts(
             "start {k} came {after:.3} s after the first, before {earliest:.3} s: ahead of 20/s with a burst of 2"
         );
     }
+    Ok(())
+}
+
+/// Reserves one message of `q`, polling for up to 3 s (a woken job is due at once, but
+/// a claim promotes due rows only now and then).
+async fn reserve_soon(t: &dyn Transport, q: &QueueName) -> Result<Option<Reservation>> {
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        if let Some(r) = t.reserve(q).await? {
+            return Ok(Some(r));
+        }
+        if Instant::now() > until {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Where the store sits beside the jobs, a job that finds its key's only slot taken is
+/// parked: no claim sees it again until the slot is released (which wakes the oldest
+/// parked job, and only one) or runs out (which the workers' wake-up finds); a park that
+/// finds the slot free, or a job not in the store's table, parks nothing.
+pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, _status, limits)) = open_limited(&h).await? else {
+        return Ok(());
+    };
+    if !t.capabilities().limit_parking {
+        eprintln!(
+            "not applicable to {}: it cannot set a queued job aside",
+            t.name()
+        );
+        return Ok(());
+    }
+    let q = fresh_queue();
+    let envs: Vec<Envelope> = (0..3).map(|n| keyed(&q, "a", n)).collect();
+    t.publish_batch(envs.clone()).await?;
+    let want = [Limit::per_field("/k").concurrency(1).want("a".to_owned())];
+    let backstop = Duration::from_secs(300);
+    let limits = limits.as_ref();
+    let holder = LimitLease {
+        queue: q.as_str(),
+        id: "holder",
+        token: "h1",
+    };
+    assert_eq!(
+        limits.acquire(holder, backstop, &want).await?,
+        Acquired::Granted
+    );
+    let lease_of = |r: &Reservation| (r.id().to_string(), uuid::Uuid::new_v4().to_string());
+    // Each job in turn is denied and parked; then no claim finds any.
+    for env in &envs {
+        let r = t
+            .reserve(&q)
+            .await?
+            .expect("a job not parked yet is claimable");
+        assert_eq!(r.id(), env.id, "a parked job was claimed again");
+        let (id, token) = lease_of(&r);
+        let lease = LimitLease {
+            queue: q.as_str(),
+            id: &id,
+            token: &token,
+        };
+        assert!(matches!(
+            limits.acquire(lease, backstop, &want).await?,
+            Acquired::Wait { .. }
+        ));
+        let job_token = r.token().to_string();
+        assert_eq!(
+            limits.park(lease, &job_token, &want, backstop).await?,
+            Parked::Parked
+        );
+    }
+    assert!(t.reserve(&q).await?.is_none(), "a parked job was claimable");
+    // The release wakes the oldest parked job, and only it.
+    assert_eq!(limits.release(holder).await?, 1, "the release woke no job");
+    let first = reserve_soon(t.as_ref(), &q)
+        .await?
+        .expect("the woken job is claimable");
+    assert_eq!(
+        first.id(),
+        envs[0].id,
+        "the release woke another than the oldest"
+    );
+    assert!(
+        t.reserve(&q).await?.is_none(),
+        "a release woke two jobs for one slot"
+    );
+    // Its slot runs out instead of being released: the wake-up of parked jobs finds it.
+    let (id, token) = lease_of(&first);
+    let short = LimitLease {
+        queue: q.as_str(),
+        id: &id,
+        token: &token,
+    };
+    let brief = Duration::from_millis(300);
+    assert_eq!(
+        limits.acquire(short, brief, &want).await?,
+        Acquired::Granted
+    );
+    assert_eq!(
+        limits.wake_parked().await?,
+        0,
+        "a held slot's key woke a job"
+    );
+    tokio::time::sleep(brief + Duration::from_millis(200)).await;
+    assert_eq!(limits.wake_parked().await?, 1, "a run-out slot woke no job");
+    let second = reserve_soon(t.as_ref(), &q)
+        .await?
+        .expect("the job woken by the run-out slot is claimable");
+    assert_eq!(second.id(), envs[1].id);
+    // With the slot free, a park parks nothing; a lease that is not the job's neither.
+    let (id, token) = lease_of(&second);
+    let lease = LimitLease {
+        queue: q.as_str(),
+        id: &id,
+        token: &token,
+    };
+    assert_eq!(
+        limits
+            .park(lease, &second.token().to_string(), &want, backstop)
+            .await?,
+        Parked::Free
+    );
+    assert_eq!(
+        limits.acquire(lease, backstop, &want).await?,
+        Acquired::Granted
+    );
+    let stranger = uuid::Uuid::new_v4().to_string();
+    let (fid, ftoken) = lease_of(&first);
+    let other = LimitLease {
+        queue: q.as_str(),
+        id: &fid,
+        token: &ftoken,
+    };
+    assert_eq!(
+        limits.park(other, &stranger, &want, backstop).await?,
+        Parked::NotHere,
+        "a park with another lease's token set the job aside"
+    );
+    t.ack(&first).await?;
+    t.ack(&second).await?;
+    assert_eq!(limits.release(lease).await?, 1);
+    let third = reserve_soon(t.as_ref(), &q)
+        .await?
+        .expect("the last parked job is woken");
+    assert_eq!(third.id(), envs[2].id);
+    t.ack(&third).await?;
+    Ok(())
+}
+
+/// Jobs that take their limits in one batch are booked as if one after another: a rate
+/// of 50 a second with a burst of 5 lets 5 of 40 start and books the rest 20 ms apart.
+pub async fn a_batch_books_each_job_its_own_start(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, _t, _status, limits)) = open_limited(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let want = [Limit::per_queue()
+        .rate(50, Duration::from_secs(1))
+        .burst(5)
+        .want("queue".to_owned())];
+    let ids: Vec<String> = (0..40).map(|n| format!("job-{n}")).collect();
+    let batch: Vec<(LimitLease<'_>, Duration, &[crate::limit::Want])> = ids
+        .iter()
+        .map(|id| {
+            let lease = LimitLease {
+                queue: q.as_str(),
+                id,
+                token: id,
+            };
+            (lease, Duration::from_secs(30), &want[..])
+        })
+        .collect();
+    let began = Instant::now();
+    let answers = limits.acquire_batch(&batch).await?;
+    assert_eq!(answers.len(), ids.len(), "an answer per job");
+    let granted = answers.iter().filter(|a| **a == Acquired::Granted).count();
+    assert_eq!(granted, 5, "the burst is 5: {answers:?}");
+    // The booked come back, some on time and some early, in a batch with 20 new jobs;
+    // then the next job is booked behind all 55, at least 56 × 20 ms after the first
+    // batch began (no start given twice, none lost).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let more: Vec<String> = (40..60).map(|n| format!("job-{n}")).collect();
+    let tokens: Vec<String> = ids.iter().map(|id| format!("{id}-again")).collect();
+    let again: Vec<(LimitLease<'_>, Duration, &[crate::limit::Want])> = ids
+        .iter()
+        .zip(&tokens)
+        .zip(&answers)
+        .filter(|(_, a)| **a != Acquired::Granted)
+        .map(|((id, token), _)| (id, token))
+        .chain(more.iter().map(|id| (id, id)))
+        .map(|(id, token)| {
+            let lease = LimitLease {
+                queue: q.as_str(),
+                id,
+                token,
+            };
+            (lease, Duration::from_secs(30), &want[..])
+        })
+        .collect();
+    let second = limits.acquire_batch(&again).await?;
+    let started = second.iter().filter(|a| **a == Acquired::Granted).count();
+    assert!(
+        (10..=20).contains(&started),
+        "{started} of the booked started 300 ms in, at 50/s: {second:?}"
+    );
+    let next = LimitLease {
+        queue: q.as_str(),
+        id: "next",
+        token: "next",
+    };
+    let Acquired::Wait { after, .. } = limits.acquire(next, Duration::from_secs(30), &want).await?
+    else {
+        panic!("a job after the batches started at once");
+    };
+    let least = Duration::from_millis(56 * 20).saturating_sub(began.elapsed());
+    assert!(
+        after + Duration::from_millis(5) >= least,
+        "the job after the batches waits {after:?}, less than {least:?}: booked ahead of 50/s"
+    );
     Ok(())
 }

@@ -64,7 +64,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@limits $harness;
             a_concurrency_limit_holds_across_workers,
             a_stale_lease_frees_no_slot,
-            a_rate_limit_spaces_starts_without_counting_attempts
+            a_rate_limit_spaces_starts_without_counting_attempts,
+            a_saturated_key_parks_its_jobs_until_a_slot_frees,
+            a_batch_books_each_job_its_own_start
         );
         $crate::conformance_tests!(@controls $harness;
             pausing_stops_starts_until_resumed,

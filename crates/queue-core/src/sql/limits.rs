@@ -42,6 +42,8 @@ pub struct Bucket {
     pub refilled_us: i64,
     /// The store's clock (µs).
     pub now_us: i64,
+    /// The key's slots, as last declared (`None`: no concurrency limit).
+    pub concurrency: Option<i64>,
 }
 
 /// This job's own holder row under a key.
@@ -151,13 +153,10 @@ pub async fn acquire<T: LimitTable>(
             t.expire(lease.queue, &want.key, now).await?;
         }
         let mine = t.mine(lease.queue, &want.key, lease.id).await?;
-        // The job's earlier lease still holds a slot (it may still run): this lease
-        // waits for it to end or run out rather than take its row over.
-        let earlier = mine.as_ref().is_some_and(|m| {
-            m.token.as_deref().is_some_and(|t| t != lease.token) && m.held_until_us > now
-        });
         if let Some(n) = want.concurrency {
-            if earlier || t.running(lease, &want.key, now).await? >= u64::from(n) {
+            if held_before(mine.as_ref(), lease, now)
+                || t.running(lease, &want.key, now).await? >= u64::from(n)
+            {
                 return Ok(Acquired::Wait {
                     after: jittered(SLOT_WAIT),
                     by: Denial::Concurrency,
@@ -184,6 +183,9 @@ pub async fn acquire<T: LimitTable>(
             // Booked, but back so late that running now would bunch starts up: it asks
             // again as if new (its booked start is lost).
             (Some(rate), _) => {
+                if let Some(at) = booked {
+                    tracing::debug!(late_ms = (now - at) / 1000, key = %want.key, "back too late for its booked start; it asks again");
+                }
                 let per_us = rate.per_micro();
                 let burst = f64::from(rate.burst);
                 let elapsed = (now - bucket.refilled_us).max(0) as f64;
@@ -265,9 +267,17 @@ pub async fn acquire<T: LimitTable>(
     Ok(Acquired::Granted)
 }
 
+/// Whether the job's earlier lease still holds its slot under a key (it may still run):
+/// a new lease waits for it to end or run out rather than take its row over.
+pub(super) fn held_before(mine: Option<&Mine>, lease: LimitLease<'_>, now_us: i64) -> bool {
+    mine.is_some_and(|m| {
+        m.token.as_deref().is_some_and(|t| t != lease.token) && m.held_until_us > now_us
+    })
+}
+
 /// `wants` one per key, sorted by key (one order for every transaction: two jobs sharing
 /// keys cannot deadlock); two limits counting under one key keep the stricter of each.
-fn merged(wants: &[Want]) -> Vec<Want> {
+pub(super) fn merged(wants: &[Want]) -> Vec<Want> {
     let mut out: Vec<Want> = Vec::with_capacity(wants.len());
     let mut sorted: Vec<&Want> = wants.iter().collect();
     sorted.sort_by(|a, b| a.key.cmp(&b.key));
@@ -303,7 +313,7 @@ fn jittered(base: Duration) -> Duration {
 pub struct LimitStatements {
     /// Creates a key's row (queue, key) unless it exists.
     pub ensure: String,
-    /// A key's row, locked (queue, key): tokens, refilled_at, the clock.
+    /// A key's row, locked (queue, key): tokens, refilled_at, the clock, concurrency.
     pub lock: String,
     /// Deletes a key's holders that ran out (queue, key, now).
     pub expire: String,
@@ -324,12 +334,26 @@ pub struct LimitStatements {
     pub release: String,
     /// Each key's use: queue, key, concurrency, rate, tokens, running.
     pub usage: String,
+    /// The keys a lease holds slots under (queue, id, token).
+    pub lease_keys: String,
+    /// Parks a job under a key, keeping its first time (queue, key, id, now).
+    pub wait: String,
+    /// A key's oldest parked jobs (queue, key, how many): id.
+    pub waiters: String,
+    /// Deletes a parked job's row (queue, key, id).
+    pub unwait: String,
+    /// Keys with parked jobs, up to 64: queue, key.
+    pub waiting_keys: String,
+    /// Makes a parked job's row due now (queue, id), in the jobs table; ordering keys'
+    /// parked rows are never touched.
+    pub wake: String,
 }
 
 const ENSURE: &str =
     "INSERT {IGNORE}INTO \"switchyard_jobs_limits\" (queue, limit_key, refilled_at)
     VALUES (?, ?, {NOW}){NOTHING}";
-const LOCK: &str = "SELECT tokens, refilled_at, {NOW_I64} FROM \"switchyard_jobs_limits\"
+const LOCK: &str =
+    "SELECT tokens, refilled_at, {NOW_I64}, concurrency FROM \"switchyard_jobs_limits\"
  WHERE queue = ? AND limit_key = ?{FOR_UPDATE}";
 const EXPIRE: &str = "DELETE FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND limit_key = ? AND held_until <= ?";
@@ -349,6 +373,20 @@ const EXTEND: &str = "UPDATE \"switchyard_jobs_holds\" SET held_until = {NOW} + 
  WHERE queue = ? AND id = ? AND token = ? AND held_until > {NOW}";
 const RELEASE: &str = "DELETE FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND id = ? AND token = ?";
+const LEASE_KEYS: &str = "SELECT limit_key FROM \"switchyard_jobs_holds\"
+ WHERE queue = ? AND id = ? AND token = ?";
+const WAIT: &str = "INSERT {IGNORE}INTO \"switchyard_jobs_waits\" (queue, limit_key, id, since)
+    VALUES (?, ?, ?, ?){NOTHING}";
+const WAITERS: &str = "SELECT id FROM \"switchyard_jobs_waits\"
+ WHERE queue = ? AND limit_key = ? ORDER BY since, id LIMIT ?";
+const UNWAIT: &str = "DELETE FROM \"switchyard_jobs_waits\"
+ WHERE queue = ? AND limit_key = ? AND id = ?";
+const WAITING_KEYS: &str =
+    "SELECT DISTINCT queue, limit_key FROM \"switchyard_jobs_waits\" LIMIT 64";
+/// The jobs table keeps its own clock and parking mark, filled in per dialect.
+const WAKE: &str = "UPDATE \"switchyard_jobs\" SET available_at = {JOB_NOW}, visible_at = {JOB_NOW}
+ WHERE id = ? AND queue = ? AND token IS NULL AND {NOT_READY}
+   AND visible_at > {JOB_NOW} AND visible_at <> {JOB_PARKED}";
 const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_second, l.tokens,
        (SELECT COUNT(*) FROM \"switchyard_jobs_holds\" h
          WHERE h.queue = l.queue AND h.limit_key = l.limit_key AND h.token IS NOT NULL
@@ -360,6 +398,14 @@ impl LimitStatements {
     /// The statements in `dialect`.
     pub fn new(dialect: Dialect) -> Self {
         let s = |sql: &str| dialect.write(sql);
+        let (job_now, not_ready, job_parked) = match dialect {
+            Dialect::Postgres => ("now()", "NOT ready", "'infinity'"),
+            Dialect::MySql | Dialect::Sqlite => ("{NOW}", "ready = 0", "9223372036854775807"),
+        };
+        let wake = WAKE
+            .replace("{JOB_NOW}", job_now)
+            .replace("{NOT_READY}", not_ready)
+            .replace("{JOB_PARKED}", job_parked);
         LimitStatements {
             ensure: s(ENSURE),
             lock: s(LOCK),
@@ -372,6 +418,12 @@ impl LimitStatements {
             extend: s(EXTEND),
             release: s(RELEASE),
             usage: s(USAGE),
+            lease_keys: s(LEASE_KEYS),
+            wait: s(WAIT),
+            waiters: s(WAITERS),
+            unwait: s(UNWAIT),
+            waiting_keys: s(WAITING_KEYS),
+            wake: s(&wake),
         }
     }
 
@@ -389,6 +441,12 @@ impl LimitStatements {
             extend: f(&self.extend),
             release: f(&self.release),
             usage: f(&self.usage),
+            lease_keys: f(&self.lease_keys),
+            wait: f(&self.wait),
+            waiters: f(&self.waiters),
+            unwait: f(&self.unwait),
+            waiting_keys: f(&self.waiting_keys),
+            wake: f(&self.wake),
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod controls;
 mod dialect;
 mod engine;
 mod fence;
+pub mod limit_waits;
 pub mod limits;
 mod status;
 mod store;

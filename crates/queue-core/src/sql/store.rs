@@ -157,6 +157,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         ordering_keys: true,
         unique_keys: true,
         limits: true,
+        limit_parking: true,
         unique_replace: true,
         max_payload_bytes,
         ..Capabilities::default()

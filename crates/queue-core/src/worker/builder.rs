@@ -50,6 +50,8 @@ pub struct Worker {
     pub(super) tenant: Option<Arc<str>>,
     /// Where those are kept: set when the worker starts, if it has limits.
     pub(super) limit_store: Option<Arc<dyn crate::limit_store::LimitStore>>,
+    /// Takes turns at the limit store between this worker's jobs of one key.
+    pub(super) limit_turns: super::limit_turns::Turns,
     /// Paused queues and cancellations, when its status store keeps them: set when the
     /// worker starts.
     pub(super) controls: Option<Arc<super::control_view::ControlView>>,
@@ -83,6 +85,7 @@ impl Worker {
             labels: Arc::from(Vec::new()),
             tenant: options_tenant,
             limit_store: None,
+            limit_turns: super::limit_turns::Turns::default(),
             controls: None,
         }
     }

@@ -161,7 +161,7 @@ impl Worker {
         // A worker stopped (frozen, swapped out) between taking its slots and starting
         // the handler may wake after they ran out and another job took them: it must
         // not start then.
-        if held.as_ref().is_some_and(|h| !h.still_held(r.lease)) {
+        if held.as_ref().is_some_and(|h| !h.still_held()) {
             tracing::warn!("the job's limit slots ran out before it started; it goes back");
             self.snoozed(
                 &r,
@@ -213,6 +213,13 @@ impl Worker {
         let lease = r.lease;
         let every = (lease / 3).max(Duration::from_millis(10));
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // Slots are renewed on a beat of their own: where a delivery has no lease that
+        // runs out (RabbitMQ), they are held for less than the nominal lease.
+        let slot_every = held
+            .as_deref()
+            .map_or(Duration::from_secs(3600), HeldLease::renew_every);
+        let mut slot_beat =
+            tokio::time::interval_at(tokio::time::Instant::now() + slot_every, slot_every);
         // Cancellations are read from the worker's view of the controls, which one read
         // every quarter second keeps current for all its jobs.
         let look = super::control_view::REFRESH;
@@ -240,16 +247,16 @@ impl Worker {
                     }
                 }
                 // The heartbeat: only jobs that outlive a third of the lease pay for it.
-                _ = beat.tick() => match self.transport.extend(r, lease).await {
-                    Ok(()) => {
-                        tracing::trace!("lease extended");
-                        if let Some(held) = held.as_deref_mut() {
-                            if !self.renew_limits(held, lease).await {
-                                tracing::warn!("heartbeat found the job's limit slots lost; cancelling the handler");
-                                break Ending::SlotLost;
-                            }
+                _ = slot_beat.tick(), if held.is_some() => {
+                    if let Some(held) = held.as_deref_mut() {
+                        if !self.renew_limits(held).await {
+                            tracing::warn!("heartbeat found the job's limit slots lost; cancelling the handler");
+                            break Ending::SlotLost;
                         }
                     }
+                }
+                _ = beat.tick() => match self.transport.extend(r, lease).await {
+                    Ok(()) => tracing::trace!("lease extended"),
                     Err(err) if err.is_lease_lost() => {
                         tracing::warn!("heartbeat found the lease lost; cancelling the handler");
                         break Ending::LeaseLost;

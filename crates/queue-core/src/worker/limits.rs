@@ -1,15 +1,16 @@
 //! The worker's side of limits ([`crate::limit`]): a job takes its slots and tokens
 //! before its handler runs, renews them with its lease's heartbeat, and frees them when
 //! its run ends; a job that finds a limit reached goes back without running and without
-//! counting an attempt.
+//! counting an attempt (parked until a slot frees, where the store can park it).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::builder::Worker;
+use super::limit_turns::acquire_in_turn;
 use crate::error::{ConfigError, Error, Result};
-use crate::limit::{Acquired, Limit, Want};
-use crate::limit_store::{LimitLease, LimitStore};
+use crate::limit::{Acquired, Denial, Limit, Want};
+use crate::limit_store::{LimitLease, LimitStore, Parked};
 use crate::reservation::Reservation;
 use crate::transport_ext::TransportExt;
 
@@ -18,6 +19,20 @@ const MIN_WAIT: Duration = Duration::from_millis(10);
 
 /// How long a job waits when the limit store could not be asked.
 const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a parked job waits at most when no release wakes it (its waiter row was
+/// lost): releases and [`WAKE_PARKED_EVERY`] wake it long before.
+pub(super) const PARK_BACKSTOP: Duration = Duration::from_secs(300);
+
+/// How long a slot counts between renewals where a delivery has no lease that runs out
+/// (RabbitMQ: it is held until acked or its connection drops, and then comes back at
+/// once): a dead worker's slot must not keep its own job waiting for long. Elsewhere a
+/// slot counts as long as the lease, which is what a dead worker's job waits for anyway.
+const SLOT_HOLD_WITHOUT_LEASE: Duration = Duration::from_secs(10);
+
+/// How often a worker wakes parked jobs whose keys' slots ran out rather than being
+/// released (their holders died).
+const WAKE_PARKED_EVERY: Duration = Duration::from_secs(2);
 
 /// What taking a job's limits came to.
 pub(super) enum Taken {
@@ -36,12 +51,19 @@ pub(super) struct HeldLease {
     token: String,
     /// When the slots were last taken or renewed.
     renewed: std::time::Instant,
+    /// How long they count from then.
+    hold: Duration,
 }
 
 impl HeldLease {
-    /// Whether the slots surely still count: taken or renewed well within `lease`.
-    pub(super) fn still_held(&self, lease: Duration) -> bool {
-        self.renewed.elapsed() < lease / 2
+    /// Whether the slots surely still count: taken or renewed well within their hold.
+    pub(super) fn still_held(&self) -> bool {
+        self.renewed.elapsed() < self.hold / 2
+    }
+
+    /// How often the slots are renewed: three times a hold.
+    pub(super) fn renew_every(&self) -> Duration {
+        (self.hold / 3).max(Duration::from_millis(10))
     }
 
     fn lease(&self) -> LimitLease<'_> {
@@ -114,12 +136,34 @@ impl Worker {
             // job must never pass for the lease that held its slot before.
             token: uuid::Uuid::new_v4().to_string(),
             renewed: std::time::Instant::now(),
+            hold: if self.transport.capabilities().lease_expiry {
+                r.lease
+            } else {
+                r.lease.min(SLOT_HOLD_WITHOUT_LEASE)
+            },
         };
         // Only a slot is held past the start; a token is spent at it.
         let holds = wants.iter().any(|w| w.concurrency.is_some());
-        let (wait, by) = match store.acquire(held.lease(), r.lease, &wants).await {
+        let acquired = acquire_in_turn(
+            &self.limit_turns,
+            store.as_ref(),
+            held.lease(),
+            held.hold,
+            &wants,
+        )
+        .await;
+        let (wait, by) = match acquired {
             Ok(Acquired::Granted) if holds => return Taken::Held(held),
             Ok(Acquired::Granted) => return Taken::Free,
+            Ok(Acquired::Wait {
+                after,
+                by: Denial::Concurrency,
+            }) if self.transport.capabilities().limit_parking => {
+                match self.park(store.as_ref(), &held, r, &wants).await {
+                    Some(()) => return Taken::HeldBack,
+                    None => (after, Denial::Concurrency.as_str()),
+                }
+            }
             Ok(Acquired::Wait { after, by }) => (after, by.as_str()),
             Err(err) => {
                 tracing::warn!(error = %err, "the limit store failed; the job waits and tries again");
@@ -145,13 +189,79 @@ impl Worker {
         Taken::HeldBack
     }
 
-    /// Renews `held`'s slots for another `lease`; `false` when they are lost: another
+    /// Parks `r` until a slot of its saturated key frees; `None` when it is still to be
+    /// put back (the store cannot park it, or a slot freed meanwhile).
+    async fn park(
+        &self,
+        store: &dyn LimitStore,
+        held: &HeldLease,
+        r: &Reservation,
+        wants: &[Want],
+    ) -> Option<()> {
+        let token = r.token().to_string();
+        match store.park(held.lease(), &token, wants, PARK_BACKSTOP).await {
+            Ok(Parked::Parked) => {
+                let env = &r.envelope;
+                crate::metrics::limited(
+                    self.tenant.as_deref(),
+                    &env.queue,
+                    &env.kind,
+                    "concurrency",
+                );
+                tracing::debug!("parked by a concurrency limit until a slot frees");
+                Some(())
+            }
+            Ok(Parked::Free | Parked::NotHere) => None,
+            Err(err) => {
+                tracing::warn!(error = %err, "parking the job failed; it waits and tries again");
+                None
+            }
+        }
+    }
+
+    /// Wakes, every [`WAKE_PARKED_EVERY`] until `stop`, the jobs parked under keys whose
+    /// slots ran out with their holders; `None` when this worker parks none.
+    pub(super) fn spawn_wake_parked(
+        self: &Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let store = self.limit_store.clone()?;
+        let parks = self.options.limits.iter().any(Limit::has_concurrency)
+            && self.transport.capabilities().limit_parking;
+        if !parks {
+            return None;
+        }
+        let wake = self.transport.wake_signal(&self.queue);
+        Some(tokio::spawn(async move {
+            loop {
+                let pause = WAKE_PARKED_EVERY.mul_f64(0.75 + fastrand::f64() / 2.0);
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                match store.wake_parked().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::debug!(woken = n, "woke jobs parked under slots that ran out");
+                        if let Some(wake) = &wake {
+                            wake.notify_waiters();
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "waking parked jobs failed; trying again later")
+                    }
+                }
+            }
+        }))
+    }
+
+    /// Renews `held`'s slots for another hold; `false` when they are lost: another
     /// lease may have them, or the store could not renew them before they ran out.
-    pub(super) async fn renew_limits(&self, held: &mut HeldLease, lease: Duration) -> bool {
+    pub(super) async fn renew_limits(&self, held: &mut HeldLease) -> bool {
         let Some(store) = &self.limit_store else {
             return true;
         };
-        match store.extend(held.lease(), lease).await {
+        match store.extend(held.lease(), held.hold).await {
             Ok(true) => {
                 held.renewed = std::time::Instant::now();
                 true
@@ -160,7 +270,7 @@ impl Worker {
             Err(err) => {
                 // The slots count until the last renewal's hold ends; past that another
                 // job may take them, so the run must not go on.
-                let kept = held.renewed.elapsed() < lease;
+                let kept = held.renewed.elapsed() < held.hold;
                 tracing::warn!(error = %err, kept, "renewing the job's limit slots failed");
                 kept
             }
@@ -170,8 +280,18 @@ impl Worker {
     /// Frees `held`'s slots (a failure leaves them to run out with the lease).
     pub(super) async fn free_limits(&self, held: &HeldLease) {
         if let Some(store) = &self.limit_store {
-            if let Err(err) = store.release(held.lease()).await {
-                tracing::warn!(error = %err, "freeing the job's limit slots failed; they run out with its lease");
+            match store.release(held.lease()).await {
+                Ok(0) => {}
+                // A job woken here is due now: this worker's fetch loop need not wait
+                // for its next poll to see it.
+                Ok(_) => {
+                    if let Some(wake) = self.transport.wake_signal(&self.queue) {
+                        wake.notify_waiters();
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "freeing the job's limit slots failed; they run out with its lease");
+                }
             }
         }
     }

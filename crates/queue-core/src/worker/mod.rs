@@ -16,6 +16,7 @@ mod deliver;
 mod dispatch;
 mod fetch;
 mod handler;
+mod limit_turns;
 mod limits;
 mod options;
 mod registration;

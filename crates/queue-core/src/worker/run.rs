@@ -55,6 +55,7 @@ impl Worker {
         let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);
+        let waking = worker.spawn_wake_parked(shutdown.child_token());
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
         // so a handler that finishes finds its next message waiting and one commit
         // claims many messages.
@@ -78,7 +79,7 @@ impl Worker {
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
         dispatcher.run().await;
         dispatcher.finish(abort).await;
-        if let Some(task) = refreshing {
+        for task in [refreshing, waking].into_iter().flatten() {
             task.abort();
         }
         services.finish().await;
