@@ -26,7 +26,7 @@ pub struct LimitLease<'a> {
 pub enum Parked {
     /// The job is set aside until a slot frees.
     Parked,
-    /// Every slot it wants is free now: it may try again at once.
+    /// Every slot it wants is free now: it may try again (it is put back briefly).
     Free,
     /// Its message is not in this store's jobs table, or its lease is gone.
     NotHere,

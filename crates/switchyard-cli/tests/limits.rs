@@ -1,8 +1,8 @@
 //! Limits across worker processes (`work --limit`), on every backend: a concurrency
 //! limit of 2 per key holds with four workers of 16 handlers while one is killed and
 //! another frozen past its lease, and no slot stays held afterwards; a rate of 50 a
-//! second is kept within 10% over 20 s by four workers, and the jobs it holds back run on
-//! their first attempt.
+//! second is kept within 10% over 20 s by four workers once past the burst they start
+//! on, and the jobs it holds back run on their first attempt.
 //!
 //! They measure time across processes, so they run alone, after the parallel suite
 //! (`scripts/test`; by hand: `cargo nextest run --run-ignored only -E 'binary(limits)'`).
@@ -192,9 +192,15 @@ fn forget(sb: &Sandbox, queue: &str) {
 
 fn a_rate_is_kept_over_20_seconds(sb: Sandbox) {
     let q = fresh_queue("rated");
-    // Enough for 22 s at 50/s: every job has run when the test ends, and none is left in
-    // RabbitMQ's delay chain when its queue is deleted.
-    let jobs = 1100;
+    // The window starts 5 s in and lasts 20 s: past the burst (5 starts at once) and the
+    // first seconds, when every job is claimed once to be booked and the starts booked
+    // meanwhile can come back late (docs/jobs.md says so, with what this test prints for
+    // the first 20 s). On RabbitMQ one worker holds most of the burst in its prefetch,
+    // and those seconds last about 10. Enough jobs for 3 s past the window: every job
+    // has run when the test ends, and none is left in RabbitMQ's delay chain when its
+    // queue is deleted.
+    let skip: u128 = if sb.rabbitmq { 10 } else { 5 };
+    let jobs = 50 * (usize::try_from(skip).unwrap_or(10) + 23);
     let lines = "{\"t\":\"api\"}\n".repeat(jobs);
     sb.publish_lines(&q, "call", &lines);
     let cmd = "echo \"$(date +%s%N) $SWITCHYARD_ATTEMPT\" >> starts";
@@ -218,8 +224,10 @@ fn a_rate_is_kept_over_20_seconds(sb: Sandbox) {
         assert!(Instant::now() < deadline, "no job started within 60 s");
         std::thread::sleep(Duration::from_millis(50));
     };
-    // The window starts a second in, past the burst, and lasts 20 s.
-    let (from, to) = (first + 1_000_000_000, first + 21_000_000_000);
+    let (from, to) = (
+        first + skip * 1_000_000_000,
+        first + (skip + 20) * 1_000_000_000,
+    );
     let deadline = Instant::now() + Duration::from_secs(90);
     while starts().iter().all(|(ns, _)| *ns < to) {
         assert!(Instant::now() < deadline, "the 20 s window never closed");
@@ -237,7 +245,15 @@ fn a_rate_is_kept_over_20_seconds(sb: Sandbox) {
     let all = starts();
     let n = all.iter().filter(|(ns, _)| (from..to).contains(ns)).count();
     let rate = n as f64 / 20.0;
-    eprintln!("measured {rate:.1} starts/s under a limit of 50/s");
+    let early = all
+        .iter()
+        .filter(|(ns, _)| (first + 1_000_000_000..first + 21_000_000_000).contains(ns))
+        .count() as f64
+        / 20.0;
+    eprintln!(
+        "measured {rate:.1} starts/s under a limit of 50/s from {skip} s to {} s, {early:.1} from 1 s to 21 s after the burst",
+        skip + 20
+    );
     assert!(
         (45.0..=55.0).contains(&rate),
         "{rate:.1} starts/s over 20 s under a limit of 50/s"

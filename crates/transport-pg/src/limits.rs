@@ -142,6 +142,17 @@ impl LimitTable for Tables<'_> {
             .map(|_| ())
     }
 
+    async fn unwait(&mut self, queue: &str, key: &str, id: &str) -> Result<()> {
+        sqlx::query(&self.sql.unwait)
+            .bind(queue)
+            .bind(key)
+            .bind(id)
+            .execute(&mut *self.conn)
+            .await
+            .backend()
+            .map(|_| ())
+    }
+
     async fn save(
         &mut self,
         queue: &str,
@@ -195,7 +206,7 @@ impl WaitTable for Tables<'_> {
             .map(|_| ())
     }
 
-    async fn waiters(&mut self, queue: &str, key: &str, n: i64) -> Result<Vec<String>> {
+    async fn waiters(&mut self, queue: &str, key: &str, n: i64) -> Result<Vec<(String, i64)>> {
         let rows = sqlx::query(&self.sql.waiters)
             .bind(queue)
             .bind(key)
@@ -203,22 +214,14 @@ impl WaitTable for Tables<'_> {
             .fetch_all(&mut *self.conn)
             .await
             .backend()?;
-        rows.iter().map(|r| r.try_get(0).backend()).collect()
+        rows.iter()
+            .map(|r| Ok((r.try_get(0).backend()?, r.try_get(1).backend()?)))
+            .collect()
     }
 
-    async fn unwait(&mut self, queue: &str, key: &str, id: &str) -> Result<()> {
-        sqlx::query(&self.sql.unwait)
-            .bind(queue)
-            .bind(key)
-            .bind(id)
-            .execute(&mut *self.conn)
-            .await
-            .backend()
-            .map(|_| ())
-    }
-
-    async fn wake_job(&mut self, queue: &str, id: &str) -> Result<bool> {
+    async fn wake_job(&mut self, queue: &str, id: &str, since_us: i64) -> Result<bool> {
         let done = sqlx::query(&self.sql.wake)
+            .bind(since_us)
             .bind(id)
             .bind(queue)
             .execute(&mut *self.conn)

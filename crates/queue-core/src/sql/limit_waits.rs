@@ -6,9 +6,11 @@
 //! Parking and waking both run under the key's row lock, so a release that lands while
 //! a job parks either is seen by the park (which then does not park) or sees the parked
 //! job (and wakes it). A slot whose holder died runs out instead of being released:
-//! [`wake_key`], run by workers now and then over the keys with waiters, wakes those.
-//! A waiter whose row was lost (its job acked or woken by the backstop meanwhile) wakes
-//! nothing and is deleted; the next waiter is woken in its place.
+//! [`wake_key`], run by workers now and then over the keys with waiters and a free slot,
+//! wakes those. A job that takes a slot deletes its waiter row (it may have come back by
+//! the backstop); a waiter whose job is gone wakes nothing and is deleted, and the next
+//! waiter is woken in its place. A woken job goes back in line as of when it first
+//! parked, ahead of the key's jobs that came after it.
 
 use async_trait::async_trait;
 
@@ -33,14 +35,12 @@ pub trait WaitTable: LimitTable {
     /// Names the job parked under `key`, keeping the time it first parked.
     async fn wait(&mut self, queue: &str, key: &str, id: &str, now_us: i64) -> Result<()>;
 
-    /// Up to `n` of `key`'s parked jobs, oldest first.
-    async fn waiters(&mut self, queue: &str, key: &str, n: i64) -> Result<Vec<String>>;
+    /// Up to `n` of `key`'s parked jobs, oldest first: id, and when it first parked.
+    async fn waiters(&mut self, queue: &str, key: &str, n: i64) -> Result<Vec<(String, i64)>>;
 
-    /// Deletes the job's parked row under `key`.
-    async fn unwait(&mut self, queue: &str, key: &str, id: &str) -> Result<()>;
-
-    /// Makes the parked job `id` due now; `false` when it is no longer parked.
-    async fn wake_job(&mut self, queue: &str, id: &str) -> Result<bool>;
+    /// Makes the parked job `id` due now, in line as of `since_us` (a woken job goes
+    /// before jobs that came after it); `false` when it is no longer parked.
+    async fn wake_job(&mut self, queue: &str, id: &str, since_us: i64) -> Result<bool>;
 
     /// The keys `lease` holds slots under.
     async fn lease_keys(&mut self, lease: LimitLease<'_>) -> Result<Vec<String>>;
@@ -145,9 +145,9 @@ async fn wake<T: WaitTable>(t: &mut T, queue: &str, key: &str, n: i64) -> Result
         if ids.is_empty() {
             break;
         }
-        for id in &ids {
+        for (id, since) in &ids {
             t.unwait(queue, key, id).await?;
-            if t.wake_job(queue, id).await? {
+            if t.wake_job(queue, id, *since).await? {
                 woken += 1;
             }
         }

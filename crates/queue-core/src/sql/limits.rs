@@ -94,6 +94,9 @@ pub trait LimitTable: Send {
     /// Deletes the job's holder row under `key` (a booked start, taken).
     async fn unhold(&mut self, lease: LimitLease<'_>, key: &str) -> Result<()>;
 
+    /// Deletes the job's parked row under `key`, if any (it took a slot, or was woken).
+    async fn unwait(&mut self, queue: &str, key: &str, id: &str) -> Result<()>;
+
     /// Saves `key`'s bucket and the limits last declared for it.
     async fn save(
         &mut self,
@@ -257,6 +260,9 @@ pub async fn acquire<T: LimitTable>(
                 until_us: now + hold_us,
             };
             t.hold(lease, slot).await?;
+            // A job that came back from parking by its backstop leaves no waiter row
+            // behind for a later release to wake (its retry delay would be cut short).
+            t.unwait(lease.queue, &want.key, lease.id).await?;
         } else if *took_booking {
             t.unhold(lease, &want.key).await?;
         }
@@ -338,14 +344,14 @@ pub struct LimitStatements {
     pub lease_keys: String,
     /// Parks a job under a key, keeping its first time (queue, key, id, now).
     pub wait: String,
-    /// A key's oldest parked jobs (queue, key, how many): id.
+    /// A key's oldest parked jobs (queue, key, how many): id, since.
     pub waiters: String,
     /// Deletes a parked job's row (queue, key, id).
     pub unwait: String,
-    /// Keys with parked jobs, up to 64: queue, key.
+    /// Keys with parked jobs and a free slot, up to 64: queue, key.
     pub waiting_keys: String,
-    /// Makes a parked job's row due now (queue, id), in the jobs table; ordering keys'
-    /// parked rows are never touched.
+    /// Makes a parked job's row due now, in line as of when it first parked (since µs,
+    /// id, queue), in the jobs table; ordering keys' parked rows are never touched.
     pub wake: String,
 }
 
@@ -355,6 +361,10 @@ const ENSURE: &str =
 const LOCK: &str =
     "SELECT tokens, refilled_at, {NOW_I64}, concurrency FROM \"switchyard_jobs_limits\"
  WHERE queue = ? AND limit_key = ?{FOR_UPDATE}";
+const PG_LOCK: &str =
+    "WITH l AS (SELECT tokens, refilled_at, concurrency FROM \"switchyard_jobs_limits\"
+ WHERE queue = ? AND limit_key = ? FOR UPDATE)
+SELECT tokens, refilled_at, {NOW_I64}, concurrency FROM l";
 const EXPIRE: &str = "DELETE FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND limit_key = ? AND held_until <= ?";
 const MINE: &str = "SELECT token, run_at, held_until FROM \"switchyard_jobs_holds\"
@@ -377,14 +387,21 @@ const LEASE_KEYS: &str = "SELECT limit_key FROM \"switchyard_jobs_holds\"
  WHERE queue = ? AND id = ? AND token = ?";
 const WAIT: &str = "INSERT {IGNORE}INTO \"switchyard_jobs_waits\" (queue, limit_key, id, since)
     VALUES (?, ?, ?, ?){NOTHING}";
-const WAITERS: &str = "SELECT id FROM \"switchyard_jobs_waits\"
+const WAITERS: &str = "SELECT id, since FROM \"switchyard_jobs_waits\"
  WHERE queue = ? AND limit_key = ? ORDER BY since, id LIMIT ?";
 const UNWAIT: &str = "DELETE FROM \"switchyard_jobs_waits\"
  WHERE queue = ? AND limit_key = ? AND id = ?";
-const WAITING_KEYS: &str =
-    "SELECT DISTINCT queue, limit_key FROM \"switchyard_jobs_waits\" LIMIT 64";
+/// Only keys whose slots are not all held: a saturated key's waiters wait for its release.
+const WAITING_KEYS: &str = "SELECT DISTINCT w.queue, w.limit_key FROM \"switchyard_jobs_waits\" w
+  LEFT JOIN \"switchyard_jobs_limits\" l ON l.queue = w.queue AND l.limit_key = w.limit_key
+ WHERE l.concurrency IS NULL
+    OR l.concurrency > (SELECT COUNT(*) FROM \"switchyard_jobs_holds\" h
+                         WHERE h.queue = w.queue AND h.limit_key = w.limit_key
+                           AND h.token IS NOT NULL AND h.held_until > {NOW})
+ LIMIT 64";
 /// The jobs table keeps its own clock and parking mark, filled in per dialect.
-const WAKE: &str = "UPDATE \"switchyard_jobs\" SET available_at = {JOB_NOW}, visible_at = {JOB_NOW}
+const WAKE: &str =
+    "UPDATE \"switchyard_jobs\" SET available_at = {JOB_NOW}, visible_at = {JOB_SINCE}
  WHERE id = ? AND queue = ? AND token IS NULL AND {NOT_READY}
    AND visible_at > {JOB_NOW} AND visible_at <> {JOB_PARKED}";
 const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_second, l.tokens,
@@ -398,17 +415,35 @@ impl LimitStatements {
     /// The statements in `dialect`.
     pub fn new(dialect: Dialect) -> Self {
         let s = |sql: &str| dialect.write(sql);
-        let (job_now, not_ready, job_parked) = match dialect {
-            Dialect::Postgres => ("now()", "NOT ready", "'infinity'"),
-            Dialect::MySql | Dialect::Sqlite => ("{NOW}", "ready = 0", "9223372036854775807"),
+        let (job_now, job_since, not_ready, job_parked) = match dialect {
+            Dialect::Postgres => (
+                "now()",
+                "LEAST(now(), to_timestamp(?::double precision / 1000000))",
+                "NOT ready",
+                "'infinity'",
+            ),
+            Dialect::MySql => (
+                "{NOW}",
+                "LEAST({NOW}, ?)",
+                "ready = 0",
+                "9223372036854775807",
+            ),
+            Dialect::Sqlite => ("{NOW}", "MIN({NOW}, ?)", "ready = 0", "9223372036854775807"),
         };
         let wake = WAKE
+            .replace("{JOB_SINCE}", job_since)
             .replace("{JOB_NOW}", job_now)
             .replace("{NOT_READY}", not_ready)
             .replace("{JOB_PARKED}", job_parked);
         LimitStatements {
             ensure: s(ENSURE),
-            lock: s(LOCK),
+            lock: match dialect {
+                // The clock is read above the locking scan: a read beside the lock would
+                // be evaluated before a wait for it, and a refill from a clock that
+                // waited behind a long transaction runs ahead of its rate.
+                Dialect::Postgres => s(PG_LOCK),
+                Dialect::MySql | Dialect::Sqlite => s(LOCK),
+            },
             expire: s(EXPIRE),
             mine: s(MINE),
             running: s(RUNNING),
@@ -463,7 +498,10 @@ mod tests {
             "{}",
             pg.running
         );
-        assert!(pg.lock.ends_with("FOR UPDATE"), "{}", pg.lock);
+        assert!(pg.lock.contains("FOR UPDATE)"), "{}", pg.lock);
+        assert!(pg
+            .lock
+            .contains("clock_timestamp()) * 1000000)::bigint, concurrency FROM l"));
         let my = LimitStatements::new(Dialect::MySql);
         assert!(my
             .ensure

@@ -1,7 +1,8 @@
-//! Turns at the limit store for the jobs of one worker: its jobs of one key take their
-//! limits one transaction at a time, and a job that arrives while one runs joins the
-//! next (a group commit).
+//! Turns at the limit store for the jobs of one worker: its jobs take their limits in
+//! batches, one transaction per key at a time, and a job that arrives while a batch
+//! runs joins the next (a group commit).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::limit::{Acquired, Want};
@@ -13,9 +14,9 @@ const TURNS: usize = 32;
 /// How many jobs one transaction takes limits for at most.
 const MOST_PER_BATCH: usize = 64;
 
-/// Turns at the limit store for the jobs of one worker. Jobs of one key take their
-/// limits one transaction at a time per process, and a job that arrives while one runs
-/// joins the next: a burst of 1,000 jobs under a rate is booked in a few dozen commits
+/// Turns at the limit store for the jobs of one worker. Keys share 32 turns by hash;
+/// the jobs of a turn take their limits one batch at a time per process (a transaction
+/// per set of keys), and a job that arrives while a batch runs joins the next: a burst of 1,000 jobs under a rate is booked in a few dozen commits
 /// rather than 1,000, with one transaction per process queued on the key's row lock
 /// rather than every handler. (One commit per job, on two cores, took long enough that
 /// the first booked starts came back late and were lost.)
@@ -63,7 +64,7 @@ impl Turns {
 /// other job of the turn is running one.
 pub(super) async fn acquire_in_turn(
     turns: &Turns,
-    store: &dyn LimitStore,
+    store: &Arc<dyn LimitStore>,
     lease: LimitLease<'_>,
     hold: Duration,
     wants: &[Want],
@@ -91,7 +92,9 @@ pub(super) async fn acquire_in_turn(
                 // Asked before this lock was taken: the job is in this batch, or was in
                 // one that already answered.
                 let asks = std::mem::take(&mut *turn.asks.lock().unwrap_or_else(|e| e.into_inner()));
-                run_batches(store, asks).await;
+                // A task of its own: a leader dropped mid-batch (its worker stopping) still
+                // answers the jobs that joined it.
+                let _ = tokio::spawn(run_batches(store.clone(), asks)).await;
                 drop(running);
             }
         }
@@ -100,7 +103,7 @@ pub(super) async fn acquire_in_turn(
 
 /// Takes the limits of `asks`, a transaction per set of keys (so that one transaction
 /// never locks two keys in another order than a second one) and per [`MOST_PER_BATCH`].
-async fn run_batches(store: &dyn LimitStore, mut asks: Vec<Ask>) {
+async fn run_batches(store: Arc<dyn LimitStore>, mut asks: Vec<Ask>) {
     let keys_of = |a: &Ask| {
         let mut keys: Vec<&str> = a.wants.iter().map(|w| w.key.as_str()).collect();
         keys.sort_unstable();

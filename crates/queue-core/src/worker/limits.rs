@@ -30,6 +30,10 @@ pub(super) const PARK_BACKSTOP: Duration = Duration::from_secs(300);
 /// slot counts as long as the lease, which is what a dead worker's job waits for anyway.
 const SLOT_HOLD_WITHOUT_LEASE: Duration = Duration::from_secs(10);
 
+/// How much sooner than its hold a slot is treated as run out (clock drift, a slow
+/// statement).
+const RENEW_MARGIN: Duration = Duration::from_millis(500);
+
 /// How often a worker wakes parked jobs whose keys' slots ran out rather than being
 /// released (their holders died).
 const WAKE_PARKED_EVERY: Duration = Duration::from_secs(2);
@@ -144,14 +148,8 @@ impl Worker {
         };
         // Only a slot is held past the start; a token is spent at it.
         let holds = wants.iter().any(|w| w.concurrency.is_some());
-        let acquired = acquire_in_turn(
-            &self.limit_turns,
-            store.as_ref(),
-            held.lease(),
-            held.hold,
-            &wants,
-        )
-        .await;
+        let acquired =
+            acquire_in_turn(&self.limit_turns, store, held.lease(), held.hold, &wants).await;
         let (wait, by) = match acquired {
             Ok(Acquired::Granted) if holds => return Taken::Held(held),
             Ok(Acquired::Granted) => return Taken::Free,
@@ -160,8 +158,10 @@ impl Worker {
                 by: Denial::Concurrency,
             }) if self.transport.capabilities().limit_parking => {
                 match self.park(store.as_ref(), &held, r, &wants).await {
-                    Some(()) => return Taken::HeldBack,
-                    None => (after, Denial::Concurrency.as_str()),
+                    Parked::Parked => return Taken::HeldBack,
+                    // A slot freed since the denial: back almost at once.
+                    Parked::Free => (MIN_WAIT, Denial::Concurrency.as_str()),
+                    Parked::NotHere => (after, Denial::Concurrency.as_str()),
                 }
             }
             Ok(Acquired::Wait { after, by }) => (after, by.as_str()),
@@ -189,15 +189,16 @@ impl Worker {
         Taken::HeldBack
     }
 
-    /// Parks `r` until a slot of its saturated key frees; `None` when it is still to be
-    /// put back (the store cannot park it, or a slot freed meanwhile).
+    /// Parks `r` until a slot of its saturated key frees; otherwise it is still to be put
+    /// back (`Free`: a slot freed meanwhile; `NotHere`: the store cannot park it, or
+    /// failed).
     async fn park(
         &self,
         store: &dyn LimitStore,
         held: &HeldLease,
         r: &Reservation,
         wants: &[Want],
-    ) -> Option<()> {
+    ) -> Parked {
         let token = r.token().to_string();
         match store.park(held.lease(), &token, wants, PARK_BACKSTOP).await {
             Ok(Parked::Parked) => {
@@ -209,12 +210,12 @@ impl Worker {
                     "concurrency",
                 );
                 tracing::debug!("parked by a concurrency limit until a slot frees");
-                Some(())
+                Parked::Parked
             }
-            Ok(Parked::Free | Parked::NotHere) => None,
+            Ok(other) => other,
             Err(err) => {
                 tracing::warn!(error = %err, "parking the job failed; it waits and tries again");
-                None
+                Parked::NotHere
             }
         }
     }
@@ -261,17 +262,33 @@ impl Worker {
         let Some(store) = &self.limit_store else {
             return true;
         };
-        match store.extend(held.lease(), held.hold).await {
-            Ok(true) => {
-                held.renewed = std::time::Instant::now();
+        let asked = std::time::Instant::now();
+        // A renewal that cannot finish before the slots run out is as good as lost: it
+        // is not waited for past that.
+        let left = held
+            .hold
+            .saturating_sub(held.renewed.elapsed())
+            .saturating_sub(RENEW_MARGIN);
+        match tokio::time::timeout(left, store.extend(held.lease(), held.hold)).await {
+            Ok(Ok(true)) => {
+                // From when it was asked: the store's hold ran from no earlier.
+                held.renewed = asked;
                 true
             }
-            Ok(false) => false,
-            Err(err) => {
-                // The slots count until the last renewal's hold ends; past that another
-                // job may take them, so the run must not go on.
-                let kept = held.renewed.elapsed() < held.hold;
-                tracing::warn!(error = %err, kept, "renewing the job's limit slots failed");
+            Ok(Ok(false)) => false,
+            failed => {
+                // The slots count until the last renewal's hold ends; the run may go on
+                // only while they surely count until the next try.
+                let kept = held.renewed.elapsed() + held.renew_every() + RENEW_MARGIN < held.hold;
+                match failed {
+                    Ok(Err(err)) => {
+                        tracing::warn!(error = %err, kept, "renewing the job's limit slots failed")
+                    }
+                    _ => tracing::warn!(
+                        kept,
+                        "renewing the job's limit slots did not finish in time"
+                    ),
+                }
                 kept
             }
         }
