@@ -121,15 +121,16 @@ fn runs(sb: &Sandbox) -> Vec<(String, u128)> {
 
 fn debounced_bursts(sb: &Sandbox) {
     let mut w = worker(sb, "debounce");
-    let rule = ["--unique-scope", "pending", "--on-conflict", "replace:2s"];
-    // Two short bursts (6 events, 150 ms apart, each delaying the job 500 ms): one run
-    // per burst, half a second after its last event.
+    // Two short bursts (6 events, 150 ms apart, each delaying the job 1.5 s): one run
+    // per burst, 1.5 s after its last event. The delay is ten times the gap because each
+    // event is a `switchyard publish` process, and on a loaded machine one took over
+    // 500 ms to start: the job came due and ran between two events of a burst.
     let mut firsts = Vec::new();
     for burst in 0..2 {
         let mut ids = Vec::new();
         for _ in 0..6 {
-            let mut flags = vec!["--unique-key", "short", "--delay", "500ms"];
-            flags.extend_from_slice(&rule);
+            let mut flags = vec!["--unique-key", "short", "--delay", "1500ms"];
+            flags.extend_from_slice(&["--unique-scope", "pending", "--on-conflict", "replace:10s"]);
             ids.push(publish(sb, "debounce", &flags).0);
             std::thread::sleep(Duration::from_millis(150));
         }
@@ -146,8 +147,8 @@ fn debounced_bursts(sb: &Sandbox) {
     let started = now_ns();
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {
-        let mut flags = vec!["--unique-key", "long", "--delay", "1s"];
-        flags.extend_from_slice(&rule);
+        let mut flags = vec!["--unique-key", "long", "--delay", "1500ms"];
+        flags.extend_from_slice(&["--unique-scope", "pending", "--on-conflict", "replace:2s"]);
         publish(sb, "debounce", &flags);
         std::thread::sleep(Duration::from_millis(150));
     }
