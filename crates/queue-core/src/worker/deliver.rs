@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use super::acker::Acker;
 use super::builder::Worker;
+use super::freshness::Freshness;
 use super::handler::Report;
 use super::handler::{JobContext, JobError, JobResult};
 use super::limits::{HeldLease, Taken};
@@ -132,6 +133,9 @@ impl Worker {
         if self.held_by_controls(&r).await {
             return;
         }
+        // The lease was taken no later than now (a prefetched one earlier: the run's
+        // view of it errs late, and the heartbeat's answer settles it).
+        let began = std::time::Instant::now();
         let mut held = match self.take_limits(&r).await {
             Taken::Free => None,
             Taken::Held(held) => Some(held),
@@ -148,6 +152,7 @@ impl Worker {
             result: Arc::default(),
         };
         let result = report.result.clone();
+        let freshness = Freshness::new(began, r.lease, held.as_ref().map(|h| (h.renewed, h.hold)));
         let ctx = JobContext {
             envelope: env.clone(),
             attempt,
@@ -157,6 +162,7 @@ impl Worker {
             shutdown,
             report,
             tenant: self.tenant.clone(),
+            freshness: freshness.clone(),
         };
         // A worker stopped (frozen, swapped out) between taking its slots and starting
         // the handler may wake after they ran out and another job took them: it must
@@ -181,7 +187,7 @@ impl Worker {
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
         );
         let ending = self
-            .watch(&r, held.as_mut(), job, &cancel, &hard_stop)
+            .watch(&r, held.as_mut(), &freshness, job, &cancel, &hard_stop)
             .await;
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
@@ -206,6 +212,7 @@ impl Worker {
         &self,
         r: &Reservation,
         mut held: Option<&mut HeldLease>,
+        freshness: &Freshness,
         mut job: tokio::task::JoinHandle<JobResult>,
         cancel: &CancellationToken,
         hard_stop: &CancellationToken,
@@ -253,9 +260,10 @@ impl Worker {
                             tracing::warn!("heartbeat found the job's limit slots lost; cancelling the handler");
                             break Ending::SlotLost;
                         }
+                        freshness.slots_renewed(held.renewed);
                     }
                 }
-                _ = beat.tick() => match self.transport.extend(r, lease).await {
+                _ = beat.tick() => match self.extend_lease(r, freshness).await {
                     Ok(()) => tracing::trace!("lease extended"),
                     Err(err) if err.is_lease_lost() => {
                         tracing::warn!("heartbeat found the lease lost; cancelling the handler");
@@ -296,6 +304,14 @@ impl Worker {
             ending = Ending::ShutDown;
         }
         ending
+    }
+
+    /// Extends the lease for its length, and tells the handler's view when it holds.
+    async fn extend_lease(&self, r: &Reservation, freshness: &Freshness) -> crate::Result<()> {
+        let asked = std::time::Instant::now();
+        self.transport.extend(r, r.lease).await?;
+        freshness.lease_renewed(asked);
+        Ok(())
     }
 
     /// Acks, releases or dead-letters the message by how its run ended.

@@ -36,6 +36,7 @@ pub struct JobContext {
     pub shutdown: CancellationToken,
     pub(crate) report: Report,
     pub(crate) tenant: Option<Arc<str>>,
+    pub(crate) freshness: super::freshness::Freshness,
 }
 
 /// Where a handler's progress and result go.
@@ -51,6 +52,15 @@ impl JobContext {
     /// line sets it from `--schema`).
     pub fn tenant(&self) -> Option<&str> {
         self.tenant.as_deref()
+    }
+
+    /// Whether this run surely still holds its lease and limit slots: each renewed within
+    /// half its length. False after the worker was stopped or starved past that (a
+    /// frozen process learns of a lost lease only at its next heartbeat's answer):
+    /// check it right before a side effect that must not run twice at once, and when
+    /// false return [`JobError::snooze`] with no wait, which counts no attempt.
+    pub fn is_current(&self) -> bool {
+        self.freshness.is_current()
     }
 
     /// Deserializes the payload. Its error, through `?` in a handler, fails the job at

@@ -54,9 +54,9 @@ pub(super) struct HeldLease {
     id: String,
     token: String,
     /// When the slots were last taken or renewed.
-    renewed: std::time::Instant,
+    pub(super) renewed: std::time::Instant,
     /// How long they count from then.
-    hold: Duration,
+    pub(super) hold: Duration,
 }
 
 impl HeldLease {

@@ -15,6 +15,7 @@ mod counters;
 mod deliver;
 mod dispatch;
 mod fetch;
+mod freshness;
 mod handler;
 mod limit_turns;
 mod limits;

@@ -176,6 +176,16 @@ pub(super) struct Serving {
     abort: CancellationToken,
 }
 
+/// A run that found its lease or slots possibly overtaken before its command started:
+/// it goes back without an attempt counted.
+fn stale_start() -> JobError {
+    JobError::Snooze {
+        message: "the worker was stopped past half its lease before the command started".to_owned(),
+        after: Duration::ZERO,
+        rate_limited: false,
+    }
+}
+
 /// Runs `sh -c CMD` per message.
 #[derive(Debug)]
 struct ExecHandler {
@@ -209,12 +219,22 @@ impl Handler for ExecHandler {
             // command (pipelines included) and a terminal's Ctrl-C reaches only the worker.
             .process_group(0)
             .kill_on_drop(true);
+        // A worker stopped past half its lease (or limit slots) may have been overtaken:
+        // the command must not start then. Checked again before its input is written,
+        // since a command that reads its stdin starts its work only then.
+        if !ctx.is_current() {
+            return Err(stale_start());
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| JobError::retry(format!("cannot start `sh -c {}`: {e}", self.command)))?;
         let group = child.id().map(KillGroupOnDrop);
         let body = env.to_json();
         let stdin = child.stdin.take();
+        if !ctx.is_current() {
+            drop(group);
+            return Err(stale_start());
+        }
         let feed = async move {
             if let Some(mut stdin) = stdin {
                 // A command that does not read its stdin closes the pipe early: not an error.
