@@ -27,6 +27,7 @@ mod published;
 mod redact;
 mod registry;
 mod reservation;
+pub mod schedule;
 pub mod sql;
 pub mod stable_hash;
 pub mod status;

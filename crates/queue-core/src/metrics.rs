@@ -14,6 +14,8 @@
 //! | `switchyard_released_total` | counter | queue, kind |
 //! | `switchyard_dead_lettered_total` | counter | queue, kind, reason |
 //! | `switchyard_snoozed_total` | counter | queue, kind, reason (snoozed, rate_limited) |
+//! | `switchyard_schedule_fired_total` | counter | schedule |
+//! | `switchyard_schedule_missed_total` | counter | schedule |
 //! | `switchyard_handler_duration_seconds` | histogram | queue, kind |
 //! | `switchyard_queue_depth` | gauge | queue, state (ready, delayed, reserved, dead) |
 //! | `switchyard_queue_oldest_ready_age_seconds` | gauge | queue |
@@ -43,6 +45,10 @@ pub const SNOOZED: &str = "switchyard_snoozed_total";
 pub const CANCELLED: &str = "switchyard_cancelled_total";
 /// Jobs a worker's limit held back before they ran.
 pub const LIMITED: &str = "switchyard_limited_total";
+/// Schedule slots fired (each counted once, by the worker that moved the cursor).
+pub const SCHEDULE_FIRED: &str = "switchyard_schedule_fired_total";
+/// Schedule slots that passed unfired under the schedule's catch-up policy.
+pub const SCHEDULE_MISSED: &str = "switchyard_schedule_missed_total";
 /// How long handlers ran.
 pub const HANDLER_DURATION: &str = "switchyard_handler_duration_seconds";
 /// Messages per queue and state.
@@ -79,6 +85,11 @@ pub fn describe() {
         LIMITED,
         "Jobs a limit held back before they ran (saturation), by limit (concurrency, rate, store_failed)."
     );
+    metrics::describe_counter!(SCHEDULE_FIRED, "Schedule slots fired, each counted once.");
+    metrics::describe_counter!(
+        SCHEDULE_MISSED,
+        "Schedule slots that passed unfired while no worker could fire them, under the schedule's catch-up policy."
+    );
     metrics::describe_histogram!(
         HANDLER_DURATION,
         metrics::Unit::Seconds,
@@ -95,6 +106,12 @@ pub fn describe() {
 
 pub(crate) fn published(tenant: Option<&str>, queue: &str, kind: &str) {
     count(PUBLISHED, tenant, queue, kind, 1);
+}
+
+pub(crate) fn schedule_slots(tenant: Option<&str>, schedule: &str, fired: u64, missed: u64) {
+    let labels = labels(tenant, [("schedule", schedule.to_owned())]);
+    metrics::counter!(SCHEDULE_FIRED, labels.clone()).increment(fired);
+    metrics::counter!(SCHEDULE_MISSED, labels).increment(missed);
 }
 
 pub(crate) fn unique_conflict(tenant: Option<&str>, queue: &str, kind: &str, replaced: bool) {

@@ -17,6 +17,7 @@ mod inbox;
 mod limits;
 mod migrate;
 mod options;
+mod runner;
 mod server;
 mod sql;
 mod status;

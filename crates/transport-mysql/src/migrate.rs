@@ -38,6 +38,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         10,
         include_str!("../../../migrations/mysql/0010_limit_waits.sql"),
     ),
+    (
+        11,
+        include_str!("../../../migrations/mysql/0011_schedules.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

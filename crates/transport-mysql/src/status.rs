@@ -17,8 +17,11 @@ use crate::broker_keys::MySqlBrokerKeys;
 use crate::controls::MySqlControls;
 use crate::error::SqlxResultExt;
 use crate::limits::MySqlLimits;
+use crate::runner::MySqlRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
+use queue_core::sql::limits::Dialect as SqlDialect;
+use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
 const CREATE_HEAD: &str = "
 INSERT IGNORE INTO `switchyard_jobs_status`
@@ -165,6 +168,8 @@ pub struct MySqlStatusStore {
     limits: Arc<MySqlLimits>,
     /// The control tables.
     controls: Arc<MySqlControls>,
+    /// The schedule table.
+    schedules: Arc<SqlSchedules<MySqlRunner>>,
 }
 
 impl MySqlStatusStore {
@@ -177,6 +182,12 @@ impl MySqlStatusStore {
         let s = |sql: &str| specialise(sql, schema, table);
         MySqlStatusStore {
             controls: Arc::new(MySqlControls::new(pool.clone(), schema, table)),
+            schedules: Arc::new(SqlSchedules::new(
+                MySqlRunner(pool.clone()),
+                ScheduleStatements::new(SqlDialect::MySql, |s| {
+                    crate::sql::specialise(s, schema, table)
+                }),
+            )),
             limits: Arc::new(MySqlLimits::new(pool.clone(), schema, table)),
             pool,
             create_head: s(CREATE_HEAD),
@@ -327,6 +338,10 @@ impl StatusBackend for MySqlStatusStore {
 
     fn control_store(&self) -> Option<Arc<dyn queue_core::Controls>> {
         Some(self.controls.clone())
+    }
+
+    fn schedule_store(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
+        Some(self.schedules.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

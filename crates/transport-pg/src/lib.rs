@@ -19,6 +19,7 @@ mod listener;
 mod migrate;
 mod options;
 mod read_only;
+mod runner;
 mod sql;
 mod standby;
 mod status;

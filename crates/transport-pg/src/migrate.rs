@@ -47,6 +47,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         10,
         include_str!("../../../migrations/postgres/0010_limit_waits.sql"),
     ),
+    (
+        11,
+        include_str!("../../../migrations/postgres/0011_schedules.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

@@ -20,8 +20,11 @@ use crate::controls::PgControls;
 use crate::error::SqlxResultExt;
 use crate::limits::PgLimits;
 use crate::listener;
+use crate::runner::PgRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
+use queue_core::sql::limits::Dialect as SqlDialect;
+use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
 /// Counts the ids a statement returned and announces them, at most 200 per
 /// notification (a payload holds under 8,000 bytes).
@@ -200,6 +203,8 @@ pub struct PgStatusStore {
     limits: Arc<PgLimits>,
     /// The control tables.
     controls: Arc<PgControls>,
+    /// The schedule table.
+    schedules: Arc<SqlSchedules<PgRunner>>,
 }
 
 impl PgStatusStore {
@@ -246,6 +251,12 @@ impl PgStatusStore {
             workers: s(WORKERS),
             keys: Arc::new(KeySql::new(schema, table)),
             controls: Arc::new(PgControls::new(pool.clone(), schema, table)),
+            schedules: Arc::new(SqlSchedules::new(
+                PgRunner(pool.clone()),
+                ScheduleStatements::new(SqlDialect::Postgres, |s| {
+                    crate::sql::specialise(s, schema, table)
+                }),
+            )),
             limits: Arc::new(PgLimits::new(pool.clone(), schema, table)),
             pool,
         }
@@ -411,6 +422,10 @@ impl StatusBackend for PgStatusStore {
 
     fn control_store(&self) -> Option<Arc<dyn queue_core::Controls>> {
         Some(self.controls.clone())
+    }
+
+    fn schedule_store(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
+        Some(self.schedules.clone())
     }
 
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {

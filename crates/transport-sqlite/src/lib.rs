@@ -13,6 +13,7 @@ mod inbox;
 mod limits;
 mod migrate;
 mod options;
+mod runner;
 mod sql;
 mod status;
 mod tenants;

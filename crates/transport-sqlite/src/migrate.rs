@@ -40,6 +40,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         9,
         include_str!("../../../migrations/sqlite/0009_limit_waits.sql"),
     ),
+    (
+        10,
+        include_str!("../../../migrations/sqlite/0010_schedules.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -16,8 +16,11 @@ use crate::broker_keys::SqliteBrokerKeys;
 use crate::controls::SqliteControls;
 use crate::error::SqlxResultExt;
 use crate::limits::SqliteLimits;
+use crate::runner::SqliteRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
+use queue_core::sql::limits::Dialect as SqlDialect;
+use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
 /// Rows come as one JSON array of arrays: `[id, queue, kind, state, attempts, progress,
 /// note, result, error, final, starts_run, payload, worker, started_ago]`, so that a
@@ -162,6 +165,8 @@ pub struct SqliteStatusStore {
     limits: Arc<SqliteLimits>,
     /// The control tables.
     controls: Arc<SqliteControls>,
+    /// The schedule table.
+    schedules: Arc<SqlSchedules<SqliteRunner>>,
 }
 
 impl SqliteStatusStore {
@@ -169,6 +174,10 @@ impl SqliteStatusStore {
         let s = |sql: &str| specialise(sql, table);
         SqliteStatusStore {
             controls: Arc::new(SqliteControls::new(writer.clone(), table)),
+            schedules: Arc::new(SqlSchedules::new(
+                SqliteRunner(writer.clone()),
+                ScheduleStatements::new(SqlDialect::Sqlite, |s| crate::sql::specialise(s, table)),
+            )),
             limits: Arc::new(SqliteLimits::new(writer.clone(), table)),
             writer,
             reader,
@@ -272,6 +281,10 @@ impl StatusBackend for SqliteStatusStore {
 
     fn control_store(&self) -> Option<Arc<dyn queue_core::Controls>> {
         Some(self.controls.clone())
+    }
+
+    fn schedule_store(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
+        Some(self.schedules.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

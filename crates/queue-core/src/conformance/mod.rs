@@ -18,6 +18,7 @@ mod lease_cases;
 pub mod limit_cases;
 mod ordering_cases;
 mod runner;
+pub mod schedule_cases;
 mod shutdown_cases;
 pub mod status_cases;
 mod status_support;
@@ -57,7 +58,7 @@ macro_rules! conformance_tests {
             invalid_unique_keys_are_refused
         );
     };
-    // The cases of limits, pauses and cancellations: for a transport that keeps them
+    // The cases of limits, pauses, cancellations and schedules: for a transport that keeps them
     // only with a store beside it (RabbitMQ with its control store), run in a harness of
     // their own.
     (limits: $harness:expr) => {
@@ -71,6 +72,11 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@controls $harness;
             pausing_stops_starts_until_resumed,
             cancelled_jobs_never_run_or_are_stopped
+        );
+        $crate::conformance_tests!(@schedules $harness;
+            racing_schedulers_fire_each_slot_once,
+            missed_slots_follow_the_catch_up_policy,
+            schedules_are_applied_paused_triggered_and_removed
         );
     };
     ($harness:expr) => {
@@ -147,6 +153,14 @@ macro_rules! conformance_tests {
             #[test]
             fn $case() {
                 $crate::conformance::run($harness, $crate::conformance::control_cases::$case);
+            }
+        )*
+    };
+    (@schedules $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::schedule_cases::$case);
             }
         )*
     };

@@ -16,6 +16,8 @@ mod engine;
 mod fence;
 pub mod limit_waits;
 pub mod limits;
+pub mod runner;
+pub mod schedules;
 mod status;
 mod store;
 pub mod unique;

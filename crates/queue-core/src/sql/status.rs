@@ -142,6 +142,11 @@ pub trait StatusBackend: Send + Sync + fmt::Debug + 'static {
     fn control_store(&self) -> Option<std::sync::Arc<dyn crate::Controls>> {
         None
     }
+
+    /// Schedules in this store's schedule table.
+    fn schedule_store(&self) -> Option<std::sync::Arc<dyn crate::schedule::ScheduleStore>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -258,6 +263,10 @@ impl<B: StatusBackend> StatusStore for B {
 
     fn controls(&self) -> Option<std::sync::Arc<dyn crate::Controls>> {
         self.control_store()
+    }
+
+    fn schedules(&self) -> Option<std::sync::Arc<dyn crate::schedule::ScheduleStore>> {
+        self.schedule_store()
     }
 }
 

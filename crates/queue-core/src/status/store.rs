@@ -138,4 +138,10 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     fn controls(&self) -> Option<std::sync::Arc<dyn crate::Controls>> {
         None
     }
+
+    /// Schedules and their cursors, kept in this store when it can (the SQL stores; see
+    /// [`ScheduleStore`](crate::schedule::ScheduleStore)).
+    fn schedules(&self) -> Option<std::sync::Arc<dyn crate::schedule::ScheduleStore>> {
+        None
+    }
 }

@@ -23,6 +23,7 @@ mod options;
 mod registration;
 mod retry;
 mod run;
+mod schedules;
 
 pub use builder::Worker;
 pub use counters::{WorkerCounters, WorkerReport};

@@ -62,6 +62,12 @@ pub struct WorkerOptions {
     /// Limits on how many of its jobs run at once or start per period, kept across
     /// every worker that declares the same (see [`crate::limit`]).
     pub limits: Vec<crate::limit::Limit>,
+    /// Schedules stored when the worker starts (added, or changed keeping their
+    /// cursors; see [`crate::schedule`]).
+    pub schedules: Vec<crate::schedule::Schedule>,
+    /// Whether the worker fires the due slots of its store's schedules (true; never
+    /// while draining). Any number of workers may: each slot makes one job.
+    pub fire_schedules: bool,
 }
 
 impl Default for WorkerOptions {
@@ -77,6 +83,8 @@ impl Default for WorkerOptions {
             ack_batch: 256,
             unknown_kind: UnknownKind::DeadLetter,
             drain: false,
+            schedules: Vec::new(),
+            fire_schedules: true,
             name: None,
             labels: Vec::new(),
             tenant: None,
@@ -160,6 +168,21 @@ impl WorkerOptions {
     /// Adds limits its jobs keep (see [`crate::limit`]).
     pub fn with_limits(mut self, limits: impl IntoIterator<Item = crate::limit::Limit>) -> Self {
         self.limits.extend(limits);
+        self
+    }
+
+    /// Adds schedules the worker stores when it starts (see [`crate::schedule`]).
+    pub fn with_schedules(
+        mut self,
+        schedules: impl IntoIterator<Item = crate::schedule::Schedule>,
+    ) -> Self {
+        self.schedules.extend(schedules);
+        self
+    }
+
+    /// Sets whether the worker fires due schedule slots.
+    pub fn with_firing_schedules(mut self, fire: bool) -> Self {
+        self.fire_schedules = fire;
         self
     }
 

@@ -38,6 +38,7 @@ impl Worker {
         let mut this = self;
         this.claim_as()?;
         this.check_limits()?;
+        let scheduling = this.start_schedules(shutdown.child_token()).await?;
         this.controls = this
             .status
             .as_ref()
@@ -79,7 +80,7 @@ impl Worker {
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
         dispatcher.run().await;
         dispatcher.finish(abort).await;
-        for task in [refreshing, waking].into_iter().flatten() {
+        for task in [refreshing, waking, scheduling].into_iter().flatten() {
             task.abort();
         }
         services.finish().await;

@@ -1,0 +1,258 @@
+//! Cases of schedules, on a clock the case moves: racing schedulers fire each slot
+//! once; missed slots follow the catch-up policy; a slot fired again after its job ran
+//! (a worker that died before moving the cursor) stores nothing; schedules are stored,
+//! paused, resumed, triggered and removed as documented.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::harness::{Harness, OpenOptions, Store};
+use super::worker_support::fresh_queue;
+use crate::schedule::{
+    Cadence, CatchUp, PutOutcome, Schedule, ScheduleSpec, ScheduleStore, Scheduler, SLOT_HEADER,
+};
+use crate::status::StatusStore;
+use crate::{Error, QueueName, Result, Transport, TransportExt};
+
+const S: i64 = 1_000_000;
+
+type Scheduled = (
+    Box<dyn Store>,
+    Arc<dyn Transport>,
+    Arc<dyn StatusStore>,
+    Arc<dyn ScheduleStore>,
+);
+
+/// A fresh store's transport, status store and schedules, or `None` (said why) where
+/// the backend keeps no schedules (RabbitMQ without a control store).
+async fn open_scheduled(h: &Arc<dyn Harness>) -> Result<Option<Scheduled>> {
+    let store = h.store().await?;
+    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
+    let schedules = status.as_ref().and_then(|s| s.schedules());
+    match (status, schedules) {
+        (Some(status), Some(schedules)) => Ok(Some((store, t, status, schedules))),
+        _ => {
+            eprintln!(
+                "not applicable to {}: no store beside it keeps schedules",
+                t.name()
+            );
+            Ok(None)
+        }
+    }
+}
+
+fn per_second(name: &str, q: &QueueName, catch_up: CatchUp) -> Schedule {
+    let every = Cadence::every(Duration::from_secs(1)).expect("a valid interval");
+    Schedule::new(name, every, q.as_str(), "tick").catch_up(catch_up)
+}
+
+/// A whole second two minutes ago: the cases' clock starts there.
+fn start() -> i64 {
+    (chrono::Utc::now().timestamp() - 120) * S
+}
+
+/// Stores `schedule` as if added at `at`.
+async fn put_at(store: &Arc<dyn ScheduleStore>, schedule: &Schedule, at: i64) -> Result<()> {
+    let outcome = store
+        .put(&schedule.name, &ScheduleSpec::of(schedule).to_json(), at)
+        .await?;
+    assert_eq!(outcome, PutOutcome::Added);
+    Ok(())
+}
+
+/// Claims and acks every job of `q`: how many each slot header had.
+async fn take_all(t: &dyn Transport, q: &QueueName) -> Result<BTreeMap<String, u32>> {
+    let mut slots = BTreeMap::new();
+    loop {
+        let got = t.reserve_batch(q, 100).await?;
+        if got.is_empty() {
+            return Ok(slots);
+        }
+        for r in &got {
+            let slot = r
+                .envelope
+                .headers
+                .get(SLOT_HEADER)
+                .cloned()
+                .unwrap_or_default();
+            *slots.entry(slot).or_insert(0) += 1;
+        }
+        t.ack_batch(&got).await?;
+    }
+}
+
+/// Four schedulers firing one per-second schedule at interleaved moments of a
+/// simulated minute, each missing some looks, store exactly one job per slot.
+pub async fn racing_schedulers_fire_each_slot_once(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, _status, store)) = open_scheduled(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let all = CatchUp::All {
+        max_runs: 100,
+        within: Duration::from_secs(3600),
+    };
+    let schedule = per_second(&format!("race-{q}"), &q, all);
+    let t0 = start();
+    put_at(&store, &schedule, t0).await?;
+    let tasks: Vec<_> = (0..4)
+        .map(|n| {
+            let scheduler = Scheduler::new(store.clone(), t.clone());
+            tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(n);
+                for k in 1..=60 {
+                    // Each scheduler misses about a third of its looks.
+                    if rng.u8(..3) == 0 {
+                        continue;
+                    }
+                    scheduler.fire_due(t0 + k * S + S / 2).await?;
+                    tokio::task::yield_now().await;
+                }
+                Ok::<_, Error>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await
+            .map_err(|e| Error::InvalidInput(format!("a scheduler task failed: {e}")))??;
+    }
+    Scheduler::new(store.clone(), t.clone())
+        .fire_due(t0 + 60 * S + S / 2)
+        .await?;
+    let slots = take_all(t.as_ref(), &q).await?;
+    assert_eq!(slots.len(), 60, "one job per slot: {slots:?}");
+    assert!(
+        slots.values().all(|n| *n == 1),
+        "a slot ran twice: {slots:?}"
+    );
+    let stored = store.list().await?;
+    let row = stored
+        .iter()
+        .find(|s| s.name == schedule.name)
+        .expect("the schedule");
+    assert_eq!(
+        row.fired_through,
+        t0 + 60 * S,
+        "the cursor is at the last slot"
+    );
+    Ok(())
+}
+
+/// After ten slots passed unfired, `skip` and `latest` fire one (the latest is on time
+/// for a per-second schedule), `all` fires at most `max_runs`; and a slot fired again
+/// after its job ran stores nothing.
+pub async fn missed_slots_follow_the_catch_up_policy(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, _status, store)) = open_scheduled(&h).await? else {
+        return Ok(());
+    };
+    let t0 = start();
+    let mut queues = Vec::new();
+    for (catch_up, expected) in [
+        (CatchUp::Skip, 1),
+        (CatchUp::Latest, 1),
+        (
+            CatchUp::All {
+                max_runs: 3,
+                within: Duration::from_secs(3600),
+            },
+            3,
+        ),
+    ] {
+        let q = fresh_queue();
+        let schedule = per_second(&format!("missed-{q}"), &q, catch_up);
+        put_at(&store, &schedule, t0).await?;
+        queues.push((q, schedule, expected));
+    }
+    let scheduler = Scheduler::new(store.clone(), t.clone());
+    let report = scheduler.fire_due(t0 + 10 * S + S / 2).await?;
+    assert_eq!(report.missed, 9 + 9 + 7, "{report:?}");
+    for (q, schedule, expected) in &queues {
+        let slots = take_all(t.as_ref(), q).await?;
+        assert_eq!(
+            slots.values().sum::<u32>(),
+            *expected,
+            "{:?}: {slots:?}",
+            schedule.catch_up
+        );
+    }
+    // A worker that published slot 10 and died before moving the cursor: the next
+    // fires it again, after its job already ran.
+    let (q, schedule, _) = &queues[1];
+    assert!(
+        store
+            .advance(&schedule.name, t0 + 10 * S, t0 + 9 * S)
+            .await?
+    );
+    let again = scheduler.fire_due(t0 + 10 * S + S / 2).await?;
+    assert_eq!((again.stored, again.duplicates), (0, 1), "{again:?}");
+    assert!(take_all(t.as_ref(), q).await?.is_empty());
+    Ok(())
+}
+
+/// Applying the same schedules twice changes nothing; a changed definition keeps its
+/// cursor; a paused schedule fires nothing and resumes without catching up; a trigger
+/// publishes a job of its own; a removed schedule is gone.
+pub async fn schedules_are_applied_paused_triggered_and_removed(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, _status, store)) = open_scheduled(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let scheduler = Scheduler::new(store.clone(), t.clone());
+    let name = format!("apply-{q}");
+    let schedule = per_second(&name, &q, CatchUp::Latest);
+    let first = scheduler.apply(std::slice::from_ref(&schedule)).await?;
+    assert_eq!(first, [(name.clone(), PutOutcome::Added)]);
+    let cursor = |list: Vec<crate::schedule::StoredSchedule>| {
+        list.into_iter()
+            .find(|s| s.name == name)
+            .map(|s| (s.fired_through, s.paused))
+    };
+    let before = cursor(store.list().await?).expect("stored");
+    let second = scheduler.apply(std::slice::from_ref(&schedule)).await?;
+    assert_eq!(second, [(name.clone(), PutOutcome::Unchanged)]);
+    let changed = schedule
+        .clone()
+        .payload(serde_json::json!({"report": "weekly"}));
+    let third = scheduler.apply(&[changed]).await?;
+    assert_eq!(third, [(name.clone(), PutOutcome::Changed)]);
+    assert_eq!(
+        cursor(store.list().await?),
+        Some(before),
+        "the cursor and pause kept"
+    );
+    let twice = scheduler.apply(&[schedule.clone(), schedule.clone()]).await;
+    assert!(matches!(twice, Err(Error::InvalidInput(m)) if m.contains("defined twice")));
+
+    let now = chrono::Utc::now().timestamp() * S;
+    assert!(store.set_paused(&name, true, now).await?);
+    assert!(!store.set_paused(&name, true, now).await?, "paused once");
+    let report = scheduler.fire_due(now + 30 * S).await?;
+    assert_eq!(report.stored, 0, "a paused schedule fires nothing");
+    assert!(store.set_paused(&name, false, now + 30 * S).await?);
+    assert_eq!(
+        cursor(store.list().await?),
+        Some((now + 30 * S, false)),
+        "resumed from now"
+    );
+    let report = scheduler.fire_due(now + 30 * S + S / 2).await?;
+    assert_eq!((report.stored, report.missed), (0, 0), "{report:?}");
+
+    let id = scheduler.trigger(&name).await?;
+    let jobs = t.reserve_batch(&q, 10).await?;
+    assert_eq!(jobs.iter().map(|r| r.envelope.id).collect::<Vec<_>>(), [id]);
+    assert_eq!(jobs[0].envelope.payload.get(), r#"{"report":"weekly"}"#);
+    t.ack_batch(&jobs).await?;
+    assert!(matches!(
+        scheduler.trigger("no-such").await,
+        Err(Error::InvalidInput(_))
+    ));
+
+    let listed = scheduler.list(now).await?;
+    let info = listed.iter().find(|i| i.name == name).expect("listed");
+    assert!(info.next_run.is_some() && info.error.is_none(), "{info:?}");
+    assert!(store.remove(&name).await?);
+    assert!(!store.remove(&name).await?);
+    assert!(cursor(store.list().await?).is_none());
+    Ok(())
+}

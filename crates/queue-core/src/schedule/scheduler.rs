@@ -1,0 +1,264 @@
+//! Firing due slots: what every worker runs beside its claims (and what `schedule`
+//! commands call), with no leader (see the module documentation of
+//! [`schedule`](super)).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::plan::plan;
+use super::spec::ScheduleSpec;
+use super::store::{PutOutcome, ScheduleStore, StoredSchedule};
+use super::Schedule;
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// The longest a firing loop sleeps: a schedule added or resumed elsewhere is seen
+/// within this.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+/// The wait after the store failed.
+const STORE_DOWN_WAIT: Duration = Duration::from_secs(2);
+
+/// Fires the due slots of a store's schedules through a transport.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    store: Arc<dyn ScheduleStore>,
+    transport: Arc<dyn Transport>,
+    tenant: Option<Arc<str>>,
+}
+
+/// What one look at the schedules did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FireReport {
+    /// Slot jobs this look stored.
+    pub stored: u64,
+    /// Slot jobs another worker had stored first.
+    pub duplicates: u64,
+    /// Slots this look counted missed (as the worker that moved the cursor).
+    pub missed: u64,
+    /// The earliest next slot of the active schedules (µs).
+    pub next: Option<i64>,
+    /// Schedules that could not fire, with why.
+    pub failed: Vec<(String, String)>,
+}
+
+/// A schedule as listed (`schedule list`, the dashboard).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleInfo {
+    /// Its name.
+    pub name: String,
+    /// Its definition.
+    pub spec: ScheduleSpec,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its slots up to this time were fired or counted missed.
+    pub fired_through: Option<DateTime<Utc>>,
+    /// Its next slot, unless paused.
+    pub next_run: Option<DateTime<Utc>>,
+    /// Why it cannot fire, when its stored definition no longer reads (a time zone the
+    /// system does not know any more).
+    pub error: Option<String>,
+}
+
+impl Scheduler {
+    /// A scheduler of `store`'s schedules, publishing through `transport`.
+    pub fn new(store: Arc<dyn ScheduleStore>, transport: Arc<dyn Transport>) -> Self {
+        Scheduler {
+            store,
+            transport,
+            tenant: None,
+        }
+    }
+
+    /// Labels its metrics with a tenant.
+    pub fn with_tenant(mut self, tenant: Option<Arc<str>>) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    /// Stores each schedule (adding it, or changing its definition and keeping its
+    /// cursor); applying the same schedules again changes nothing.
+    pub async fn apply(&self, schedules: &[Schedule]) -> Result<Vec<(String, PutOutcome)>> {
+        let now = now_us();
+        let mut seen = std::collections::HashSet::new();
+        for s in schedules {
+            s.validate()?;
+            if !seen.insert(s.name.as_str()) {
+                return Err(Error::InvalidInput(format!(
+                    "schedule {} is defined twice; accepted is one definition per name",
+                    s.name
+                )));
+            }
+        }
+        let mut outcomes = Vec::with_capacity(schedules.len());
+        for s in schedules {
+            let spec = ScheduleSpec::of(s).to_json();
+            outcomes.push((s.name.clone(), self.store.put(&s.name, &spec, now).await?));
+        }
+        Ok(outcomes)
+    }
+
+    /// Fires the slots due at `now` (µs) of every active schedule.
+    pub async fn fire_due(&self, now: i64) -> Result<FireReport> {
+        let mut report = FireReport::default();
+        for stored in self.store.list().await? {
+            if stored.paused {
+                continue;
+            }
+            if let Err(e) = self.fire_one(&stored, now, &mut report).await {
+                tracing::warn!(schedule = %stored.name, error = %e, "a schedule could not fire; it tries again at the next look");
+                report.failed.push((stored.name.clone(), e.to_string()));
+            }
+        }
+        Ok(report)
+    }
+
+    async fn fire_one(
+        &self,
+        stored: &StoredSchedule,
+        now: i64,
+        report: &mut FireReport,
+    ) -> Result<()> {
+        let schedule = ScheduleSpec::from_json(&stored.spec)?.to_schedule()?;
+        let p = plan(
+            &schedule.cadence,
+            &schedule.catch_up,
+            stored.fired_through,
+            now,
+        );
+        if let Some(next) = schedule.cadence.next_after(p.through) {
+            report.next = Some(report.next.map_or(next, |n: i64| n.min(next)));
+        }
+        if p.through == stored.fired_through {
+            return Ok(());
+        }
+        if !p.fire.is_empty() {
+            let derived = self.transport.capabilities().idempotent_publish;
+            let jobs = p
+                .fire
+                .iter()
+                .map(|slot| schedule.slot_job(*slot, derived))
+                .collect::<Result<Vec<_>>>()?;
+            let published = self.transport.publish_batch(jobs).await?;
+            let duplicates = published.duplicates.len() as u64;
+            report.duplicates += duplicates;
+            report.stored += p.fire.len() as u64 - duplicates.min(p.fire.len() as u64);
+        }
+        // Only the worker that moves the cursor counts the slots: each is counted once.
+        if self
+            .store
+            .advance(&stored.name, stored.fired_through, p.through)
+            .await?
+        {
+            report.missed += p.missed;
+            crate::metrics::schedule_slots(
+                self.tenant.as_deref(),
+                &stored.name,
+                p.fire.len() as u64,
+                p.missed,
+            );
+            if p.missed > 0 {
+                tracing::warn!(schedule = %stored.name, missed = p.missed, fired = p.fire.len(), "slots passed while no worker could fire them");
+            } else {
+                tracing::debug!(schedule = %stored.name, fired = p.fire.len(), "schedule fired");
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes a job of schedule `name` now, outside its slots; its id.
+    pub async fn trigger(&self, name: &str) -> Result<Uuid> {
+        let stored = self
+            .store
+            .list()
+            .await?
+            .into_iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| Error::InvalidInput(format!("no schedule is named {name:?}")))?;
+        let job = ScheduleSpec::from_json(&stored.spec)?
+            .to_schedule()?
+            .triggered_job()?;
+        let id = job.id;
+        self.transport.publish_batch(vec![job]).await?;
+        Ok(id)
+    }
+
+    /// Every schedule, with its next run as of `now` (µs).
+    pub async fn list(&self, now: i64) -> Result<Vec<ScheduleInfo>> {
+        Ok(self
+            .store
+            .list()
+            .await?
+            .into_iter()
+            .map(|stored| info(stored, now))
+            .collect())
+    }
+
+    /// Fires due slots until `shutdown`, looking again at the next slot or within a
+    /// second.
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            let wait = match self.fire_due(now_us()).await {
+                Ok(report) => report.next.map_or(LOOK_EVERY, |next| {
+                    let until = next.saturating_sub(now_us()).max(0);
+                    Duration::from_micros(until.unsigned_abs()).min(LOOK_EVERY)
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the schedules failed; trying again");
+                    STORE_DOWN_WAIT
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+fn info(stored: StoredSchedule, now: i64) -> ScheduleInfo {
+    let when = |us: i64| DateTime::<Utc>::from_timestamp_micros(us);
+    let spec = ScheduleSpec::from_json(&stored.spec);
+    let (spec, next_run, error) = match spec.and_then(|s| s.to_schedule().map(|c| (s, c))) {
+        Ok((spec, schedule)) => {
+            let next = (!stored.paused)
+                .then(|| schedule.cadence.next_after(stored.fired_through.max(now)))
+                .flatten()
+                .and_then(when);
+            (spec, next, None)
+        }
+        Err(e) => (
+            ScheduleSpec::from_json(&stored.spec).unwrap_or_else(|_| ScheduleSpec {
+                name: stored.name.clone(),
+                cron: None,
+                every: None,
+                timezone: None,
+                queue: String::new(),
+                kind: String::new(),
+                payload: None,
+                catch_up: None,
+                max_runs: None,
+                within: None,
+            }),
+            None,
+            Some(e.to_string()),
+        ),
+    };
+    ScheduleInfo {
+        name: stored.name,
+        spec,
+        paused: stored.paused,
+        fired_through: when(stored.fired_through),
+        next_run,
+        error,
+    }
+}
+
+/// The clock schedules are read by, µs since the epoch.
+pub(crate) fn now_us() -> i64 {
+    Utc::now().timestamp_micros()
+}
