@@ -33,10 +33,11 @@
 
 use std::sync::Arc;
 
+pub use queue_core::schedule::{Cadence, CatchUp, Schedule};
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
 pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
 pub use queue_core::tenants::TenantSelection;
-pub use queue_core::{labels, metrics, status, worker};
+pub use queue_core::{labels, metrics, schedule, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     Claim, ClaimStrategy, Config, ConfigError, Controls, DeadLetter, DeadLetters, DeadSelection,
@@ -245,6 +246,9 @@ impl StatusStore for KeptOpen {
     }
     fn controls(&self) -> Option<Arc<dyn queue_core::Controls>> {
         self.store.controls()
+    }
+    fn schedules(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
+        self.store.schedules()
     }
 }
 

@@ -439,6 +439,17 @@ async function refreshFlow() {
     limits.append(tr);
   }
   $("no-limits").hidden = flow.limits.length > 0;
+  const schedules = $("schedules").tBodies[0];
+  schedules.replaceChildren();
+  for (const s of flow.schedules) {
+    const tr = document.createElement("tr");
+    const when = s.spec.cron ? s.spec.cron + " (" + (s.spec.timezone || "UTC") + ")" : "every " + s.spec.every;
+    const next = s.error ? "cannot fire: " + s.error : s.paused ? "paused" : (s.next_run ? new Date(s.next_run).toLocaleString() : "–");
+    tr.append(cell(s.name, "nowrap"), cell(when), cell(s.spec.queue, "nowrap"), cell(s.spec.kind),
+      cell(s.spec.catch_up || "latest"), cell(next, "nowrap"));
+    schedules.append(tr);
+  }
+  $("no-schedules").hidden = flow.schedules.length > 0;
 }
 
 async function control(verb, body) {

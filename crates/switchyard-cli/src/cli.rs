@@ -97,6 +97,102 @@ pub(crate) enum Command {
     /// is cancelled; both end `cancelled`
     #[command(after_help = CANCEL_EXAMPLES)]
     Cancel(CancelArgs),
+    /// Periodic jobs: apply a file of schedules, add, pause, resume, trigger, remove, list
+    #[command(after_help = SCHEDULE_EXAMPLES)]
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
+    },
+}
+
+const SCHEDULE_EXAMPLES: &str = "Examples:
+  switchyard schedule apply schedules.toml
+  switchyard schedule add nightly-report --cron '0 3 * * *' --timezone Europe/Berlin \\
+      --queue reports --kind nightly --payload '{\"region\":\"eu\"}'
+  switchyard schedule add heartbeat --every 30s --queue ops --kind ping --catch-up skip
+  switchyard schedule list
+  switchyard schedule trigger nightly-report
+
+A schedules file holds [[schedule]] tables with the fields of `schedule add`:
+  [[schedule]]
+  name = \"nightly-report\"
+  cron = \"0 3 * * *\"
+  timezone = \"Europe/Berlin\"
+  queue = \"reports\"
+  kind = \"nightly\"
+  payload = { region = \"eu\" }
+  catch_up = \"all\"   # skip, latest (the default) or all
+  max_runs = 10       # with all: at most this many missed slots fired
+  within = \"6h\"      # with all: only slots this recent
+
+Running workers fire due slots (every `switchyard work` sharing the store); each slot
+makes one job however many workers there are.";
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Store the schedules of a TOML file; applying it again changes nothing
+    Apply(ScheduleApplyArgs),
+    /// Add a schedule, or change the one of that name (its cursor is kept)
+    Add(ScheduleAddArgs),
+    /// Stop a schedule from firing until resumed
+    Pause(ScheduleNameArgs),
+    /// Fire a paused schedule again, from its next slot (the paused ones do not run)
+    Resume(ScheduleNameArgs),
+    /// Publish a job of a schedule now, outside its slots
+    Trigger(ScheduleNameArgs),
+    /// Delete a schedule (its published jobs stay)
+    Rm(ScheduleNameArgs),
+    /// Every schedule with its next run
+    List,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ScheduleApplyArgs {
+    /// The TOML file
+    pub(crate) file: std::path::PathBuf,
+    /// Also delete the stored schedules the file does not name
+    #[arg(long)]
+    pub(crate) prune: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ScheduleNameArgs {
+    /// The schedule's name
+    pub(crate) name: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ScheduleAddArgs {
+    /// The schedule's name: letters, digits, '.', '_', '-', ':'
+    pub(crate) name: String,
+    /// A cron pattern: 5 fields, or 6 with seconds first
+    #[arg(long, conflicts_with = "every")]
+    pub(crate) cron: Option<String>,
+    /// An interval instead of a cron pattern, e.g. 15m (slots at its multiples since
+    /// the epoch)
+    #[arg(long, value_name = "DUR")]
+    pub(crate) every: Option<String>,
+    /// The IANA time zone of the cron pattern (UTC)
+    #[arg(long, value_name = "ZONE")]
+    pub(crate) timezone: Option<String>,
+    /// The queue its jobs go to
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Their kind
+    #[arg(long)]
+    pub(crate) kind: String,
+    /// Their JSON payload ({})
+    #[arg(long)]
+    pub(crate) payload: Option<String>,
+    /// Missed slots: skip, latest (fire the latest once) or all
+    #[arg(long, value_name = "POLICY")]
+    pub(crate) catch_up: Option<String>,
+    /// With --catch-up all: at most this many missed slots fired (100)
+    #[arg(long, value_name = "N")]
+    pub(crate) max_runs: Option<u32>,
+    /// With --catch-up all: only missed slots this recent (1h)
+    #[arg(long, value_name = "DUR")]
+    pub(crate) within: Option<String>,
 }
 
 const PAUSE_EXAMPLES: &str = "Examples:

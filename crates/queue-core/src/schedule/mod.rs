@@ -26,7 +26,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use cadence::Cadence;
-pub use scheduler::{FireReport, ScheduleInfo, Scheduler};
+pub use scheduler::{list_schedules, FireReport, ScheduleInfo, Scheduler};
 pub use spec::ScheduleSpec;
 pub use store::{PutOutcome, ScheduleStore, StoredSchedule};
 

@@ -170,6 +170,17 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Pauses or resumes schedule `name` (see [`ScheduleStore::set_paused`]); whether
+    /// that changed it.
+    pub async fn set_paused(&self, name: &str, paused: bool, now: i64) -> Result<bool> {
+        self.store.set_paused(name, paused, now).await
+    }
+
+    /// Deletes schedule `name`; whether there was one.
+    pub async fn remove(&self, name: &str) -> Result<bool> {
+        self.store.remove(name).await
+    }
+
     /// Publishes a job of schedule `name` now, outside its slots; its id.
     pub async fn trigger(&self, name: &str) -> Result<Uuid> {
         let stored = self
@@ -189,13 +200,7 @@ impl Scheduler {
 
     /// Every schedule, with its next run as of `now` (µs).
     pub async fn list(&self, now: i64) -> Result<Vec<ScheduleInfo>> {
-        Ok(self
-            .store
-            .list()
-            .await?
-            .into_iter()
-            .map(|stored| info(stored, now))
-            .collect())
+        list_schedules(self.store.as_ref(), now).await
     }
 
     /// Fires due slots until `shutdown`, looking again at the next slot or within a
@@ -218,6 +223,16 @@ impl Scheduler {
             }
         }
     }
+}
+
+/// Every schedule of `store`, with its next run as of `now` (µs).
+pub async fn list_schedules(store: &dyn ScheduleStore, now: i64) -> Result<Vec<ScheduleInfo>> {
+    Ok(store
+        .list()
+        .await?
+        .into_iter()
+        .map(|stored| info(stored, now))
+        .collect())
 }
 
 fn info(stored: StoredSchedule, now: i64) -> ScheduleInfo {

@@ -11,6 +11,7 @@ mod move_cmd;
 mod prune;
 mod publish;
 mod relay;
+mod schedule;
 mod serve;
 mod stats;
 mod work;
@@ -64,6 +65,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Pause(args) => control::pause(&config, args, json).await,
         Command::Resume(args) => control::resume(&config, args, json).await,
         Command::Cancel(args) => control::cancel(&config, args, json).await,
+        Command::Schedule { command } => schedule::run(&config, command, json).await,
     }
 }
 

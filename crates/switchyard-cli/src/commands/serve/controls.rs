@@ -1,5 +1,5 @@
-//! The admin server's flow controls: what is paused and the limits' keys
-//! (`GET /api/controls`), pausing and resuming a queue or kind (`POST /api/pause`,
+//! The admin server's flow controls: what is paused, the limits' keys and the
+//! schedules with their next runs (`GET /api/controls`, `GET /api/schedules`), pausing and resuming a queue or kind (`POST /api/pause`,
 //! `POST /api/resume`), and cancelling a job (`POST /api/jobs/{id}/cancel`), each change
 //! behind the admin token.
 
@@ -41,8 +41,28 @@ pub(super) async fn overview(State(app): Shared) -> Answer {
         "available": store.is_some_and(|s| s.controls().is_some()),
         "paused": paused,
         "limits": limits,
+        "schedules": schedule_list(&app).await?,
     }))
     .into_response())
+}
+
+/// Every schedule with its next run (`GET /api/schedules`; empty where the store keeps
+/// none).
+pub(super) async fn schedules(State(app): Shared) -> Answer {
+    Ok(Json(serde_json::json!({ "schedules": schedule_list(&app).await? })).into_response())
+}
+
+async fn schedule_list(
+    app: &App,
+) -> Result<Vec<switchyard::schedule::ScheduleInfo>, super::ApiError> {
+    match app.store.as_ref().and_then(|s| s.schedules()) {
+        Some(store) => Ok(switchyard::schedule::list_schedules(
+            store.as_ref(),
+            chrono::Utc::now().timestamp_micros(),
+        )
+        .await?),
+        None => Ok(Vec::new()),
+    }
 }
 
 #[derive(Debug, Deserialize)]

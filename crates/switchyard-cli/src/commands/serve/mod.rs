@@ -120,6 +120,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/api/dead/replay", post(dead_replay))
         .route("/api/dead/purge", post(dead_purge))
         .route("/api/controls", get(controls::overview))
+        .route("/api/schedules", get(controls::schedules))
         .route("/api/pause", post(controls::pause))
         .route("/api/resume", post(controls::resume))
         .route("/api/jobs/{id}/cancel", post(controls::cancel))
