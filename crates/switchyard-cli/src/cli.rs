@@ -417,7 +417,8 @@ pub(crate) struct WorkArgs {
     /// Serve Prometheus metrics of this worker at http://ADDR/metrics, e.g. 127.0.0.1:9187
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<String>,
-    /// Every hour, delete job results and dead letters older than this, e.g. 30d
+    /// Every hour, delete job results and dead letters older than this, e.g. 30d (stored
+    /// as the schedule switchyard.prune, which one worker of the store fires per slot)
     #[arg(long, value_name = "DUR")]
     pub(crate) prune_older_than: Option<String>,
     /// With a pattern in --schema (acme_*): how often to look for new tenants to serve

@@ -1,52 +1,44 @@
-//! Pruning of finished job records and dead letters: `switchyard prune` once, and
-//! `work --prune-older-than` every hour.
+//! `work --prune-older-than`: a pass as the worker starts, so that it starts on a pruned
+//! store, then every hour. Where the store keeps schedules the hourly passes are the
+//! schedule `switchyard.prune`, fired by one worker of the store per slot; elsewhere
+//! (RabbitMQ without a control store, job status off) each worker prunes every hour
+//! itself.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use switchyard::{CancellationToken, DeadSelection, Result, StatusStore, Transport};
+use switchyard::{CancellationToken, StatusStore, Transport};
 
-/// How often a worker prunes.
+/// How often a worker without schedules prunes.
 const EVERY: Duration = Duration::from_secs(3600);
 
-/// Deletes finished job records and dead letters older than `older_than`.
-pub(crate) async fn prune(
+/// One pass; a failure is only logged.
+pub(crate) async fn prune_once(
     transport: &Arc<dyn Transport>,
     store: Option<&Arc<dyn StatusStore>>,
     older_than: Duration,
-) -> Result<(u64, u64)> {
-    let results = match store {
-        Some(store) => store.prune(older_than).await?,
-        None => 0,
-    };
-    let dead = transport
-        .dead_purge(None, &DeadSelection::OlderThan(older_than))
-        .await?;
-    Ok((results, dead))
+) {
+    match switchyard::schedule::prune(transport, store, older_than).await {
+        Ok((results, dead)) => tracing::info!(results, dead_letters = dead, "pruned"),
+        Err(err) => tracing::warn!(error = %err, "pruning failed; trying again at the next pass"),
+    }
 }
 
-/// Prunes now, then every hour until the worker stops. The first pass is awaited, so a
-/// worker starts on a pruned store (and a failure to prune is only logged).
+/// Prunes now, then every hour until the worker stops. The first pass is awaited.
 pub(crate) async fn start_periodic(
     transport: Arc<dyn Transport>,
     store: Option<Arc<dyn StatusStore>>,
     older_than: Duration,
     stop: CancellationToken,
 ) {
-    let pass = move |transport: Arc<dyn Transport>, store: Option<Arc<dyn StatusStore>>| async move {
-        match prune(&transport, store.as_ref(), older_than).await {
-            Ok((results, dead)) => tracing::info!(results, dead_letters = dead, "pruned"),
-            Err(err) => tracing::warn!(error = %err, "pruning failed; trying again in an hour"),
-        }
-    };
-    pass(transport.clone(), store.clone()).await;
+    prune_once(&transport, store.as_ref(), older_than).await;
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(EVERY) => {}
             }
-            pass(transport.clone(), store.clone()).await;
+            prune_once(&transport, store.as_ref(), older_than).await;
         }
     });
 }

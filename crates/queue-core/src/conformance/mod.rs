@@ -76,7 +76,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@schedules $harness;
             racing_schedulers_fire_each_slot_once,
             missed_slots_follow_the_catch_up_policy,
-            schedules_are_applied_paused_triggered_and_removed
+            schedules_are_applied_paused_triggered_and_removed,
+            a_pruning_schedule_prunes_at_its_slot_and_publishes_nothing
         );
     };
     ($harness:expr) => {

@@ -211,15 +211,23 @@ pub async fn schedules_are_applied_paused_triggered_and_removed(h: Arc<dyn Harne
     let before = cursor(store.list().await?).expect("stored");
     let second = scheduler.apply(std::slice::from_ref(&schedule)).await?;
     assert_eq!(second, [(name.clone(), PutOutcome::Unchanged)]);
-    let changed = schedule
-        .clone()
-        .payload(serde_json::json!({"report": "weekly"}));
-    let third = scheduler.apply(&[changed]).await?;
+    let third = scheduler.apply(&[changed_schedule(&schedule)]).await?;
     assert_eq!(third, [(name.clone(), PutOutcome::Changed)]);
     assert_eq!(
         cursor(store.list().await?),
         Some(before),
         "the cursor and pause kept"
+    );
+    // A new cadence starts from now: the old one's slots are not caught up.
+    let mut slower = changed_schedule(&schedule);
+    slower.cadence = Cadence::every(Duration::from_secs(2)).expect("a valid interval");
+    let asked = chrono::Utc::now().timestamp_micros();
+    let fourth = scheduler.apply(std::slice::from_ref(&slower)).await?;
+    assert_eq!(fourth, [(name.clone(), PutOutcome::Changed)]);
+    let (moved, _) = cursor(store.list().await?).expect("stored");
+    assert!(
+        moved >= asked,
+        "the cursor of a new cadence starts from now"
     );
     let twice = scheduler.apply(&[schedule.clone(), schedule.clone()]).await;
     assert!(matches!(twice, Err(Error::InvalidInput(m)) if m.contains("defined twice")));
@@ -255,4 +263,63 @@ pub async fn schedules_are_applied_paused_triggered_and_removed(h: Arc<dyn Harne
     assert!(!store.remove(&name).await?);
     assert!(cursor(store.list().await?).is_none());
     Ok(())
+}
+
+/// The built-in pruning schedule publishes no job: at a slot, the one scheduler that
+/// moves its cursor deletes the dead letters (and finished records) older than its
+/// setting; a reserved kind it does not know is refused.
+pub async fn a_pruning_schedule_prunes_at_its_slot_and_publishes_nothing(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let Some((_store, t, status, store)) = open_scheduled(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    t.publish(
+        crate::Envelope::builder(q.as_str(), "doomed")
+            .build()
+            .expect("a valid envelope"),
+    )
+    .await?;
+    let r = t.reserve(&q).await?.expect("the job");
+    t.dead_letter(&r, crate::reason::FAILED, Some("on purpose"))
+        .await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let every = Cadence::every(Duration::from_secs(1)).expect("a valid interval");
+    let prune = Schedule::prune(Duration::from_millis(10), every.clone());
+    let t0 = start();
+    put_at(&store, &prune, t0).await?;
+    let schedulers: Vec<_> = (0..3)
+        .map(|_| Scheduler::new(store.clone(), t.clone()).with_status(Some(status.clone())))
+        .collect();
+    for scheduler in &schedulers {
+        let report = scheduler.fire_due(t0 + 5 * S + S / 2).await?;
+        assert_eq!((report.stored, report.duplicates), (0, 0), "{report:?}");
+    }
+    // The prune runs in a task of its own; a dead-letter listing beside it would hold
+    // RabbitMQ's dead letters from its purge, so the case looks only once it is done.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        t.dead_list(Some(&q), 10).await?.is_empty(),
+        "the pruning schedule did not prune"
+    );
+    let name = crate::schedule::PRUNE;
+    let maintenance = QueueName::new("switchyard").expect("a queue name");
+    assert!(
+        t.reserve_batch(&maintenance, 10).await?.is_empty(),
+        "it published a job"
+    );
+    let vacuum = Schedule::new("vacuum", every, q.as_str(), "switchyard.vacuum");
+    let refused = Scheduler::new(store.clone(), t.clone())
+        .apply(&[vacuum])
+        .await;
+    assert!(matches!(refused, Err(Error::InvalidInput(m)) if m.contains(name)));
+    Ok(())
+}
+
+/// `schedule` with another payload.
+fn changed_schedule(schedule: &Schedule) -> Schedule {
+    schedule
+        .clone()
+        .payload(serde_json::json!({"report": "weekly"}))
 }

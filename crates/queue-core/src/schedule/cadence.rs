@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 
 /// The shortest interval: a schedule fires at most once a second.
 const MIN_EVERY: Duration = Duration::from_secs(1);
+/// The longest interval: ten years.
+const MAX_EVERY: Duration = Duration::from_secs(10 * 366 * 86_400);
 
 /// When a schedule's slots fall (see the module documentation).
 #[derive(Clone)]
@@ -41,14 +43,16 @@ impl Cadence {
     /// A slot every `interval` (1 s at least, whole milliseconds), at the multiples of
     /// it since the Unix epoch: `every(1 h)` fires on the hour, UTC.
     pub fn every(interval: Duration) -> Result<Self> {
-        if interval < MIN_EVERY || interval.subsec_micros() % 1000 != 0 {
+        if interval < MIN_EVERY || interval > MAX_EVERY || interval.subsec_nanos() % 1_000_000 != 0
+        {
             return Err(Error::InvalidInput(format!(
-                "schedule interval {}: accepted are whole milliseconds, 1s at least",
+                "schedule interval {}: accepted are whole milliseconds from 1s to 10 years",
                 humantime::format_duration(interval)
             )));
         }
-        let us = i64::try_from(interval.as_micros())
-            .map_err(|_| Error::InvalidInput("schedule interval: too long".to_owned()))?;
+        let us = i64::try_from(interval.as_micros()).map_err(|_| {
+            Error::InvalidInput("schedule interval: accepted is 10 years at most".to_owned())
+        })?;
         Ok(Cadence {
             how: How::Every(us),
         })

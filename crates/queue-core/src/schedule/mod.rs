@@ -15,6 +15,7 @@
 //! leaves the slot to the next, whose publish is a duplicate.
 
 mod cadence;
+mod maintenance;
 mod plan;
 mod scheduler;
 mod spec;
@@ -26,6 +27,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use cadence::Cadence;
+pub use maintenance::{prune, PRUNE, RESERVED_KIND_PREFIX};
 pub use scheduler::{list_schedules, FireReport, ScheduleInfo, Scheduler};
 pub use spec::ScheduleSpec;
 pub use store::{PutOutcome, ScheduleStore, StoredSchedule};
@@ -37,9 +39,15 @@ use crate::unique::Unique;
 /// Bytes in a schedule's name.
 pub const MAX_SCHEDULE_NAME_LEN: usize = 100;
 
+/// The most missed slots one catch-up fires.
+pub const MAX_RUNS: u32 = 10_000;
+/// The farthest back a catch-up looks.
+const MAX_WITHIN: Duration = Duration::from_secs(366 * 86_400);
+
 /// The header that names the schedule a job came from.
 pub const SCHEDULE_HEADER: &str = "switchyard-schedule";
-/// The header that holds the slot a job was fired for (RFC 3339, UTC).
+/// The header that holds the slot a job was fired for (RFC 3339, UTC; `trigger` for a
+/// job of `schedule trigger`).
 pub const SLOT_HEADER: &str = "switchyard-slot";
 
 /// The namespace of slot job ids (UUID v5 of "name@slot µs").
@@ -116,12 +124,17 @@ impl Schedule {
     /// Checks the name, and that its jobs would be valid messages.
     pub fn validate(&self) -> Result<()> {
         check_name(&self.name)?;
-        if let CatchUp::All { max_runs: 0, .. } = self.catch_up {
-            return Err(Error::InvalidInput(format!(
-                "schedule {}: max_runs 0 fires nothing; accepted is 1 or more",
-                self.name
-            )));
+        if let CatchUp::All { max_runs, within } = self.catch_up {
+            if !(1..=MAX_RUNS).contains(&max_runs) || within > MAX_WITHIN {
+                return Err(Error::InvalidInput(format!(
+                    "schedule {}: max_runs {max_runs}, within {}: accepted are max_runs from 1 \
+                     to {MAX_RUNS} and within up to 366 days",
+                    self.name,
+                    humantime::format_duration(within)
+                )));
+            }
         }
+        self.task()?;
         self.job_builder().build().map(|_| ())
     }
 

@@ -10,6 +10,8 @@ use super::CatchUp;
 /// The most slots a plan counts past its cursor: a per-second schedule down for a day
 /// has 86,400; beyond this the count of missed slots stops growing.
 const COUNT_CAP: u64 = 100_000;
+/// The same for a cron pattern, whose slots are found one search at a time.
+const CRON_COUNT_CAP: u64 = 10_000;
 
 /// A slot is on time (for [`CatchUp::Skip`]) until its next slot is due, a minute at most.
 const ON_TIME_AT_MOST: i64 = 60_000_000;
@@ -71,7 +73,8 @@ pub(crate) fn plan(cadence: &Cadence, catch_up: &CatchUp, cursor: i64, now: i64)
     }
 }
 
-/// How many slots fall in (after, through], up to [`COUNT_CAP`].
+/// How many slots fall in (after, through], up to [`COUNT_CAP`] ([`CRON_COUNT_CAP`] for a
+/// cron pattern).
 fn count_between(cadence: &Cadence, after: i64, through: i64) -> u64 {
     if let Some(every) = cadence.interval() {
         let us = i64::try_from(every.as_micros()).unwrap_or(i64::MAX).max(1);
@@ -80,7 +83,7 @@ fn count_between(cadence: &Cadence, after: i64, through: i64) -> u64 {
     }
     let mut n = 0;
     let mut t = after;
-    while n < COUNT_CAP {
+    while n < CRON_COUNT_CAP {
         match cadence.next_after(t) {
             Some(s) if s <= through => {
                 n += 1;
@@ -103,7 +106,9 @@ pub(crate) fn key_hold(cadence: &Cadence, catch_up: &CatchUp, slot: i64) -> Dura
         CatchUp::All { within, .. } => *within,
         _ => Duration::ZERO,
     };
-    Duration::from_micros(gap).max(window) + Duration::from_secs(3600)
+    Duration::from_micros(gap)
+        .max(window)
+        .saturating_add(Duration::from_secs(3600))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! commands call), with no leader (see the module documentation of
 //! [`schedule`](super)).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -10,11 +11,14 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::plan::plan;
+use super::maintenance::Task;
+use super::plan::{plan, Plan};
 use super::spec::ScheduleSpec;
 use super::store::{PutOutcome, ScheduleStore, StoredSchedule};
 use super::Schedule;
+use crate::envelope::Envelope;
 use crate::error::{Error, Result};
+use crate::status::StatusStore;
 use crate::transport::Transport;
 
 /// The longest a firing loop sleeps: a schedule added or resumed elsewhere is seen
@@ -29,14 +33,25 @@ pub struct Scheduler {
     store: Arc<dyn ScheduleStore>,
     transport: Arc<dyn Transport>,
     tenant: Option<Arc<str>>,
+    /// What built-in maintenance prunes besides the dead letters.
+    status: Option<Arc<dyn StatusStore>>,
+    /// Slot jobs whose publish failed, by (schedule, slot): published again as they were
+    /// (a broker takes the same id for a retry; a fresh one would meet the slot's key,
+    /// still held for the failed send, and the slot would be skipped as a duplicate).
+    unsent: Arc<Mutex<HashMap<(String, i64), Envelope>>>,
+    /// The last error logged per schedule: a schedule that cannot fire is logged once
+    /// per error, not once a second by every worker.
+    warned: Arc<Mutex<HashMap<String, String>>>,
 }
 
 /// What one look at the schedules did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FireReport {
-    /// Slot jobs this look stored.
+    /// Slot jobs this look published that met no other job of their slot (on the SQL
+    /// backends a job another worker stored under the same derived id counts here too:
+    /// its publish is a no-op).
     pub stored: u64,
-    /// Slot jobs another worker had stored first.
+    /// Slot jobs whose slot's key another job held.
     pub duplicates: u64,
     /// Slots this look counted missed (as the worker that moved the cursor).
     pub missed: u64,
@@ -71,7 +86,16 @@ impl Scheduler {
             store,
             transport,
             tenant: None,
+            status: None,
+            unsent: Arc::default(),
+            warned: Arc::default(),
         }
+    }
+
+    /// Gives built-in maintenance the job records to prune.
+    pub fn with_status(mut self, status: Option<Arc<dyn StatusStore>>) -> Self {
+        self.status = status;
+        self
     }
 
     /// Labels its metrics with a tenant.
@@ -94,10 +118,30 @@ impl Scheduler {
                 )));
             }
         }
+        let stored: std::collections::HashMap<String, StoredSchedule> = self
+            .store
+            .list()
+            .await?
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect();
         let mut outcomes = Vec::with_capacity(schedules.len());
         for s in schedules {
-            let spec = ScheduleSpec::of(s).to_json();
-            outcomes.push((s.name.clone(), self.store.put(&s.name, &spec, now).await?));
+            let spec = ScheduleSpec::of(s);
+            let outcome = self.store.put(&s.name, &spec.to_json(), now).await?;
+            // Slots of the old cadence are not the new one's: a schedule whose cadence
+            // changed starts from now, as a new one does, rather than catch up slots
+            // that never existed.
+            if let (PutOutcome::Changed, Some(old)) = (outcome, stored.get(&s.name)) {
+                let old_spec = ScheduleSpec::from_json(&old.spec).ok();
+                let same_cadence = old_spec.is_some_and(|o| {
+                    (&o.cron, &o.every, &o.timezone) == (&spec.cron, &spec.every, &spec.timezone)
+                });
+                if !same_cadence && old.fired_through < now {
+                    self.store.advance(&s.name, old.fired_through, now).await?;
+                }
+            }
+            outcomes.push((s.name.clone(), outcome));
         }
         Ok(outcomes)
     }
@@ -109,9 +153,20 @@ impl Scheduler {
             if stored.paused {
                 continue;
             }
-            if let Err(e) = self.fire_one(&stored, now, &mut report).await {
-                tracing::warn!(schedule = %stored.name, error = %e, "a schedule could not fire; it tries again at the next look");
-                report.failed.push((stored.name.clone(), e.to_string()));
+            let outcome = self.fire_one(&stored, now, &mut report).await;
+            let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+            match outcome {
+                Ok(()) => {
+                    warned.remove(&stored.name);
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    if warned.get(&stored.name) != Some(&text) {
+                        tracing::warn!(schedule = %stored.name, error = %text, "a schedule could not fire; it tries again at each look");
+                        warned.insert(stored.name.clone(), text.clone());
+                    }
+                    report.failed.push((stored.name.clone(), text));
+                }
             }
         }
         Ok(report)
@@ -136,14 +191,42 @@ impl Scheduler {
         if p.through == stored.fired_through {
             return Ok(());
         }
+        // Slots another worker handled since are no longer this one's to send again.
+        self.unsent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(name, slot), _| name != &stored.name || *slot > stored.fired_through);
+        if let Some(task) = schedule.task()? {
+            return self.maintain(stored, task, p).await;
+        }
         if !p.fire.is_empty() {
             let derived = self.transport.capabilities().idempotent_publish;
-            let jobs = p
-                .fire
-                .iter()
-                .map(|slot| schedule.slot_job(*slot, derived))
-                .collect::<Result<Vec<_>>>()?;
-            let published = self.transport.publish_batch(jobs).await?;
+            let jobs = {
+                let unsent = self.unsent.lock().unwrap_or_else(|e| e.into_inner());
+                p.fire
+                    .iter()
+                    .map(|slot| match unsent.get(&(stored.name.clone(), *slot)) {
+                        Some(job) => Ok(job.clone()),
+                        None => schedule.slot_job(*slot, derived),
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            };
+            let published = match self.transport.publish_batch(jobs.clone()).await {
+                Ok(published) => {
+                    let mut unsent = self.unsent.lock().unwrap_or_else(|e| e.into_inner());
+                    for slot in &p.fire {
+                        unsent.remove(&(stored.name.clone(), *slot));
+                    }
+                    published
+                }
+                Err(e) => {
+                    let mut unsent = self.unsent.lock().unwrap_or_else(|e| e.into_inner());
+                    for (slot, job) in p.fire.iter().zip(jobs) {
+                        unsent.insert((stored.name.clone(), *slot), job);
+                    }
+                    return Err(e);
+                }
+            };
             let duplicates = published.duplicates.len() as u64;
             report.duplicates += duplicates;
             report.stored += p.fire.len() as u64 - duplicates.min(p.fire.len() as u64);
@@ -167,6 +250,42 @@ impl Scheduler {
                 tracing::debug!(schedule = %stored.name, fired = p.fire.len(), "schedule fired");
             }
         }
+        Ok(())
+    }
+
+    /// A slot of built-in maintenance: run in process by the one worker that moves the
+    /// cursor (in a task of its own, so a long prune holds up no other schedule). A
+    /// worker that dies mid-run leaves the work to the next slot: each run is whole.
+    async fn maintain(&self, stored: &StoredSchedule, task: Task, p: Plan) -> Result<()> {
+        if !self
+            .store
+            .advance(&stored.name, stored.fired_through, p.through)
+            .await?
+        {
+            return Ok(());
+        }
+        crate::metrics::schedule_slots(
+            self.tenant.as_deref(),
+            &stored.name,
+            p.fire.len() as u64,
+            p.missed,
+        );
+        if p.fire.is_empty() {
+            return Ok(());
+        }
+        let (transport, status, name) = (
+            self.transport.clone(),
+            self.status.clone(),
+            stored.name.clone(),
+        );
+        tokio::spawn(async move {
+            match task.run(&transport, status.as_ref()).await {
+                Ok(done) => tracing::info!(schedule = %name, "{done}"),
+                Err(e) => {
+                    tracing::warn!(schedule = %name, error = %e, "maintenance failed; it runs again at the next slot")
+                }
+            }
+        });
         Ok(())
     }
 

@@ -16,8 +16,10 @@ const CHANGE: &str = "UPDATE \"switchyard_jobs_sched\" SET spec = ?, updated_at 
 const REMOVE: &str = "DELETE FROM \"switchyard_jobs_sched\" WHERE name = ?";
 const PAUSE: &str = "UPDATE \"switchyard_jobs_sched\" SET paused_at = ?, updated_at = ?
     WHERE name = ? AND paused_at = 0";
-const RESUME: &str = "UPDATE \"switchyard_jobs_sched\"
-    SET paused_at = 0, fired_through = ?, updated_at = ? WHERE name = ? AND paused_at <> 0";
+// The cursor never moves back: a resume by a host whose clock is behind keeps it.
+const RESUME: &str = "UPDATE \"switchyard_jobs_sched\" SET paused_at = 0,
+    fired_through = CASE WHEN fired_through < ? THEN ? ELSE fired_through END, updated_at = ?
+    WHERE name = ? AND paused_at <> 0";
 const LIST: &str = "SELECT name, spec, paused_at, fired_through
     FROM \"switchyard_jobs_sched\" ORDER BY name";
 const ADVANCE: &str = "UPDATE \"switchyard_jobs_sched\" SET fired_through = ?
@@ -111,13 +113,19 @@ impl<R: SqlRunner> ScheduleStore for SqlSchedules<R> {
     }
 
     async fn set_paused(&self, name: &str, paused: bool, now: i64) -> Result<bool> {
-        let binds = [Bind::Int(now), Bind::Int(now), Bind::Text(name)];
-        let sql = if paused {
-            &self.sql.pause
+        let changed = if paused {
+            let binds = [Bind::Int(now), Bind::Int(now), Bind::Text(name)];
+            self.runner.execute(&self.sql.pause, &binds).await?
         } else {
-            &self.sql.resume
+            let binds = [
+                Bind::Int(now),
+                Bind::Int(now),
+                Bind::Int(now),
+                Bind::Text(name),
+            ];
+            self.runner.execute(&self.sql.resume, &binds).await?
         };
-        Ok(self.runner.execute(sql, &binds).await? > 0)
+        Ok(changed > 0)
     }
 
     async fn list(&self) -> Result<Vec<StoredSchedule>> {

@@ -25,8 +25,9 @@ impl Worker {
                     .to_owned(),
             ));
         };
-        let scheduler =
-            Scheduler::new(store, self.transport.clone()).with_tenant(self.tenant.clone());
+        let scheduler = Scheduler::new(store, self.transport.clone())
+            .with_tenant(self.tenant.clone())
+            .with_status(self.status.clone());
         if !self.options.schedules.is_empty() {
             for (name, outcome) in scheduler.apply(&self.options.schedules).await? {
                 tracing::info!(schedule = %name, ?outcome, "schedule stored");

@@ -1,5 +1,6 @@
 //! `switchyard prune --older-than DUR`: deletes job results and dead letters that ended
-//! longer ago than DUR. `work --prune-older-than DUR` runs the same every hour.
+//! longer ago than DUR. `work --prune-older-than DUR` stores the same as the hourly
+//! schedule `switchyard.prune`.
 
 use switchyard::{parse_duration, Config, Result};
 
@@ -12,7 +13,8 @@ pub(crate) async fn run(config: &Config, args: PruneArgs, json: bool) -> Result<
     // store that does not exist has nothing to prune).
     let jobs = switchyard::connect_existing_jobs(config).await?;
     let (transport, store) = (jobs.transport().clone(), jobs.store().cloned());
-    let (results, dead) = crate::pruning::prune(&transport, store.as_ref(), older_than).await?;
+    let (results, dead) =
+        switchyard::schedule::prune(&transport, store.as_ref(), older_than).await?;
     if json {
         crate::output::json_line(&serde_json::json!({
             "results": results, "dead_letters": dead,

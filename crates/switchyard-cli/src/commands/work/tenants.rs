@@ -2,8 +2,10 @@
 //! connections, claims and handler slots (`--concurrency` each), so a backlog in one
 //! cannot hold back another's jobs: fairness by construction, not by scheduling.
 
+use std::time::Duration;
 use switchyard::worker::{Worker, WorkerReport};
-use switchyard::{Config, Error, Result};
+
+use switchyard::{Cadence, Config, Error, Result, Schedule};
 use tokio::task::JoinHandle;
 
 use super::{ExecHandler, Serving};
@@ -31,6 +33,13 @@ impl Running {
         if let Some(t) = &tenant {
             options = options.with_tenant(t.clone());
         }
+        // Pruning is a schedule of the store, fired once an hour by one of its workers;
+        // a store that keeps no schedules is pruned by each worker itself.
+        let prune_by_schedule = status.as_ref().is_some_and(|s| s.schedules().is_some());
+        if let (Some(older_than), true) = (serving.prune_older_than, prune_by_schedule) {
+            crate::pruning::prune_once(&transport, status.as_ref(), older_than).await;
+            options = options.with_schedules([Schedule::prune(older_than, hourly()?)]);
+        }
         let mut worker = Worker::new(transport.clone(), serving.queue.clone(), options).handle_any(
             ExecHandler {
                 command: serving.command.clone(),
@@ -46,7 +55,7 @@ impl Running {
                 store: None,
             });
         }
-        if let Some(older_than) = serving.prune_older_than {
+        if let (Some(older_than), false) = (serving.prune_older_than, prune_by_schedule) {
             crate::pruning::start_periodic(transport, status, older_than, serving.shutdown.clone())
                 .await;
         }
@@ -122,4 +131,9 @@ impl Running {
         }
         failed.map_or(Ok(reports), Err)
     }
+}
+
+/// The cadence of the pruning schedule `work --prune-older-than` stores.
+fn hourly() -> switchyard::Result<Cadence> {
+    Cadence::every(Duration::from_secs(3600))
 }
