@@ -14,6 +14,12 @@ const DEFAULT_MAX_RUNS: u32 = 100;
 /// `within` when `catch_up = "all"` does not say.
 const DEFAULT_WITHIN: Duration = Duration::from_secs(3600);
 
+/// The fields of [`ScheduleSpec`], as stored.
+const KNOWN_FIELDS: [&str; 10] = [
+    "name", "cron", "every", "timezone", "queue", "kind", "payload", "catch_up", "max_runs",
+    "within",
+];
+
 /// A schedule as written (see the module documentation): exactly one of `cron` and
 /// `every`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,10 +144,17 @@ impl ScheduleSpec {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// Reads the store's JSON.
+    /// Reads the store's JSON. Fields this version does not know are left out: a
+    /// newer worker sharing the store may have written them (a file is read strictly).
     pub fn from_json(text: &str) -> Result<Self> {
-        serde_json::from_str(text)
-            .map_err(|e| Error::InvalidInput(format!("a stored schedule is not readable: {e}")))
+        let unreadable = |e: serde_json::Error| {
+            Error::InvalidInput(format!("a stored schedule is not readable: {e}"))
+        };
+        let mut value: serde_json::Value = serde_json::from_str(text).map_err(unreadable)?;
+        if let Some(fields) = value.as_object_mut() {
+            fields.retain(|k, _| KNOWN_FIELDS.contains(&k.as_str()));
+        }
+        serde_json::from_value(value).map_err(unreadable)
     }
 }
 
@@ -171,6 +184,13 @@ mod tests {
         let again = ScheduleSpec::of(&written.to_schedule().expect("valid"));
         assert_eq!(written.to_json(), again.to_json());
         assert_eq!(written.max_runs, Some(100));
+    }
+
+    #[test]
+    fn a_stored_spec_with_a_newer_field_still_reads() {
+        let text = r#"{"name":"a","every":"1m","queue":"q","kind":"k","jitter":"5s"}"#;
+        let spec = ScheduleSpec::from_json(text).expect("readable");
+        assert_eq!(spec.every.as_deref(), Some("1m"));
     }
 
     #[test]
