@@ -121,9 +121,9 @@ A schedules file holds [[schedule]] tables with the fields of `schedule add`:
   queue = \"reports\"
   kind = \"nightly\"
   payload = { region = \"eu\" }
-  catch_up = \"all\"   # skip, latest (the default) or all
-  max_runs = 10       # with all: at most this many missed slots fired
-  within = \"6h\"      # with all: only slots this recent
+  catch_up = \"all\"  # skip, latest (the default) or all
+  max_runs = 10     # with all: at most this many missed slots fired
+  within = \"6h\"     # with all: only slots this recent
 
 Running workers fire due slots (every `switchyard work` sharing the store); each slot
 makes one job however many workers there are.";
@@ -132,7 +132,7 @@ makes one job however many workers there are.";
 pub(crate) enum ScheduleCommand {
     /// Store the schedules of a TOML file; applying it again changes nothing
     Apply(ScheduleApplyArgs),
-    /// Add a schedule, or change the one of that name (its cursor is kept)
+    /// Add a schedule, or change the one of that name (a new cadence starts from now)
     Add(ScheduleAddArgs),
     /// Stop a schedule from firing until resumed
     Pause(ScheduleNameArgs),
