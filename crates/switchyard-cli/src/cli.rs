@@ -97,12 +97,31 @@ pub(crate) enum Command {
     /// is cancelled; both end `cancelled`
     #[command(after_help = CANCEL_EXAMPLES)]
     Cancel(CancelArgs),
+    /// Report the running job's progress, from a command of `work --exec`
+    #[command(after_help = PROGRESS_EXAMPLES)]
+    Progress(ProgressArgs),
     /// Periodic jobs: apply a file of schedules, add, pause, resume, trigger, remove, list
     #[command(after_help = SCHEDULE_EXAMPLES)]
     Schedule {
         #[command(subcommand)]
         command: ScheduleCommand,
     },
+}
+
+const PROGRESS_EXAMPLES: &str = "Examples (inside a command of switchyard work --exec):
+  switchyard progress 40 \"rendering\"
+  switchyard progress 100
+
+It reaches the worker running the command through SWITCHYARD_CONTROL_SOCKET, under the
+job's SWITCHYARD_LEASE_TOKEN: a command whose run was overtaken (its worker lost the
+lease) is refused, and exits 1. The job's status shows it (switchyard job ID, serve).";
+
+#[derive(Debug, Args)]
+pub(crate) struct ProgressArgs {
+    /// Percent done, 0 to 100
+    pub(crate) percent: u8,
+    /// A short note on what it is doing
+    pub(crate) note: Option<String>,
 }
 
 const SCHEDULE_EXAMPLES: &str = "Examples:

@@ -5,6 +5,7 @@ mod output;
 mod alerts;
 mod cli;
 mod commands;
+mod control_protocol;
 mod host_guard;
 mod job_view;
 mod listen;

@@ -8,6 +8,7 @@ mod demo;
 mod job;
 mod migrate;
 mod move_cmd;
+mod progress;
 mod prune;
 mod publish;
 mod relay;
@@ -21,6 +22,10 @@ use switchyard::{Config, Result};
 use crate::cli::{Cli, Command, DeadCommand, Global};
 
 pub(crate) async fn run(cli: Cli) -> Result<()> {
+    // Run by an exec command: it talks to its worker, not to a store.
+    if let Command::Progress(args) = cli.command {
+        return progress::run(args).await;
+    }
     let config = config(&cli.global)?;
     let json = cli.global.json;
     // Only these serve several tenants; every other command acts on one store, and
@@ -66,6 +71,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Resume(args) => control::resume(&config, args, json).await,
         Command::Cancel(args) => control::cancel(&config, args, json).await,
         Command::Schedule { command } => schedule::run(&config, command, json).await,
+        Command::Progress(args) => progress::run(args).await,
     }
 }
 

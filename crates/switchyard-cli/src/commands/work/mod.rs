@@ -1,7 +1,10 @@
 //! `switchyard work --exec CMD`: runs a command once per message, in any language.
 
 mod command_check;
+mod control_socket;
 mod tenants;
+
+use std::sync::Arc;
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -100,6 +103,10 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         options,
         command: args.exec.clone(),
         prune_older_than,
+        // Without it a command's `switchyard progress` fails and the job goes on.
+        control: control_socket::ControlSocket::start(shutdown.clone())
+            .map_err(|e| tracing::warn!(error = %e, "no control socket: `switchyard progress` will fail"))
+            .ok(),
         sources,
         shutdown: shutdown.clone(),
         abort,
@@ -171,6 +178,7 @@ pub(super) struct Serving {
     options: WorkerOptions,
     command: String,
     prune_older_than: Option<Duration>,
+    control: Option<Arc<control_socket::ControlSocket>>,
     sources: crate::metrics_listener::Sources,
     shutdown: CancellationToken,
     abort: CancellationToken,
@@ -190,6 +198,8 @@ fn stale_start() -> JobError {
 #[derive(Debug)]
 struct ExecHandler {
     command: String,
+    /// Where the command's `switchyard progress` reaches this worker.
+    control: Option<Arc<control_socket::ControlSocket>>,
 }
 
 #[async_trait]
@@ -212,6 +222,13 @@ impl Handler for ExecHandler {
                 "SWITCHYARD_ORDERING_KEY",
                 env.ordering_key.as_deref().unwrap_or(""),
             )
+            .env(
+                "SWITCHYARD_CONTROL_SOCKET",
+                self.control
+                    .as_ref()
+                    .map(|c| c.path.as_os_str())
+                    .unwrap_or_default(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -225,6 +242,8 @@ impl Handler for ExecHandler {
         if !ctx.is_current() {
             return Err(stale_start());
         }
+        // The command's progress reports are taken while it runs, under this lease.
+        let _registered = self.control.as_ref().map(|c| c.register(&ctx));
         let mut child = cmd
             .spawn()
             .map_err(|e| JobError::retry(format!("cannot start `sh -c {}`: {e}", self.command)))?;
