@@ -113,12 +113,15 @@ const PROGRESS_EXAMPLES: &str = "Examples (inside a command of switchyard work -
   switchyard progress 100
 
 It reaches the worker running the command through SWITCHYARD_CONTROL_SOCKET, under the
-job's SWITCHYARD_LEASE_TOKEN: a command whose run was overtaken (its worker lost the
-lease) is refused, and exits 1. The job's status shows it (switchyard job ID, serve).";
+job's SWITCHYARD_LEASE_TOKEN. A report the worker cannot take exits 1: a command whose
+run was overtaken (its worker lost the lease), a worker without job status, a worker
+already gone. Write `switchyard progress 40 || true` where a report must not fail the
+job under `set -e`. The job's status shows it (switchyard job ID, serve).";
 
 #[derive(Debug, Args)]
 pub(crate) struct ProgressArgs {
     /// Percent done, 0 to 100
+    #[arg(value_parser = clap::value_parser!(u8).range(0..=100))]
     pub(crate) percent: u8,
     /// A short note on what it is doing
     pub(crate) note: Option<String>,

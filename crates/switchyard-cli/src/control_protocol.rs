@@ -15,6 +15,9 @@ pub(crate) struct Request {
     pub(crate) id: Uuid,
     /// Its lease token (`SWITCHYARD_LEASE_TOKEN`).
     pub(crate) token: String,
+    /// Its tenant (`SWITCHYARD_TENANT`), when the worker serves several.
+    #[serde(default)]
+    pub(crate) tenant: Option<String>,
     /// Progress, 0 to 100.
     pub(crate) progress: u8,
     /// A short note on it.

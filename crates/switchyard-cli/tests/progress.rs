@@ -49,6 +49,11 @@ fn reports_progress(sb: &Sandbox) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The refused report changed nothing: the job still shows the run's own.
+    let view = sb.run(&["job", &ids[0], "--json"]);
+    let view: serde_json::Value = serde_json::from_slice(&view.stdout).expect("JSON");
+    assert_eq!(view["status"]["progress"], 40, "{view}");
+    assert_eq!(view["status"]["progress_message"], "rendering", "{view}");
     workers.stop();
     let out = std::fs::read_to_string(sb.path("out")).expect("the command's record");
     assert!(out.contains("ok=0") && out.contains("stale=1"), "{out}");
@@ -96,8 +101,9 @@ fn progress_outside_a_worker_says_what_is_missing() {
         "{err}"
     );
     let out = sb.run(&["progress", "140"]);
+    assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("0 to 100"),
+        text(&out.stderr).contains("0..=100"),
         "{}",
         text(&out.stderr)
     );

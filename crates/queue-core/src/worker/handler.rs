@@ -69,6 +69,12 @@ impl JobContext {
         self.envelope.payload_as()
     }
 
+    /// Whether [`progress`](Self::progress) and [`set_result`](Self::set_result) are
+    /// recorded: the worker has a status store.
+    pub fn keeps_status(&self) -> bool {
+        self.report.writer.is_some()
+    }
+
     /// Reports progress, 0–100 with a short note, to the job's status (shown by
     /// `switchyard serve` and streamed to its followers). Written in the background;
     /// without a status store it does nothing.

@@ -104,7 +104,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         command: args.exec.clone(),
         prune_older_than,
         // Without it a command's `switchyard progress` fails and the job goes on.
-        control: control_socket::ControlSocket::start(shutdown.clone())
+        control: control_socket::ControlSocket::start(abort.clone())
             .map_err(|e| tracing::warn!(error = %e, "no control socket: `switchyard progress` will fail"))
             .ok(),
         sources,
