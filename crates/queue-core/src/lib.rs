@@ -7,6 +7,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod capabilities;
+pub mod checkpoint;
 mod config;
 pub mod connect;
 mod controls;

@@ -547,6 +547,7 @@ async function loadJobView(id) {
     $("job-location").textContent = view.location;
     $("job-held").textContent = view.held
       ? (view.held.holder || "") + " until " + when(view.held.lease_until) : "";
+    $("job-checkpoint").textContent = view.checkpoint == null ? "" : pretty(view.checkpoint);
     if (view.status) showJob(view.status);
     else if (view.dead_letter) {
       const d = view.dead_letter;
@@ -583,7 +584,8 @@ function follow(id) {
   $("job-id").textContent = id;
   $("job-log").replaceChildren();
   for (const f of ["job-state", "job-result", "job-error", "job-where", "job-attempts", "job-progress-text",
-    "job-location", "job-worker", "job-created", "job-started", "job-finished", "job-duration", "job-payload"]) {
+    "job-location", "job-worker", "job-created", "job-started", "job-finished", "job-duration", "job-payload",
+    "job-checkpoint"]) {
     $(f).textContent = "";
   }
   $("attempts").tBodies[0].replaceChildren();

@@ -100,6 +100,10 @@ pub(crate) enum Command {
     /// Report the running job's progress, from a command of `work --exec`
     #[command(after_help = PROGRESS_EXAMPLES)]
     Progress(ProgressArgs),
+    /// Store the running job's checkpoint, from a command of `work --exec`: its next
+    /// delivery finds it in SWITCHYARD_CHECKPOINT
+    #[command(after_help = CHECKPOINT_EXAMPLES)]
+    Checkpoint(CheckpointArgs),
     /// Periodic jobs: apply a file of schedules, add, pause, resume, trigger, remove, list
     #[command(after_help = SCHEDULE_EXAMPLES)]
     Schedule {
@@ -125,6 +129,24 @@ pub(crate) struct ProgressArgs {
     pub(crate) percent: u8,
     /// A short note on what it is doing
     pub(crate) note: Option<String>,
+}
+
+const CHECKPOINT_EXAMPLES: &str = "Examples (inside a command of switchyard work --exec):
+  switchyard checkpoint '{\"done\": 5000}'
+  switchyard checkpoint 5000
+  echo \"$cursor_json\" | switchyard checkpoint -
+
+The value is JSON, at most 64 KiB. The worker stores it (in the SQL store beside the
+jobs; for RabbitMQ, its DATABASE_URL control store) before this returns, and only while
+the job's run holds its lease: a command whose run was overtaken exits 1 and should stop,
+its checkpoint refused. A later delivery of the job (after a crash, a deploy, a retry or a
+replay) gets the last one in SWITCHYARD_CHECKPOINT (empty when there is none); it is
+removed once the job completes.";
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckpointArgs {
+    /// The checkpoint: JSON text, or - to read it from stdin
+    pub(crate) value: String,
 }
 
 const SCHEDULE_EXAMPLES: &str = "Examples:
@@ -410,8 +432,9 @@ pub(crate) struct WorkArgs {
     #[arg(long)]
     pub(crate) queue: String,
     /// Shell command run once per message: the envelope JSON on stdin; SWITCHYARD_MESSAGE_ID,
-    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT, SWITCHYARD_LABELS and SWITCHYARD_ORDERING_KEY in its
-    /// environment; exit 0 acks, any other exit retries with backoff
+    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT, SWITCHYARD_LABELS, SWITCHYARD_ORDERING_KEY and
+    /// SWITCHYARD_CHECKPOINT (the last `switchyard checkpoint`) in its environment; exit 0
+    /// acks, any other exit retries with backoff
     #[arg(long, value_name = "CMD")]
     pub(crate) exec: String,
     /// Messages handled at once

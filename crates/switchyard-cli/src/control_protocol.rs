@@ -1,11 +1,12 @@
 //! What an exec command and its worker say over the control socket
-//! (`SWITCHYARD_CONTROL_SOCKET`): one JSON line each way.
+//! (`SWITCHYARD_CONTROL_SOCKET`): one JSON line each way, a progress report or a
+//! checkpoint.
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// The longest request line read.
-pub(crate) const MAX_LINE: u64 = 64 * 1024;
+/// The longest request line read: a checkpoint of the largest size, escaped.
+pub(crate) const MAX_LINE: u64 = 256 * 1024;
 
 /// A request from a command.
 #[derive(Debug, Serialize, Deserialize)]
@@ -19,10 +20,15 @@ pub(crate) struct Request {
     #[serde(default)]
     pub(crate) tenant: Option<String>,
     /// Progress, 0 to 100.
-    pub(crate) progress: u8,
+    #[serde(default)]
+    pub(crate) progress: Option<u8>,
     /// A short note on it.
     #[serde(default)]
     pub(crate) note: Option<String>,
+    /// A checkpoint to store, as JSON text (a request carries progress or a
+    /// checkpoint).
+    #[serde(default)]
+    pub(crate) checkpoint: Option<String>,
 }
 
 /// The answer: `{"ok": true}` or `{"error": "…"}`.

@@ -31,6 +31,8 @@ pub(crate) struct JobView {
     pub(crate) payload: Option<serde_json::Value>,
     /// Who holds it now, and until when, where the backend keeps holders.
     pub(crate) held: Option<Holding>,
+    /// Its last checkpoint, where the store keeps them and it has one.
+    pub(crate) checkpoint: Option<serde_json::Value>,
 }
 
 /// Looks `id` up: in `store` when there is one, else among the dead letters.
@@ -40,6 +42,7 @@ pub(crate) async fn find(
     id: Uuid,
 ) -> Result<Option<JobView>> {
     let held = holding(transport, id).await?;
+    let checkpoint = checkpoint(store, id).await?;
     if let Some(store) = store {
         if let Some(status) = store.get(id).await? {
             let attempts = store.attempts(id).await?;
@@ -60,6 +63,7 @@ pub(crate) async fn find(
                 dead_letter: None,
                 payload,
                 held,
+                checkpoint,
             }));
         }
     }
@@ -72,6 +76,7 @@ pub(crate) async fn find(
             dead_letter: None,
             payload: None,
             held: Some(h),
+            checkpoint,
         }));
     }
     let key = id.to_string();
@@ -92,7 +97,23 @@ pub(crate) async fn find(
         payload: d.envelope.as_ref().map(crate::payload::payload_value),
         dead_letter: Some(d),
         held: None,
+        checkpoint,
     }))
+}
+
+/// The job's checkpoint, where `store` keeps them (text that is not JSON shows as a
+/// string).
+async fn checkpoint(
+    store: Option<&Arc<dyn StatusStore>>,
+    id: Uuid,
+) -> Result<Option<serde_json::Value>> {
+    let Some(checkpoints) = store.and_then(|s| s.checkpoints()) else {
+        return Ok(None);
+    };
+    Ok(checkpoints
+        .load(id)
+        .await?
+        .map(|text| serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))))
 }
 
 /// The holding of `id`, where the backend keeps holders (RabbitMQ does not).

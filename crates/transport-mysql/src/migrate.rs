@@ -42,6 +42,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         11,
         include_str!("../../../migrations/mysql/0011_schedules.sql"),
     ),
+    (
+        12,
+        include_str!("../../../migrations/mysql/0012_checkpoints.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

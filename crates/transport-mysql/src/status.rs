@@ -20,6 +20,7 @@ use crate::limits::MySqlLimits;
 use crate::runner::MySqlRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
+use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
@@ -170,6 +171,8 @@ pub struct MySqlStatusStore {
     controls: Arc<MySqlControls>,
     /// The schedule table.
     schedules: Arc<SqlSchedules<MySqlRunner>>,
+    /// The checkpoint table.
+    checkpoints: Arc<SqlCheckpoints<MySqlRunner>>,
 }
 
 impl MySqlStatusStore {
@@ -185,6 +188,12 @@ impl MySqlStatusStore {
             schedules: Arc::new(SqlSchedules::new(
                 MySqlRunner(pool.clone()),
                 ScheduleStatements::new(SqlDialect::MySql, |s| {
+                    crate::sql::specialise(s, schema, table)
+                }),
+            )),
+            checkpoints: Arc::new(SqlCheckpoints::new(
+                MySqlRunner(pool.clone()),
+                CheckpointStatements::new(SqlDialect::MySql, |s| {
                     crate::sql::specialise(s, schema, table)
                 }),
             )),
@@ -342,6 +351,10 @@ impl StatusBackend for MySqlStatusStore {
 
     fn schedule_store(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
         Some(self.schedules.clone())
+    }
+
+    fn checkpoint_store(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
+        Some(self.checkpoints.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

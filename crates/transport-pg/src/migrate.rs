@@ -51,6 +51,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         11,
         include_str!("../../../migrations/postgres/0011_schedules.sql"),
     ),
+    (
+        12,
+        include_str!("../../../migrations/postgres/0012_checkpoints.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

@@ -23,6 +23,7 @@ use crate::listener;
 use crate::runner::PgRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
+use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
@@ -205,6 +206,8 @@ pub struct PgStatusStore {
     controls: Arc<PgControls>,
     /// The schedule table.
     schedules: Arc<SqlSchedules<PgRunner>>,
+    /// The checkpoint table.
+    checkpoints: Arc<SqlCheckpoints<PgRunner>>,
 }
 
 impl PgStatusStore {
@@ -254,6 +257,12 @@ impl PgStatusStore {
             schedules: Arc::new(SqlSchedules::new(
                 PgRunner(pool.clone()),
                 ScheduleStatements::new(SqlDialect::Postgres, |s| {
+                    crate::sql::specialise(s, schema, table)
+                }),
+            )),
+            checkpoints: Arc::new(SqlCheckpoints::new(
+                PgRunner(pool.clone()),
+                CheckpointStatements::new(SqlDialect::Postgres, |s| {
                     crate::sql::specialise(s, schema, table)
                 }),
             )),
@@ -426,6 +435,10 @@ impl StatusBackend for PgStatusStore {
 
     fn schedule_store(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
         Some(self.schedules.clone())
+    }
+
+    fn checkpoint_store(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
+        Some(self.checkpoints.clone())
     }
 
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {

@@ -44,6 +44,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         10,
         include_str!("../../../migrations/sqlite/0010_schedules.sql"),
     ),
+    (
+        11,
+        include_str!("../../../migrations/sqlite/0011_checkpoints.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

@@ -19,6 +19,7 @@ use crate::limits::SqliteLimits;
 use crate::runner::SqliteRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
+use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
@@ -167,6 +168,8 @@ pub struct SqliteStatusStore {
     controls: Arc<SqliteControls>,
     /// The schedule table.
     schedules: Arc<SqlSchedules<SqliteRunner>>,
+    /// The checkpoint table.
+    checkpoints: Arc<SqlCheckpoints<SqliteRunner>>,
 }
 
 impl SqliteStatusStore {
@@ -177,6 +180,10 @@ impl SqliteStatusStore {
             schedules: Arc::new(SqlSchedules::new(
                 SqliteRunner(writer.clone()),
                 ScheduleStatements::new(SqlDialect::Sqlite, |s| crate::sql::specialise(s, table)),
+            )),
+            checkpoints: Arc::new(SqlCheckpoints::new(
+                SqliteRunner(writer.clone()),
+                CheckpointStatements::new(SqlDialect::Sqlite, |s| crate::sql::specialise(s, table)),
             )),
             limits: Arc::new(SqliteLimits::new(writer.clone(), table)),
             writer,
@@ -285,6 +292,10 @@ impl StatusBackend for SqliteStatusStore {
 
     fn schedule_store(&self) -> Option<Arc<dyn queue_core::schedule::ScheduleStore>> {
         Some(self.schedules.clone())
+    }
+
+    fn checkpoint_store(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
+        Some(self.checkpoints.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

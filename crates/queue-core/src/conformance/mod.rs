@@ -10,6 +10,7 @@
 mod bad_data_cases;
 mod case_support;
 pub mod cases;
+pub mod checkpoint_cases;
 pub mod control_cases;
 mod harness;
 mod holder_cases;
@@ -78,6 +79,10 @@ macro_rules! conformance_tests {
             missed_slots_follow_the_catch_up_policy,
             schedules_are_applied_paused_triggered_and_removed,
             a_pruning_schedule_prunes_at_its_slot_and_publishes_nothing
+        );
+        $crate::conformance_tests!(@checkpoints $harness;
+            a_checkpoint_is_fenced_by_the_run_that_holds_the_job,
+            a_redelivered_job_resumes_from_its_checkpoint
         );
     };
     ($harness:expr) => {
@@ -154,6 +159,14 @@ macro_rules! conformance_tests {
             #[test]
             fn $case() {
                 $crate::conformance::run($harness, $crate::conformance::control_cases::$case);
+            }
+        )*
+    };
+    (@checkpoints $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::checkpoint_cases::$case);
             }
         )*
     };

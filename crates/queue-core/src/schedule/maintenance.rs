@@ -94,8 +94,8 @@ impl Task {
     }
 }
 
-/// Deletes finished job records (where there is a status store) and dead letters older
-/// than `older_than`: how many of each.
+/// Deletes finished job records and checkpoints (where there is a status store) and
+/// dead letters older than `older_than`: how many records and dead letters.
 pub async fn prune(
     transport: &Arc<dyn Transport>,
     status: Option<&Arc<dyn StatusStore>>,
@@ -105,6 +105,15 @@ pub async fn prune(
         Some(store) => store.prune(older_than).await?,
         None => 0,
     };
+    // A checkpoint this old belongs to a job long finished (or stuck past any use).
+    if let Some(checkpoints) = status.and_then(|s| s.checkpoints()) {
+        let window = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let before = super::scheduler::now_us().saturating_sub(window);
+        let gone = checkpoints.prune(before).await?;
+        if gone > 0 {
+            tracing::info!(checkpoints = gone, "pruned old checkpoints");
+        }
+    }
     let dead = transport
         .dead_purge(None, &DeadSelection::OlderThan(older_than))
         .await?;

@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod broker_keys;
+pub mod checkpoints;
 mod claim;
 mod claimed;
 mod connections;

@@ -147,6 +147,11 @@ pub trait StatusBackend: Send + Sync + fmt::Debug + 'static {
     fn schedule_store(&self) -> Option<std::sync::Arc<dyn crate::schedule::ScheduleStore>> {
         None
     }
+
+    /// Checkpoints in this store's checkpoint table.
+    fn checkpoint_store(&self) -> Option<std::sync::Arc<dyn crate::checkpoint::CheckpointStore>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -267,6 +272,10 @@ impl<B: StatusBackend> StatusStore for B {
 
     fn schedules(&self) -> Option<std::sync::Arc<dyn crate::schedule::ScheduleStore>> {
         self.schedule_store()
+    }
+
+    fn checkpoints(&self) -> Option<std::sync::Arc<dyn crate::checkpoint::CheckpointStore>> {
+        self.checkpoint_store()
     }
 }
 

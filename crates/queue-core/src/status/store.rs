@@ -144,4 +144,10 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     fn schedules(&self) -> Option<std::sync::Arc<dyn crate::schedule::ScheduleStore>> {
         None
     }
+
+    /// Job checkpoints, kept in this store when it can (the SQL stores; see
+    /// [`crate::checkpoint`]).
+    fn checkpoints(&self) -> Option<std::sync::Arc<dyn crate::checkpoint::CheckpointStore>> {
+        None
+    }
 }

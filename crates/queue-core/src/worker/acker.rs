@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use serde_json::Value;
 
 use super::counters::WorkerCounters;
+use crate::checkpoint::JobCheckpoint;
 use crate::reservation::Reservation;
 use crate::status::{StatusUpdate, StatusWriter};
 use crate::transport::Transport;
@@ -60,20 +61,15 @@ impl Acker {
         (acker, handle)
     }
 
-    /// Queues an ack; `result` is recorded with the `completed` status once it commits,
-    /// with the handler's run time `ran_for`.
-    pub(crate) async fn ack(
-        &self,
-        reservation: Reservation,
-        result: Option<Value>,
-        ran_for: Duration,
-    ) {
+    /// Queues an ack; what the handler `left` is settled once it commits (its result
+    /// recorded with the `completed` status, with the handler's run time `ran_for`).
+    pub(crate) async fn ack(&self, reservation: Reservation, left: Left, ran_for: Duration) {
         let Ok(permit) = self.room.clone().acquire_owned().await else {
             return;
         };
         if self
             .tx
-            .send((reservation, (result, ran_for), permit))
+            .send((reservation, (left, ran_for), permit))
             .is_err()
         {
             tracing::error!("the ack flusher stopped; the message will be delivered again");
@@ -104,8 +100,17 @@ impl Acker {
 /// time, and its room in the acker.
 type Handled = (Reservation, Done, OwnedSemaphorePermit);
 
-/// What the handler left: its result and how long it ran.
-type Done = (Option<Value>, Duration);
+/// What the handler left, and how long it ran.
+type Done = (Left, Duration);
+
+/// What a handler that succeeded leaves to settle once its ack commits.
+#[derive(Debug, Default)]
+pub(crate) struct Left {
+    /// Its result, for the `completed` status.
+    pub(crate) result: Option<Value>,
+    /// The checkpoint it read or wrote, removed then.
+    pub(crate) checkpoint: Option<JobCheckpoint>,
+}
 
 async fn flush_loop(
     transport: Arc<dyn Transport>,
@@ -158,10 +163,13 @@ async fn flush(
                     .fetch_add(report.acked.len() as u64, Ordering::Relaxed);
                 // Only what committed is completed: a lost lease means another worker
                 // runs the job again.
-                for (r, (result, ran_for)) in batch.iter().zip(results) {
+                let mut checkpoints = Vec::new();
+                for (r, (left, ran_for)) in batch.iter().zip(results) {
                     if report.lost.contains(&r.id()) {
                         continue;
                     }
+                    checkpoints.extend(left.checkpoint);
+                    let result = left.result;
                     let env = &r.envelope;
                     crate::metrics::count(crate::metrics::ACKED, tenant, &env.queue, &env.kind, 1);
                     if let Some(status) = status {
@@ -169,6 +177,13 @@ async fn flush(
                             StatusUpdate::completed(env, env.attempts + 1, result).after(ran_for),
                         );
                     }
+                }
+                if !checkpoints.is_empty() {
+                    tokio::spawn(async move {
+                        for checkpoint in checkpoints {
+                            checkpoint.clear().await;
+                        }
+                    });
                 }
                 if !report.lost.is_empty() {
                     counters

@@ -10,13 +10,14 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::acker::Acker;
+use super::acker::{Acker, Left};
 use super::builder::Worker;
 use super::freshness::Freshness;
 use super::handler::Report;
 use super::handler::{JobContext, JobError, JobResult};
 use super::limits::{HeldLease, Taken};
 use super::options::UnknownKind;
+use crate::checkpoint::JobCheckpoint;
 use crate::error::Error;
 use crate::reason;
 use crate::reservation::Reservation;
@@ -152,6 +153,7 @@ impl Worker {
             result: Arc::default(),
         };
         let result = report.result.clone();
+        let checkpoint = self.job_checkpoint(&r);
         let freshness = Freshness::new(began, r.lease, held.as_ref().map(|h| (h.renewed, h.hold)));
         let ctx = JobContext {
             envelope: env.clone(),
@@ -163,6 +165,7 @@ impl Worker {
             report,
             tenant: self.tenant.clone(),
             freshness: freshness.clone(),
+            checkpoint: checkpoint.clone(),
         };
         // A worker stopped (frozen, swapped out) between taking its slots and starting
         // the handler may wake after they ran out and another job took them: it must
@@ -192,11 +195,14 @@ impl Worker {
         let elapsed = started.elapsed();
         self.counters.record_duration(elapsed);
         crate::metrics::handler_duration(self.tenant.as_deref(), &env.queue, &env.kind, elapsed);
-        let result = match ending {
-            Ending::Finished(Ok(())) => result.lock().ok().and_then(|mut slot| slot.take()),
-            _ => None,
+        let left = match ending {
+            Ending::Finished(Ok(())) => Left {
+                result: result.lock().ok().and_then(|mut slot| slot.take()),
+                checkpoint: checkpoint.filter(JobCheckpoint::touched),
+            },
+            _ => Left::default(),
         };
-        self.settle(r, ending, result, max_attempts, elapsed, acker)
+        self.settle(r, ending, left, max_attempts, elapsed, acker)
             .await;
         // The run is over whatever its settlement came to: a stale lease's free names a
         // token its slots no longer carry, and frees nothing.
@@ -319,7 +325,7 @@ impl Worker {
         &self,
         r: Reservation,
         ending: Ending,
-        result: Option<serde_json::Value>,
+        left: Left,
         max_attempts: u32,
         elapsed: Duration,
         acker: Acker,
@@ -328,7 +334,7 @@ impl Worker {
         match ending {
             Ending::Finished(Ok(())) => {
                 tracing::debug!(?elapsed, "handled");
-                acker.ack(r, result, elapsed).await;
+                acker.ack(r, left, elapsed).await;
             }
             Ending::Finished(Err(JobError::Fail { message })) => {
                 tracing::warn!(error = %message, "handler failed for good");

@@ -37,6 +37,8 @@ pub struct JobContext {
     pub(crate) report: Report,
     pub(crate) tenant: Option<Arc<str>>,
     pub(crate) freshness: super::freshness::Freshness,
+    /// Where this run's checkpoint goes, when the worker keeps them.
+    pub(crate) checkpoint: Option<crate::checkpoint::JobCheckpoint>,
 }
 
 /// Where a handler's progress and result go.
@@ -87,6 +89,59 @@ impl JobContext {
                 Some(note.into()),
             ));
         }
+    }
+
+    /// Stores `value` as this job's checkpoint, a small JSON cursor (at most
+    /// [`MAX_CHECKPOINT_BYTES`](crate::checkpoint::MAX_CHECKPOINT_BYTES)): a later
+    /// delivery of the job (after a crash, a deploy, a retry or a replay) reads it with
+    /// [`checkpoint_as`](Self::checkpoint_as) and resumes. Written before this returns,
+    /// and fenced: once another worker has the job it is refused with
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost), and the handler should stop.
+    /// [`Error::NotSupported`](crate::Error::NotSupported) where the worker keeps no
+    /// checkpoints (see [`crate::checkpoint`]).
+    pub async fn checkpoint<T: serde::Serialize + ?Sized>(&self, value: &T) -> crate::Result<()> {
+        let json = serde_json::to_string(value).map_err(|e| {
+            crate::Error::InvalidInput(format!("the job's checkpoint is not JSON: {e}"))
+        })?;
+        self.checkpoint_store()?.save(&json).await
+    }
+
+    /// [`checkpoint`](Self::checkpoint) of JSON text (an exec command's), checked to be
+    /// JSON.
+    pub async fn save_checkpoint_json(&self, json: &str) -> crate::Result<()> {
+        let store = self.checkpoint_store()?;
+        serde_json::from_str::<serde::de::IgnoredAny>(json)
+            .map_err(|e| crate::Error::InvalidInput(format!("a checkpoint must be JSON: {e}")))?;
+        store.save(json).await
+    }
+
+    /// The job's last checkpoint, if an earlier run stored one; read from the store at
+    /// each call.
+    pub async fn checkpoint_as<T: serde::de::DeserializeOwned>(&self) -> crate::Result<Option<T>> {
+        let Some(json) = self.checkpoint_store()?.load().await? else {
+            return Ok(None);
+        };
+        serde_json::from_str(&json).map(Some).map_err(|e| {
+            crate::Error::InvalidInput(format!(
+                "the job's checkpoint does not read as the type asked for: {e}"
+            ))
+        })
+    }
+
+    /// The job's last checkpoint as JSON text, if it has one.
+    pub async fn checkpoint_json(&self) -> crate::Result<Option<String>> {
+        self.checkpoint_store()?.load().await
+    }
+
+    fn checkpoint_store(&self) -> crate::Result<&crate::checkpoint::JobCheckpoint> {
+        self.checkpoint.as_ref().ok_or_else(|| {
+            crate::Error::NotSupported(
+                "checkpoints are kept in a SQL store beside the jobs: give the worker a status \
+                 store (Worker::for_jobs, with_status; for RabbitMQ, DATABASE_URL as its \
+                 control store)"
+                    .to_owned(),
+            )
+        })
     }
 
     /// Sets the job's result: recorded with its `completed` status once the message is

@@ -9,6 +9,7 @@
 
 mod acker;
 mod builder;
+mod checkpoints;
 mod control_view;
 mod controls;
 mod counters;

@@ -67,6 +67,9 @@ fn print(v: &JobView) {
         if let Some(r) = &s.result {
             outln!("result    {}", pretty(r));
         }
+        if let Some(c) = &v.checkpoint {
+            outln!("checkpoint {}", pretty(c));
+        }
         // A completed job's earlier errors are under its failed attempts.
         if let (Some(e), false) = (&s.last_error, s.state == switchyard::JobState::Completed) {
             outln!("error     {}", indent(e));

@@ -8,10 +8,10 @@ mod demo;
 mod job;
 mod migrate;
 mod move_cmd;
-mod progress;
 mod prune;
 mod publish;
 mod relay;
+mod report;
 mod schedule;
 mod serve;
 mod stats;
@@ -24,7 +24,10 @@ use crate::cli::{Cli, Command, DeadCommand, Global};
 pub(crate) async fn run(cli: Cli) -> Result<()> {
     // Run by an exec command: it talks to its worker, not to a store.
     if let Command::Progress(args) = cli.command {
-        return progress::run(args).await;
+        return report::progress(args).await;
+    }
+    if let Command::Checkpoint(args) = cli.command {
+        return report::checkpoint(args).await;
     }
     let config = config(&cli.global)?;
     let json = cli.global.json;
@@ -71,7 +74,8 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Resume(args) => control::resume(&config, args, json).await,
         Command::Cancel(args) => control::cancel(&config, args, json).await,
         Command::Schedule { command } => schedule::run(&config, command, json).await,
-        Command::Progress(args) => progress::run(args).await,
+        Command::Progress(args) => report::progress(args).await,
+        Command::Checkpoint(args) => report::checkpoint(args).await,
     }
 }
 

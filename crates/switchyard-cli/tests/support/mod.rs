@@ -187,12 +187,15 @@ impl Sandbox {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn switchyard");
-        child
+        let written = child
             .stdin
             .take()
             .expect("stdin")
-            .write_all(input.as_bytes())
-            .expect("write stdin");
+            .write_all(input.as_bytes());
+        // A command that refuses its flags exits before it reads its input.
+        if let Err(e) = written {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "write stdin: {e}");
+        }
         child.wait_with_output().expect("wait for switchyard")
     }
 

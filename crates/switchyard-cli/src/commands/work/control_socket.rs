@@ -1,7 +1,7 @@
 //! The channel from an exec command back to its worker: a Unix socket per `work`
 //! process (its path in `SWITCHYARD_CONTROL_SOCKET`, in a directory only its user can
 //! enter), on which `switchyard progress` sends one JSON line naming the job and its
-//! lease token, and reads one back.
+//! lease token (`switchyard checkpoint` too), and reads one back.
 //!
 //! The worker answers for a job it is running under that very token only, and only
 //! while that lease surely holds, so a command left running by a worker that lost its
@@ -161,7 +161,7 @@ async fn answer(stream: UnixStream, running: &Running) {
             "a request is one line of {} KiB at most",
             MAX_LINE / 1024
         )),
-        Ok(Ok(_)) => handle(&line, running),
+        Ok(Ok(_)) => handle(&line, running).await,
         Ok(Err(e)) => refuse(format!("reading the request failed: {e}")),
         Err(_) => refuse(format!(
             "no request line within {} s",
@@ -180,13 +180,13 @@ fn refuse(why: String) -> Reply {
     }
 }
 
-fn handle(line: &str, running: &Running) -> Reply {
+async fn handle(line: &str, running: &Running) -> Reply {
     let req: Request = match serde_json::from_str(line) {
         Ok(req) => req,
         Err(e) => return refuse(format!("not a request: {e}")),
     };
-    if req.progress > 100 {
-        return refuse(format!("progress {}: accepted are 0 to 100", req.progress));
+    if let Some(percent) = req.progress.filter(|p| *p > 100) {
+        return refuse(format!("progress {percent}: accepted are 0 to 100"));
     }
     let ctx = match running.find(&req) {
         Ok(ctx) => ctx,
@@ -200,10 +200,25 @@ fn handle(line: &str, running: &Running) -> Reply {
             req.id
         ));
     }
-    if !ctx.keeps_status() {
-        return refuse("this worker keeps no job status (QUEUE_STATUS=off, or RabbitMQ without DATABASE_URL): progress has nowhere to go".into());
+    match (req.progress, req.checkpoint) {
+        (Some(percent), None) => {
+            if !ctx.keeps_status() {
+                return refuse("this worker keeps no job status (QUEUE_STATUS=off, or RabbitMQ without DATABASE_URL): progress has nowhere to go".into());
+            }
+            ctx.progress(percent, req.note.unwrap_or_default());
+        }
+        (None, Some(checkpoint)) => match ctx.save_checkpoint_json(&checkpoint).await {
+            Ok(()) => {}
+            Err(e) if e.is_lease_lost() => {
+                return refuse(format!(
+                "job {}'s run lost its lease: another run has it, and this checkpoint was refused",
+                req.id
+            ))
+            }
+            Err(e) => return refuse(e.to_string()),
+        },
+        _ => return refuse("a request carries progress or a checkpoint, one of them".into()),
     }
-    ctx.progress(req.progress, req.note.unwrap_or_default());
     Reply {
         ok: true,
         error: None,

@@ -198,7 +198,7 @@ fn stale_start() -> JobError {
 #[derive(Debug)]
 struct ExecHandler {
     command: String,
-    /// Where the command's `switchyard progress` reaches this worker.
+    /// Where the command's `switchyard progress` and `checkpoint` reach this worker.
     control: Option<Arc<control_socket::ControlSocket>>,
 }
 
@@ -242,7 +242,19 @@ impl Handler for ExecHandler {
         if !ctx.is_current() {
             return Err(stale_start());
         }
-        // The command's progress reports are taken while it runs, under this lease.
+        // Read only where the worker keeps checkpoints; a read that fails would start
+        // the command from zero.
+        let checkpoint = match ctx.checkpoint_json().await {
+            Ok(value) => value.unwrap_or_default(),
+            Err(switchyard::Error::NotSupported(_)) => String::new(),
+            Err(e) => {
+                return Err(JobError::retry(format!(
+                    "cannot read the job's checkpoint: {e}"
+                )))
+            }
+        };
+        cmd.env("SWITCHYARD_CHECKPOINT", checkpoint);
+        // The command's reports are taken while it runs, under this lease.
         let _registered = self.control.as_ref().map(|c| c.register(&ctx));
         let mut child = cmd
             .spawn()

@@ -1,14 +1,16 @@
-//! `switchyard progress PERCENT [NOTE]`: run by an exec command, reports its job's
-//! progress to the worker running it (over `SWITCHYARD_CONTROL_SOCKET`), which records
-//! it in the job's status as a library handler's `ctx.progress` does.
+//! `switchyard progress PERCENT [NOTE]` and `switchyard checkpoint VALUE`: run by an
+//! exec command, they report to the worker running it (over
+//! `SWITCHYARD_CONTROL_SOCKET`), which records them as a library handler's
+//! `ctx.progress` and `ctx.checkpoint` do.
 
 use std::time::Duration;
 
+use switchyard::checkpoint::MAX_CHECKPOINT_BYTES;
 use switchyard::{Error, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
-use crate::cli::ProgressArgs;
+use crate::cli::{CheckpointArgs, ProgressArgs};
 use crate::control_protocol::{Reply, Request, MAX_LINE};
 
 /// How long the worker may take to answer.
@@ -21,12 +23,48 @@ fn var(name: &str) -> Result<String> {
         .filter(|v| !v.is_empty())
         .ok_or_else(|| {
             Error::InvalidInput(format!(
-                "{name} is not set: `switchyard progress` is run by a command of `switchyard work --exec`, which sets it"
+                "{name} is not set: `switchyard progress` and `switchyard checkpoint` are run by a command of `switchyard work --exec`, which sets it"
             ))
         })
 }
 
-pub(crate) async fn run(args: ProgressArgs) -> Result<()> {
+pub(crate) async fn progress(args: ProgressArgs) -> Result<()> {
+    let (socket, mut request) = job_request()?;
+    request.progress = Some(args.percent);
+    request.note = args.note;
+    send(&socket, &request).await
+}
+
+pub(crate) async fn checkpoint(args: CheckpointArgs) -> Result<()> {
+    let value = if args.value == "-" {
+        let mut text = String::new();
+        tokio::io::stdin()
+            .take(MAX_CHECKPOINT_BYTES as u64 + 1)
+            .read_to_string(&mut text)
+            .await
+            .map_err(|source| Error::Io {
+                what: "reading the checkpoint from stdin".into(),
+                source,
+            })?;
+        text
+    } else {
+        args.value
+    };
+    let value = value.trim();
+    switchyard::checkpoint::check_size(value)?;
+    serde_json::from_str::<serde::de::IgnoredAny>(value).map_err(|e| {
+        Error::InvalidInput(format!(
+            "a checkpoint must be JSON (an object, a number, a quoted string): {e}"
+        ))
+    })?;
+    let (socket, mut request) = job_request()?;
+    request.checkpoint = Some(value.to_owned());
+    send(&socket, &request).await
+}
+
+/// The worker's socket, and a request naming the job this command runs for, from its
+/// environment.
+fn job_request() -> Result<(String, Request)> {
     let socket = var("SWITCHYARD_CONTROL_SOCKET")?;
     let id = var("SWITCHYARD_MESSAGE_ID")?;
     let id = uuid::Uuid::parse_str(&id).map_err(|e| {
@@ -38,10 +76,16 @@ pub(crate) async fn run(args: ProgressArgs) -> Result<()> {
         tenant: std::env::var("SWITCHYARD_TENANT")
             .ok()
             .filter(|t| !t.is_empty()),
-        progress: args.percent,
-        note: args.note,
+        progress: None,
+        note: None,
+        checkpoint: None,
     };
-    match tokio::time::timeout(ANSWER_WITHIN, talk(&socket, &request)).await {
+    Ok((socket, request))
+}
+
+/// Sends `request` to the worker, waiting at most [`ANSWER_WITHIN`] for its answer.
+async fn send(socket: &str, request: &Request) -> Result<()> {
+    match tokio::time::timeout(ANSWER_WITHIN, talk(socket, request)).await {
         Ok(answer) => answer,
         Err(_) => Err(Error::Conflict(format!(
             "the worker did not answer within {} s on {socket}",
@@ -78,10 +122,8 @@ async fn talk(socket: &str, request: &Request) -> Result<()> {
     })?;
     match (reply.ok, reply.error) {
         (true, _) => Ok(()),
-        (false, why) => {
-            Err(Error::Conflict(why.unwrap_or_else(|| {
-                "the worker refused the progress report".into()
-            })))
-        }
+        (false, why) => Err(Error::Conflict(
+            why.unwrap_or_else(|| "the worker refused the report".into()),
+        )),
     }
 }
