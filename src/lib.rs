@@ -37,7 +37,7 @@ pub use queue_core::schedule::{Cadence, CatchUp, Schedule};
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
 pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
 pub use queue_core::tenants::TenantSelection;
-pub use queue_core::{checkpoint, labels, metrics, schedule, status, worker};
+pub use queue_core::{checkpoint, job_log, labels, metrics, schedule, status, worker};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     Claim, ClaimStrategy, Config, ConfigError, Controls, DeadLetter, DeadLetters, DeadSelection,
@@ -253,6 +253,10 @@ impl StatusStore for KeptOpen {
 
     fn checkpoints(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
         self.store.checkpoints()
+    }
+
+    fn job_logs(&self) -> Option<Arc<dyn queue_core::job_log::JobLogStore>> {
+        self.store.job_logs()
     }
 }
 

@@ -17,6 +17,7 @@ mod error;
 mod history;
 mod holdings;
 pub mod inbox;
+pub mod job_log;
 mod job_state;
 mod key_store;
 pub mod labels;

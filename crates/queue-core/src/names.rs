@@ -101,7 +101,7 @@ impl Identifier {
         let derived = [
             "_dead", "_claim", "_due", "_expiry", "_status", "_tries", "_procs", "_sfin", "_supd",
             "_unique", "_limits", "_holds", "_hjob", "_paused", "_cancel", "_waits", "_wfifo",
-            "_sched", "_ckpt",
+            "_sched", "_ckpt", "_logs",
         ]
         .iter()
         .find(|suffix| id.0.ends_with(*suffix));
@@ -109,7 +109,7 @@ impl Identifier {
             return Err(ConfigError::new(
                 setting,
                 Some(id.0),
-                "a bare SQL identifier of at most 56 characters that does not end in _status, _tries, _procs, _dead, _claim, _due, _expiry, _sfin, _supd, _unique, _limits, _holds, _hjob, _paused, _cancel, _waits, _wfifo, _sched or _ckpt (those name the tables and indexes derived from it)",
+                "a bare SQL identifier of at most 56 characters that does not end in _status, _tries, _procs, _dead, _claim, _due, _expiry, _sfin, _supd, _unique, _limits, _holds, _hjob, _paused, _cancel, _waits, _wfifo, _sched, _ckpt or _logs (those name the tables and indexes derived from it)",
             ));
         }
         Ok(id)

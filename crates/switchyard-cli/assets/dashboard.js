@@ -540,6 +540,8 @@ function showJob(s) {
 }
 
 // The job's attempts and location (which the event stream does not carry).
+let logTimer = null;
+
 async function loadJobView(id) {
   try {
     const view = await getJson("/api/jobs/" + encodeURIComponent(id) + "/view");
@@ -548,6 +550,7 @@ async function loadJobView(id) {
     $("job-held").textContent = view.held
       ? (view.held.holder || "") + " until " + when(view.held.lease_until) : "";
     $("job-checkpoint").textContent = view.checkpoint == null ? "" : pretty(view.checkpoint);
+    $("job-output").textContent = view.logs.map((l) => "── attempt " + l.attempt + " ──\n" + l.lines).join("");
     if (view.status) showJob(view.status);
     else if (view.dead_letter) {
       const d = view.dead_letter;
@@ -585,13 +588,16 @@ function follow(id) {
   $("job-log").replaceChildren();
   for (const f of ["job-state", "job-result", "job-error", "job-where", "job-attempts", "job-progress-text",
     "job-location", "job-worker", "job-created", "job-started", "job-finished", "job-duration", "job-payload",
-    "job-checkpoint"]) {
+    "job-checkpoint", "job-output"]) {
     $(f).textContent = "";
   }
   $("attempts").tBodies[0].replaceChildren();
   delete document.body.dataset.lastEventAt;
   loadJobView(id);
   if (!statusStore) return;
+  // Log lines come with no status event: read them again while the job runs.
+  if (logTimer) clearInterval(logTimer);
+  logTimer = setInterval(() => { if (following === id && events) loadJobView(id); }, 3000);
   events = new EventSource("/api/jobs/" + encodeURIComponent(id) + "/events");
   events.addEventListener("status", (message) => {
     const s = JSON.parse(message.data);

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
+use switchyard::job_log::LogEntry;
 use switchyard::status::Attempt;
 use switchyard::{
     DeadLetter, Error, HeldSelection, Holding, JobState, JobStatus, Result, StatusStore, Transport,
@@ -33,6 +34,9 @@ pub(crate) struct JobView {
     pub(crate) held: Option<Holding>,
     /// Its last checkpoint, where the store keeps them and it has one.
     pub(crate) checkpoint: Option<serde_json::Value>,
+    /// The last lines each attempt wrote, oldest attempt first, where the store keeps
+    /// job logs.
+    pub(crate) logs: Vec<LogEntry>,
 }
 
 /// Looks `id` up: in `store` when there is one, else among the dead letters.
@@ -43,6 +47,10 @@ pub(crate) async fn find(
 ) -> Result<Option<JobView>> {
     let held = holding(transport, id).await?;
     let checkpoint = checkpoint(store, id).await?;
+    let logs = match store.and_then(|s| s.job_logs()) {
+        Some(logs) => logs.get(id).await?,
+        None => Vec::new(),
+    };
     if let Some(store) = store {
         if let Some(status) = store.get(id).await? {
             let attempts = store.attempts(id).await?;
@@ -64,6 +72,7 @@ pub(crate) async fn find(
                 payload,
                 held,
                 checkpoint,
+                logs,
             }));
         }
     }
@@ -77,6 +86,7 @@ pub(crate) async fn find(
             payload: None,
             held: Some(h),
             checkpoint,
+            logs,
         }));
     }
     let key = id.to_string();
@@ -98,6 +108,7 @@ pub(crate) async fn find(
         dead_letter: Some(d),
         held: None,
         checkpoint,
+        logs,
     }))
 }
 

@@ -1,7 +1,7 @@
 //! `switchyard progress` from a command of `work --exec`, on every backend: the job's
 //! status shows the percent and note while it runs; a report under another lease token
 //! (a command whose run was overtaken) is refused and exits 1; outside a worker it says
-//! what is missing.
+//! what is missing. The command's stderr lines are the job's log, shown while it runs.
 
 mod support;
 
@@ -15,7 +15,7 @@ fn reports_progress(sb: &Sandbox) {
     let ids = sb.publish_lines(&q, "render", "{}\n");
     let bin = env!("CARGO_BIN_EXE_switchyard");
     let command = format!(
-        "{bin} progress 40 rendering; echo \"ok=$?\" >> out; \
+        "echo 'rendering page 1' >&2; {bin} progress 40 rendering; echo \"ok=$?\" >> out; \
          SWITCHYARD_LEASE_TOKEN=stale {bin} progress 10 late 2>> err; echo \"stale=$?\" >> out; sleep 2"
     );
     let worker = sb
@@ -54,6 +54,13 @@ fn reports_progress(sb: &Sandbox) {
     let view: serde_json::Value = serde_json::from_slice(&view.stdout).expect("JSON");
     assert_eq!(view["status"]["progress"], 40, "{view}");
     assert_eq!(view["status"]["progress_message"], "rendering", "{view}");
+    assert_eq!(view["logs"][0]["attempt"], 1, "{view}");
+    assert_eq!(view["logs"][0]["lines"], "rendering page 1\n", "{view}");
+    let shown = text(&sb.run(&["job", &ids[0]]).stdout);
+    assert!(
+        shown.contains("log of attempt 1") && shown.contains("  rendering page 1"),
+        "{shown}"
+    );
     workers.stop();
     let out = std::fs::read_to_string(sb.path("out")).expect("the command's record");
     assert!(out.contains("ok=0") && out.contains("stale=1"), "{out}");

@@ -46,6 +46,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         12,
         include_str!("../../../migrations/mysql/0012_checkpoints.sql"),
     ),
+    (
+        13,
+        include_str!("../../../migrations/mysql/0013_job_logs.sql"),
+    ),
 ];
 
 /// The statements of a script: split at `;` ending a line (the scripts put no `;` inside

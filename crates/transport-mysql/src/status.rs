@@ -21,6 +21,7 @@ use crate::runner::MySqlRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
+use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
@@ -173,6 +174,8 @@ pub struct MySqlStatusStore {
     schedules: Arc<SqlSchedules<MySqlRunner>>,
     /// The checkpoint table.
     checkpoints: Arc<SqlCheckpoints<MySqlRunner>>,
+    /// The job log table.
+    job_logs: Arc<SqlJobLogs<MySqlRunner>>,
 }
 
 impl MySqlStatusStore {
@@ -194,6 +197,12 @@ impl MySqlStatusStore {
             checkpoints: Arc::new(SqlCheckpoints::new(
                 MySqlRunner(pool.clone()),
                 CheckpointStatements::new(SqlDialect::MySql, |s| {
+                    crate::sql::specialise(s, schema, table)
+                }),
+            )),
+            job_logs: Arc::new(SqlJobLogs::new(
+                MySqlRunner(pool.clone()),
+                JobLogStatements::new(SqlDialect::MySql, |s| {
                     crate::sql::specialise(s, schema, table)
                 }),
             )),
@@ -355,6 +364,10 @@ impl StatusBackend for MySqlStatusStore {
 
     fn checkpoint_store(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
         Some(self.checkpoints.clone())
+    }
+
+    fn job_log_store(&self) -> Option<Arc<dyn queue_core::job_log::JobLogStore>> {
+        Some(self.job_logs.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

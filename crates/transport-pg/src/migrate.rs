@@ -55,6 +55,10 @@ const MIGRATIONS: &[(i32, &str)] = &[
         12,
         include_str!("../../../migrations/postgres/0012_checkpoints.sql"),
     ),
+    (
+        13,
+        include_str!("../../../migrations/postgres/0013_job_logs.sql"),
+    ),
 ];
 
 /// Applies the migrations that `schema.table` lacks. Safe to run from many processes at

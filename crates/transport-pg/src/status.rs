@@ -24,6 +24,7 @@ use crate::runner::PgRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
+use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
@@ -208,6 +209,8 @@ pub struct PgStatusStore {
     schedules: Arc<SqlSchedules<PgRunner>>,
     /// The checkpoint table.
     checkpoints: Arc<SqlCheckpoints<PgRunner>>,
+    /// The job log table.
+    job_logs: Arc<SqlJobLogs<PgRunner>>,
 }
 
 impl PgStatusStore {
@@ -263,6 +266,12 @@ impl PgStatusStore {
             checkpoints: Arc::new(SqlCheckpoints::new(
                 PgRunner(pool.clone()),
                 CheckpointStatements::new(SqlDialect::Postgres, |s| {
+                    crate::sql::specialise(s, schema, table)
+                }),
+            )),
+            job_logs: Arc::new(SqlJobLogs::new(
+                PgRunner(pool.clone()),
+                JobLogStatements::new(SqlDialect::Postgres, |s| {
                     crate::sql::specialise(s, schema, table)
                 }),
             )),
@@ -439,6 +448,10 @@ impl StatusBackend for PgStatusStore {
 
     fn checkpoint_store(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
         Some(self.checkpoints.clone())
+    }
+
+    fn job_log_store(&self) -> Option<Arc<dyn queue_core::job_log::JobLogStore>> {
+        Some(self.job_logs.clone())
     }
 
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {

@@ -48,6 +48,10 @@ const MIGRATIONS: &[(i64, &str)] = &[
         11,
         include_str!("../../../migrations/sqlite/0011_checkpoints.sql"),
     ),
+    (
+        12,
+        include_str!("../../../migrations/sqlite/0012_job_logs.sql"),
+    ),
 ];
 
 const CREATE_LEDGER: &str = "CREATE TABLE IF NOT EXISTS switchyard_migrations (

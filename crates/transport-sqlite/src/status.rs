@@ -20,6 +20,7 @@ use crate::runner::SqliteRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
+use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
@@ -170,6 +171,8 @@ pub struct SqliteStatusStore {
     schedules: Arc<SqlSchedules<SqliteRunner>>,
     /// The checkpoint table.
     checkpoints: Arc<SqlCheckpoints<SqliteRunner>>,
+    /// The job log table.
+    job_logs: Arc<SqlJobLogs<SqliteRunner>>,
 }
 
 impl SqliteStatusStore {
@@ -184,6 +187,10 @@ impl SqliteStatusStore {
             checkpoints: Arc::new(SqlCheckpoints::new(
                 SqliteRunner(writer.clone()),
                 CheckpointStatements::new(SqlDialect::Sqlite, |s| crate::sql::specialise(s, table)),
+            )),
+            job_logs: Arc::new(SqlJobLogs::new(
+                SqliteRunner(writer.clone()),
+                JobLogStatements::new(SqlDialect::Sqlite, |s| crate::sql::specialise(s, table)),
             )),
             limits: Arc::new(SqliteLimits::new(writer.clone(), table)),
             writer,
@@ -296,6 +303,10 @@ impl StatusBackend for SqliteStatusStore {
 
     fn checkpoint_store(&self) -> Option<Arc<dyn queue_core::checkpoint::CheckpointStore>> {
         Some(self.checkpoints.clone())
+    }
+
+    fn job_log_store(&self) -> Option<Arc<dyn queue_core::job_log::JobLogStore>> {
+        Some(self.job_logs.clone())
     }
 
     fn broker_keys(&self) -> Option<Arc<dyn queue_core::UniqueKeyStore>> {

@@ -17,6 +17,7 @@ mod holder_cases;
 mod label_cases;
 mod lease_cases;
 pub mod limit_cases;
+pub mod log_cases;
 mod ordering_cases;
 mod runner;
 pub mod schedule_cases;
@@ -83,6 +84,9 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@checkpoints $harness;
             a_checkpoint_is_fenced_by_the_run_that_holds_the_job,
             a_redelivered_job_resumes_from_its_checkpoint
+        );
+        $crate::conformance_tests!(@logs $harness;
+            each_attempt_keeps_its_last_log_lines
         );
     };
     ($harness:expr) => {
@@ -167,6 +171,14 @@ macro_rules! conformance_tests {
             #[test]
             fn $case() {
                 $crate::conformance::run($harness, $crate::conformance::checkpoint_cases::$case);
+            }
+        )*
+    };
+    (@logs $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::run($harness, $crate::conformance::log_cases::$case);
             }
         )*
     };

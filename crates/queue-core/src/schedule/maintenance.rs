@@ -94,7 +94,7 @@ impl Task {
     }
 }
 
-/// Deletes finished job records and checkpoints (where there is a status store) and
+/// Deletes finished job records, checkpoints and job logs (where there is a status store) and
 /// dead letters older than `older_than`: how many records and dead letters.
 pub async fn prune(
     transport: &Arc<dyn Transport>,
@@ -105,13 +105,20 @@ pub async fn prune(
         Some(store) => store.prune(older_than).await?,
         None => 0,
     };
-    // A checkpoint this old belongs to a job long finished (or stuck past any use).
+    // A checkpoint or log this old belongs to a job long finished (or stuck past any
+    // use).
+    let window = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+    let before = super::scheduler::now_us().saturating_sub(window);
     if let Some(checkpoints) = status.and_then(|s| s.checkpoints()) {
-        let window = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-        let before = super::scheduler::now_us().saturating_sub(window);
         let gone = checkpoints.prune(before).await?;
         if gone > 0 {
             tracing::info!(checkpoints = gone, "pruned old checkpoints");
+        }
+    }
+    if let Some(logs) = status.and_then(|s| s.job_logs()) {
+        let gone = logs.prune(before).await?;
+        if gone > 0 {
+            tracing::info!(logs = gone, "pruned old job logs");
         }
     }
     let dead = transport

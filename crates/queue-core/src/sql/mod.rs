@@ -15,6 +15,7 @@ pub mod controls;
 mod dialect;
 mod engine;
 mod fence;
+pub mod job_logs;
 pub mod limit_waits;
 pub mod limits;
 pub mod runner;

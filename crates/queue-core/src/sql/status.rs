@@ -152,6 +152,11 @@ pub trait StatusBackend: Send + Sync + fmt::Debug + 'static {
     fn checkpoint_store(&self) -> Option<std::sync::Arc<dyn crate::checkpoint::CheckpointStore>> {
         None
     }
+
+    /// Job logs in this store's log table.
+    fn job_log_store(&self) -> Option<std::sync::Arc<dyn crate::job_log::JobLogStore>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -276,6 +281,10 @@ impl<B: StatusBackend> StatusStore for B {
 
     fn checkpoints(&self) -> Option<std::sync::Arc<dyn crate::checkpoint::CheckpointStore>> {
         self.checkpoint_store()
+    }
+
+    fn job_logs(&self) -> Option<std::sync::Arc<dyn crate::job_log::JobLogStore>> {
+        self.job_log_store()
     }
 }
 

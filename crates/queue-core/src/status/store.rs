@@ -150,4 +150,10 @@ pub trait StatusStore: Send + Sync + fmt::Debug + 'static {
     fn checkpoints(&self) -> Option<std::sync::Arc<dyn crate::checkpoint::CheckpointStore>> {
         None
     }
+
+    /// Job logs, kept in this store when it can (the SQL stores; see
+    /// [`crate::job_log`]).
+    fn job_logs(&self) -> Option<std::sync::Arc<dyn crate::job_log::JobLogStore>> {
+        None
+    }
 }

@@ -154,6 +154,7 @@ impl Worker {
         };
         let result = report.result.clone();
         let checkpoint = self.job_checkpoint(&r);
+        let log = self.job_log(&r);
         let freshness = Freshness::new(began, r.lease, held.as_ref().map(|h| (h.renewed, h.hold)));
         let ctx = JobContext {
             envelope: env.clone(),
@@ -166,6 +167,7 @@ impl Worker {
             tenant: self.tenant.clone(),
             freshness: freshness.clone(),
             checkpoint: checkpoint.clone(),
+            log: log.clone(),
         };
         // A worker stopped (frozen, swapped out) between taking its slots and starting
         // the handler may wake after they ran out and another job took them: it must
@@ -193,6 +195,9 @@ impl Worker {
             .watch(&r, held.as_mut(), &freshness, job, &cancel, &hard_stop)
             .await;
         let elapsed = started.elapsed();
+        if let Some(log) = &log {
+            log.flush().await;
+        }
         self.counters.record_duration(elapsed);
         crate::metrics::handler_duration(self.tenant.as_deref(), &env.queue, &env.kind, elapsed);
         let left = match ending {

@@ -39,6 +39,8 @@ pub struct JobContext {
     pub(crate) freshness: super::freshness::Freshness,
     /// Where this run's checkpoint goes, when the worker keeps them.
     pub(crate) checkpoint: Option<crate::checkpoint::JobCheckpoint>,
+    /// This run's log lines, when the worker keeps them.
+    pub(crate) log: Option<crate::job_log::JobLog>,
 }
 
 /// Where a handler's progress and result go.
@@ -88,6 +90,16 @@ impl JobContext {
                 percent,
                 Some(note.into()),
             ));
+        }
+    }
+
+    /// Adds a line to the job's log, kept with the job (the last
+    /// [`MAX_LOG_BYTES`](crate::job_log::MAX_LOG_BYTES) of each attempt) and shown by
+    /// `switchyard job ID` and the dashboard; written in the background within a second.
+    /// Without a store that keeps logs it does nothing (see [`crate::job_log`]).
+    pub fn log(&self, line: impl AsRef<str>) {
+        if let Some(log) = &self.log {
+            log.push(line.as_ref());
         }
     }
 

@@ -123,6 +123,16 @@ fn print(v: &JobView) {
             }
         }
     }
+    for log in &v.logs {
+        outln!(
+            "log of attempt {} ({}):",
+            log.attempt,
+            time(&log.updated_at)
+        );
+        for line in log.lines.lines() {
+            outln!("  {line}");
+        }
+    }
 }
 
 fn pretty(v: &serde_json::Value) -> String {

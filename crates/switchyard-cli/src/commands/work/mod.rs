@@ -273,8 +273,12 @@ impl Handler for ExecHandler {
                 let _ = stdin.shutdown().await;
             }
         };
-        let out_task = tokio::spawn(read_tail(child.stdout.take(), STDOUT_KEPT));
-        let err_task = tokio::spawn(read_tail(child.stderr.take(), STDERR_KEPT));
+        let out_task = tokio::spawn(read_tail(child.stdout.take(), STDOUT_KEPT, |_| {}));
+        // Its stderr lines are the job's log as they come.
+        let mut lines = LogLines::new(ctx.clone());
+        let err_task = tokio::spawn(read_tail(child.stderr.take(), STDERR_KEPT, move |chunk| {
+            lines.feed(chunk)
+        }));
         tokio::spawn(feed);
         // The job ends when the command exits, not when its pipes close: a background
         // process it left behind may hold them open.
@@ -417,9 +421,50 @@ impl Drop for KillGroupOnDrop {
     }
 }
 
+/// A command's output, line by line, into its job's log; a line without its end yet
+/// waits for it (a long one goes in parts), and the last is logged when the pipe ends.
+struct LogLines {
+    ctx: JobContext,
+    partial: Vec<u8>,
+}
+
+impl LogLines {
+    fn new(ctx: JobContext) -> Self {
+        LogLines {
+            ctx,
+            partial: Vec::new(),
+        }
+    }
+
+    fn feed(&mut self, chunk: &[u8]) {
+        self.partial.extend_from_slice(chunk);
+        if let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') {
+            let done: Vec<u8> = self.partial.drain(..=end).collect();
+            self.ctx.log(String::from_utf8_lossy(&done));
+        }
+        if self.partial.len() > switchyard::job_log::MAX_LOG_LINE {
+            self.ctx.log(String::from_utf8_lossy(&self.partial));
+            self.partial.clear();
+        }
+    }
+}
+
+impl Drop for LogLines {
+    fn drop(&mut self) {
+        if !self.partial.is_empty() {
+            self.ctx.log(String::from_utf8_lossy(&self.partial));
+        }
+    }
+}
+
 /// Reads a pipe to its end, keeping only the last `limit` bytes, so a chatty command
-/// neither blocks on a full pipe nor fills the worker's memory.
-async fn read_tail(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8> {
+/// neither blocks on a full pipe nor fills the worker's memory; each chunk read goes to
+/// `sink` as well.
+async fn read_tail(
+    pipe: Option<impl AsyncRead + Unpin>,
+    limit: usize,
+    mut sink: impl FnMut(&[u8]),
+) -> Vec<u8> {
     let Some(mut pipe) = pipe else {
         return Vec::new();
     };
@@ -430,6 +475,7 @@ async fn read_tail(pipe: Option<impl AsyncRead + Unpin>, limit: usize) -> Vec<u8
         match pipe.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                sink(&chunk[..n]);
                 kept.extend_from_slice(&chunk[..n]);
                 if kept.len() > limit * 2 {
                     kept.drain(..kept.len() - limit);
@@ -493,10 +539,10 @@ mod tests {
         let data: Vec<u8> = (0..100_000u32)
             .flat_map(|i| (i % 251).to_le_bytes())
             .collect();
-        let kept = read_tail(Some(&data[..]), 1000).await;
+        let kept = read_tail(Some(&data[..]), 1000, |_| {}).await;
         assert!(kept.starts_with(b"..."));
         assert_eq!(&kept[3..], &data[data.len() - 1000..]);
-        let short = read_tail(Some(&b"short"[..]), 1000).await;
+        let short = read_tail(Some(&b"short"[..]), 1000, |_| {}).await;
         assert_eq!(short, b"short");
     }
 }
