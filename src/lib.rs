@@ -37,7 +37,9 @@ pub use queue_core::schedule::{Cadence, CatchUp, Schedule};
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
 pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
 pub use queue_core::tenants::TenantSelection;
-pub use queue_core::{checkpoint, job_log, labels, metrics, schedule, status, worker};
+pub use queue_core::{
+    checkpoint, job_log, labels, metrics, schedule, status, trace_context, worker,
+};
 pub use queue_core::{
     parse_duration, reason, redact_url, AckReport, BackendKind, CancellationToken, Capabilities,
     Claim, ClaimStrategy, Config, ConfigError, Controls, DeadLetter, DeadLetters, DeadSelection,
@@ -51,6 +53,10 @@ pub use queue_core::{
 mod router;
 pub use router::{canary_side, Router};
 pub mod tenants;
+
+#[cfg(feature = "otlp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otlp")))]
+pub mod otlp;
 
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
@@ -403,3 +409,7 @@ struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "sqlite"))]
 #[doc = include_str!("../docs/jobs.md")]
 struct GuideDoctests;
+
+#[cfg(all(doctest, feature = "sqlite", feature = "otlp"))]
+#[doc = include_str!("../docs/tracing.md")]
+struct TracingDoctests;

@@ -5,7 +5,7 @@
 //! (on the SQL backends its lease token is still the job row's; on RabbitMQ its start
 //! is still the latest the control store recorded), so a worker that lost the job
 //! can never overwrite its successor's cursor. It is refused with
-//! [`Error::LeaseLost`](crate::Error::LeaseLost) instead.
+//! [`crate::Error::LeaseLost`] instead.
 //!
 //! Kept in the SQL store beside the jobs (`<table>_ckpt`; RabbitMQ's control store),
 //! read only when a handler asks, removed once the job completes, kept when it is

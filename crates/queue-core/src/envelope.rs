@@ -396,6 +396,9 @@ impl EnvelopeBuilder {
             Some(Expiry::In(d)) => Some(after(now, d, "expiry")?),
             None => None,
         };
+        // Built inside a traced span: the job continues its trace.
+        let mut headers = self.headers;
+        let traced = crate::trace_context::inject_current(&mut headers);
         Ok(Envelope {
             v: ENVELOPE_VERSION,
             id: self.id.unwrap_or_else(Uuid::now_v7),
@@ -408,8 +411,8 @@ impl EnvelopeBuilder {
             created_at: now,
             available_at,
             expires_at,
-            trace_id: self.trace_id,
-            headers: self.headers,
+            trace_id: self.trace_id.or(traced),
+            headers,
             last_error: None,
             labels,
             ordering_key: self.ordering_key,

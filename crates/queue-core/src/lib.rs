@@ -36,6 +36,7 @@ pub mod status;
 pub mod tenants;
 pub mod text;
 mod time_units;
+pub mod trace_context;
 mod transport;
 mod transport_ext;
 mod unique;

@@ -432,9 +432,9 @@ pub(crate) struct WorkArgs {
     #[arg(long)]
     pub(crate) queue: String,
     /// Shell command run once per message: the envelope JSON on stdin; SWITCHYARD_MESSAGE_ID,
-    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT, SWITCHYARD_LABELS, SWITCHYARD_ORDERING_KEY and
-    /// SWITCHYARD_CHECKPOINT (the last `switchyard checkpoint`) in its environment; exit 0
-    /// acks, any other exit retries with backoff
+    /// SWITCHYARD_KIND, SWITCHYARD_ATTEMPT, SWITCHYARD_LABELS, SWITCHYARD_ORDERING_KEY,
+    /// SWITCHYARD_CHECKPOINT (the last `switchyard checkpoint`) and TRACEPARENT in its
+    /// environment; exit 0 acks, any other exit retries with backoff
     #[arg(long, value_name = "CMD")]
     pub(crate) exec: String,
     /// Messages handled at once

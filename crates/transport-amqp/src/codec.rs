@@ -17,6 +17,27 @@ pub(crate) fn long_string(s: &str) -> AMQPValue {
     AMQPValue::LongString(s.into())
 }
 
+/// `headers` with the envelope's W3C trace context (`traceparent`, `tracestate`) added,
+/// where other AMQP consumers and broker tracing look for it; the envelope keeps it too.
+pub(crate) fn with_trace_context(
+    headers: Option<FieldTable>,
+    env: &Envelope,
+) -> Option<FieldTable> {
+    use queue_core::trace_context::{TRACEPARENT, TRACESTATE};
+    let mut trace = [TRACEPARENT, TRACESTATE]
+        .into_iter()
+        .filter_map(|name| env.headers.get(name).map(|value| (name, value)))
+        .peekable();
+    if trace.peek().is_none() {
+        return headers;
+    }
+    let mut table = headers.unwrap_or_default();
+    for (name, value) in trace {
+        table.insert(name.into(), long_string(value));
+    }
+    Some(table)
+}
+
 /// `s` as a property of at most 255 bytes (lapin panics on a longer one). Only a label
 /// for other consumers: the envelope in the body keeps the whole text.
 pub(crate) fn short_string(s: &str) -> ShortString {

@@ -14,7 +14,7 @@ use lapin::{BasicProperties, Confirmation};
 use queue_core::{Envelope, Error, Result};
 use uuid::Uuid;
 
-use crate::codec::short_string;
+use crate::codec::{short_string, with_trace_context};
 use crate::error::{broker, lock, TRANSPORT};
 use crate::link::{Connector, Link};
 use crate::topology::{dead_queue, delay_key, level_name, physical_queue, units, LEVELS, UNIT};
@@ -70,7 +70,7 @@ impl Publisher {
             if let Some(trace) = &env.trace_id {
                 props = props.with_correlation_id(short_string(trace));
             }
-            if let Some(h) = headers {
+            if let Some(h) = with_trace_context(headers, &env) {
                 props = props.with_headers(h);
             }
             let (exchange, key) = match target {

@@ -59,6 +59,7 @@ impl Worker {
             trace_id = env.trace_id.as_deref().unwrap_or(""),
             queue = %env.queue,
         );
+        crate::trace_context::adopt(&span, &env.headers, env.attempts == 0);
         self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         self.clone()
             .deliver(reservation, hard_stop, shutdown, acker)

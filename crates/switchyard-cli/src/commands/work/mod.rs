@@ -254,6 +254,14 @@ impl Handler for ExecHandler {
             }
         };
         cmd.env("SWITCHYARD_CHECKPOINT", checkpoint);
+        // The command's own spans continue the job's trace (W3C Trace Context).
+        let (traceparent, tracestate) = switchyard::trace_context::for_command(&env.headers);
+        for (name, value) in [("TRACEPARENT", traceparent), ("TRACESTATE", tracestate)] {
+            match value {
+                Some(v) => cmd.env(name, v),
+                None => cmd.env_remove(name),
+            };
+        }
         // The command's reports are taken while it runs, under this lease.
         let _registered = self.control.as_ref().map(|c| c.register(&ctx));
         let mut child = cmd
