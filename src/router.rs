@@ -230,6 +230,8 @@ impl Transport for Router {
         // The jobs are in two places and the limits' store beside at most one of them:
         // a denied job is put back to wait rather than parked.
         caps.limit_parking = false;
+        // A run is fenced by a lease token on one side and a start mark on the other.
+        caps.checkpoints = false;
         caps.unique_replace = if a.unique_keys {
             a.unique_replace
         } else {

@@ -84,6 +84,11 @@ pub struct Capabilities {
     /// store sits beside the jobs). RabbitMQ cannot set a queued message aside: a denied
     /// job goes back through the delay chain and is claimed again after its wait.
     pub limit_parking: bool,
+    /// A run's checkpoint ([`JobContext::checkpoint`](crate::worker::JobContext::checkpoint))
+    /// can be fenced in the status store: by the job row's lease token (the SQL
+    /// backends), or by the start mark of its attempt (RabbitMQ with its control store).
+    /// Not through the migration router, whose two sides fence their runs differently.
+    pub checkpoints: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -117,6 +122,7 @@ impl Default for Capabilities {
             unique_replace: false,
             limits: false,
             limit_parking: false,
+            checkpoints: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

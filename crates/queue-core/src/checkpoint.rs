@@ -39,15 +39,16 @@ pub enum Fence {
 impl Fence {
     /// The fence of the run of `reservation` over a transport with `capabilities`: a
     /// start recorded in the status store where the transport keeps its start marks
-    /// there (RabbitMQ with a control store), else the lease token where it is the job
-    /// row's (the SQL backends); `None` where neither holds (RabbitMQ alone).
+    /// there (RabbitMQ with a control store), else the job row's lease token (the SQL
+    /// backends); `None` where the transport's runs cannot be fenced
+    /// ([`Capabilities::checkpoints`]: RabbitMQ alone, the migration router).
     pub fn for_run(capabilities: &Capabilities, reservation: &Reservation) -> Option<Fence> {
-        if capabilities.start_marks_in_status {
-            Some(Fence::Start(reservation.envelope.attempts + 1))
-        } else if capabilities.lease_expiry {
-            Some(Fence::Lease(reservation.token()))
-        } else {
+        if !capabilities.checkpoints {
             None
+        } else if capabilities.start_marks_in_status {
+            Some(Fence::Start(reservation.envelope.attempts + 1))
+        } else {
+            Some(Fence::Lease(reservation.token()))
         }
     }
 }

@@ -3,10 +3,10 @@
 //! the dashboard show what a run said without a log search.
 //!
 //! Size-capped: each attempt keeps its last [`MAX_LOG_BYTES`] (a line is cut at
-//! [`MAX_LOG_LINE`]). Written while the job runs (with its lease's heartbeat) and when
-//! it ends; kept after it completes, and pruned with finished status by age. Not
-//! fenced: a run that lost its lease may still write its own attempt's lines, which
-//! is what happened.
+//! [`MAX_LOG_LINE`], NUL bytes dropped). Written within a second of a line while the
+//! job runs, one write at a time, and when it ends; kept after it completes, and pruned
+//! with finished status by age. Not fenced: a run that lost its lease may still write
+//! its own attempt's lines, which is what happened.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -58,6 +58,8 @@ pub(crate) struct JobLog {
     id: Uuid,
     attempt: u32,
     tail: Arc<Mutex<Tail>>,
+    /// Held across a write, so that writes land in the order their lines were taken.
+    writing: Arc<tokio::sync::Mutex<()>>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +84,7 @@ impl JobLog {
             id,
             attempt,
             tail: Arc::default(),
+            writing: Arc::default(),
         }
     }
 
@@ -89,12 +92,14 @@ impl JobLog {
     /// [`MAX_LOG_BYTES`], and has them written within [`WRITE_EVERY`] (at once after a
     /// quiet spell).
     pub(crate) fn push(&self, text: &str) {
+        // Outside a runtime the lines wait for the run's end.
+        let runtime = tokio::runtime::Handle::try_current().ok();
         let wait = {
             let Ok(mut tail) = self.tail.lock() else {
                 return;
             };
             tail.push(text);
-            if tail.pending {
+            if tail.pending || runtime.is_none() {
                 return;
             }
             tail.pending = true;
@@ -102,7 +107,7 @@ impl JobLog {
                 WRITE_EVERY.saturating_sub(at.elapsed())
             })
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(runtime) = runtime else {
             return;
         };
         let log = self.clone();
@@ -115,6 +120,7 @@ impl JobLog {
     /// Writes the lines if they changed since the last write; a failure is logged and
     /// left to the next write.
     pub(crate) async fn flush(&self) {
+        let _one_at_a_time = self.writing.lock().await;
         let text = {
             let Ok(mut tail) = self.tail.lock() else {
                 return;
@@ -155,10 +161,12 @@ impl Tail {
     }
 }
 
-/// `line` cut to [`MAX_LOG_LINE`] bytes at a character boundary.
+/// `line` without NUL bytes (which PostgreSQL's text refuses), cut to
+/// [`MAX_LOG_LINE`] bytes at a character boundary.
 fn cut(line: &str) -> String {
+    let line = line.replace('\0', "");
     if line.len() <= MAX_LOG_LINE {
-        return line.to_owned();
+        return line;
     }
     let mut end = MAX_LOG_LINE;
     while !line.is_char_boundary(end) {
@@ -198,5 +206,6 @@ mod tests {
         let long = "é".repeat(MAX_LOG_LINE);
         let kept = cut(&long);
         assert!(kept.len() <= MAX_LOG_LINE + 3 && kept.ends_with('…'));
+        assert_eq!(cut("a\0b"), "ab");
     }
 }

@@ -6,9 +6,11 @@
 //! - an envelope built inside a span carries that span's context in its headers
 //!   [`TRACEPARENT`] and [`TRACESTATE`] (and its trace id as `trace_id`, when none was
 //!   set); on RabbitMQ they travel as AMQP headers too;
-//! - the worker's `job` span is the child of that context on a job's first attempt, and
-//!   on a retry starts a trace of its own with a link to it (a retry can come hours
-//!   later; one trace per attempt keeps each readable, and the link leads back);
+//! - the worker's `job` span is the child of that context on a job's first attempt
+//!   (attempt 1: a snooze counts no attempt, so a snoozed run stays in the trace, and a
+//!   replayed dead letter starts again at attempt 1), and on a retry starts a trace of
+//!   its own with a link to it (a retry can come hours later; one trace per attempt
+//!   keeps each readable, and the link leads back);
 //! - an exec command gets `TRACEPARENT` and `TRACESTATE` of the `job` span.
 //!
 //! Without it, headers an envelope was published with pass through untouched, and an
@@ -101,6 +103,8 @@ mod otel {
         if first {
             let _ = span.set_parent(cx);
         } else {
+            // A root of its own, whatever context is current where it starts.
+            let _ = span.set_parent(opentelemetry::Context::new());
             span.add_link(remote);
         }
     }

@@ -13,7 +13,7 @@ const PAGE = 25;
 
 function cell(text, cls) {
   const td = document.createElement("td");
-  td.textContent = text === null || text === undefined ? "" : String(text);
+  td.textContent = text ?? "";
   if (cls) td.className = cls;
   return td;
 }
@@ -40,14 +40,9 @@ function ago(text) {
   return isNaN(t) ? "" : age(Math.max(0, (Date.now() - t) / 1000)) + " ago";
 }
 
-function ms(from, to) {
-  const a = Date.parse(from), b = Date.parse(to);
-  return isNaN(a) || isNaN(b) ? "" : Math.max(0, b - a) + " ms";
-}
+const ms = (from, to) => { const a = Date.parse(from), b = Date.parse(to); return isNaN(a) || isNaN(b) ? "" : Math.max(0, b - a) + " ms"; };
 
-function pretty(value) {
-  return value === null || value === undefined ? "" : JSON.stringify(value, null, 2);
-}
+const pretty = (value) => (value == null ? "" : JSON.stringify(value, null, 2));
 
 // A long id shortened, the whole one on hover, with a button that copies it.
 function idCell(id, href) {
@@ -523,32 +518,28 @@ let following = null;
 
 function showJob(s) {
   $("job-cancel").hidden = FINAL.has(s.state);
-  $("job-state").textContent = s.state;
   $("job-state").className = "state state-" + s.state;
   $("job-progress").value = s.progress;
-  $("job-progress-text").textContent = s.progress + "%" + (s.progress_message ? " · " + s.progress_message : "");
-  $("job-where").textContent = s.queue + " / " + s.kind;
-  $("job-attempts").textContent = String(s.attempts);
-  $("job-worker").textContent = s.worker || "";
-  $("job-created").textContent = when(s.created_at);
-  $("job-started").textContent = when(s.started_at);
-  $("job-finished").textContent = when(s.finished_at);
-  $("job-duration").textContent = s.started_at ? ms(s.started_at, s.finished_at || new Date().toISOString()) : "";
-  $("job-result").textContent = pretty(s.result);
-  $("job-error").textContent = s.state === "completed" ? "" : (s.last_error || "");
+  const text = {
+    "job-state": s.state, "job-where": s.queue + " / " + s.kind, "job-attempts": String(s.attempts),
+    "job-progress-text": s.progress + "%" + (s.progress_message ? " · " + s.progress_message : ""),
+    "job-worker": s.worker || "", "job-created": when(s.created_at), "job-started": when(s.started_at),
+    "job-finished": when(s.finished_at), "job-result": pretty(s.result),
+    "job-duration": s.started_at ? ms(s.started_at, s.finished_at || new Date().toISOString()) : "",
+    "job-error": s.state === "completed" ? "" : (s.last_error || ""),
+  };
+  for (const [id, t] of Object.entries(text)) $(id).textContent = t;
   if (s.payload !== undefined) $("job-payload").textContent = pretty(s.payload);
 }
 
 // The job's attempts and location (which the event stream does not carry).
 let logTimer = null;
-
 async function loadJobView(id) {
   try {
     const view = await getJson("/api/jobs/" + encodeURIComponent(id) + "/view");
     if (following !== id) return;
     $("job-location").textContent = view.location;
-    $("job-held").textContent = view.held
-      ? (view.held.holder || "") + " until " + when(view.held.lease_until) : "";
+    $("job-held").textContent = view.held ? (view.held.holder || "") + " until " + when(view.held.lease_until) : "";
     $("job-checkpoint").textContent = view.checkpoint == null ? "" : pretty(view.checkpoint);
     $("job-output").textContent = view.logs.map((l) => "── attempt " + l.attempt + " ──\n" + l.lines).join("");
     if (view.status) showJob(view.status);
@@ -566,8 +557,7 @@ async function loadJobView(id) {
     for (const a of view.attempts) {
       const tr = document.createElement("tr");
       tr.dataset.attempt = String(a.attempt);
-      const error = document.createElement("td");
-      const pre = document.createElement("pre");
+      const error = document.createElement("td"), pre = document.createElement("pre");
       pre.textContent = a.error || "";
       error.append(pre);
       tr.append(cell(a.attempt, "num"), cell(a.state), cell(a.worker || ""), cell(when(a.started_at)),
@@ -586,18 +576,16 @@ function follow(id) {
   following = id;
   $("job-id").textContent = id;
   $("job-log").replaceChildren();
-  for (const f of ["job-state", "job-result", "job-error", "job-where", "job-attempts", "job-progress-text",
-    "job-location", "job-worker", "job-created", "job-started", "job-finished", "job-duration", "job-payload",
-    "job-checkpoint", "job-output"]) {
-    $(f).textContent = "";
-  }
+  ["job-state", "job-result", "job-error", "job-where", "job-attempts", "job-progress-text", "job-location", "job-worker",
+    "job-created", "job-started", "job-finished", "job-duration", "job-payload", "job-checkpoint", "job-output",
+  ].forEach((f) => { $(f).textContent = ""; });
   $("attempts").tBodies[0].replaceChildren();
   delete document.body.dataset.lastEventAt;
   loadJobView(id);
   if (!statusStore) return;
   // Log lines come with no status event: read them again while the job runs.
-  if (logTimer) clearInterval(logTimer);
-  logTimer = setInterval(() => { if (following === id && events) loadJobView(id); }, 3000);
+  clearInterval(logTimer);
+  logTimer = setInterval(() => following === id && events && !FINAL.has($("job-state").textContent) && loadJobView(id), 3000);
   events = new EventSource("/api/jobs/" + encodeURIComponent(id) + "/events");
   events.addEventListener("status", (message) => {
     const s = JSON.parse(message.data);

@@ -81,7 +81,7 @@ pub(crate) enum Command {
     /// other backend
     #[command(after_help = MOVE_EXAMPLES)]
     Move(MoveArgs),
-    /// Delete job results and dead letters older than a given age
+    /// Delete job results, checkpoints, job logs and dead letters older than a given age
     #[command(after_help = PRUNE_EXAMPLES)]
     Prune(PruneArgs),
     /// The admin server: dashboard, JSON API, live job events and Prometheus metrics
@@ -462,10 +462,15 @@ pub(crate) struct WorkArgs {
     /// Serve Prometheus metrics of this worker at http://ADDR/metrics, e.g. 127.0.0.1:9187
     #[arg(long, value_name = "ADDR")]
     pub(crate) metrics_listen: Option<String>,
-    /// Every hour, delete job results and dead letters older than this, e.g. 30d (stored
-    /// as the schedule switchyard.prune, which one worker of the store fires per slot)
+    /// Every hour, delete job results, checkpoints, job logs and dead letters older than
+    /// this, e.g. 30d (stored as the schedule switchyard.prune, which one worker of the
+    /// store fires per slot)
     #[arg(long, value_name = "DUR")]
     pub(crate) prune_older_than: Option<String>,
+    /// Do not keep the command's stderr as the job's log (shown by `switchyard job` and
+    /// the dashboard): for commands whose stderr may hold secrets
+    #[arg(long)]
+    pub(crate) no_stderr_log: bool,
     /// With a pattern in --schema (acme_*): how often to look for new tenants to serve
     #[arg(long, value_name = "DUR", default_value = "30s")]
     pub(crate) tenant_rescan: String,

@@ -65,13 +65,7 @@ fn main() -> ExitCode {
         .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(filter);
-    let otlp = match tracing_export::start() {
-        Ok(otlp) => otlp,
-        Err(e) => {
-            errln!("switchyard: error: {}", output::one_line(&e));
-            return ExitCode::from(2);
-        }
-    };
+    let otlp = tracing_export::start();
     tracing_subscriber::registry()
         .with(log)
         .with(otlp.as_ref().map(tracing_export::layer))
@@ -93,6 +87,8 @@ fn main() -> ExitCode {
             ExitCode::from(output::exit_code())
         }
     };
+    // Tasks cut off at a hard stop end with the runtime: their spans close first.
+    drop(runtime);
     tracing_export::stop(otlp);
     code
 }

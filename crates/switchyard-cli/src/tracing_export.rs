@@ -13,9 +13,20 @@ mod enabled {
     /// The exporter.
     pub(crate) type Exporter = switchyard::otlp::Otlp;
 
-    /// The exporter the environment asks for, if any.
-    pub(crate) fn start() -> switchyard::Result<Option<Exporter>> {
-        switchyard::otlp::Otlp::from_env()
+    /// The exporter the environment asks for, if any. A setting it cannot use (say an
+    /// agent's `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) is reported and exports nothing: it
+    /// must not stop a command that has nothing to do with traces.
+    pub(crate) fn start() -> Option<Exporter> {
+        match switchyard::otlp::Otlp::from_env("switchyard") {
+            Ok(otlp) => otlp,
+            Err(e) => {
+                errln!(
+                    "switchyard: warning: not exporting traces: {}",
+                    crate::output::one_line(&e)
+                );
+                None
+            }
+        }
     }
 
     /// Its layer, for Switchyard's spans only.
@@ -47,8 +58,8 @@ mod enabled {
     #[derive(Debug)]
     pub(crate) struct Exporter;
 
-    pub(crate) fn start() -> switchyard::Result<Option<Exporter>> {
-        Ok(None)
+    pub(crate) fn start() -> Option<Exporter> {
+        None
     }
 
     pub(crate) fn layer(_: &Exporter) -> tracing_subscriber::layer::Identity {

@@ -331,6 +331,7 @@ impl Transport for AmqpTransport {
         caps.ordering_keys = true;
         caps.charges_only_started = self.options().control_store.is_some();
         caps.start_marks_in_status = self.options().control_store.is_some();
+        caps.checkpoints = caps.start_marks_in_status;
         caps.unique_keys = self.unique_keys.is_some();
         caps.limits = self
             .options()

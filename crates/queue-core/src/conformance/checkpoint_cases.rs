@@ -26,11 +26,11 @@ async fn open_checkpointed(h: &Arc<dyn Harness>) -> Result<Option<Checkpointed>>
     let store = h.store().await?;
     let (t, status) = store.open_with_status(OpenOptions::default()).await?;
     let checkpoints = status.as_ref().and_then(|s| s.checkpoints());
-    match (status, checkpoints) {
-        (Some(status), Some(checkpoints)) => Ok(Some((store, t, status, checkpoints))),
+    match (status, checkpoints, t.capabilities().checkpoints) {
+        (Some(status), Some(checkpoints), true) => Ok(Some((store, t, status, checkpoints))),
         _ => {
             eprintln!(
-                "not applicable to {}: no store beside it keeps checkpoints",
+                "not applicable to {}: its runs' checkpoints cannot be fenced in a store beside it",
                 t.name()
             );
             Ok(None)

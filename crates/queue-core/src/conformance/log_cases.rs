@@ -10,8 +10,9 @@ use crate::job_log::MAX_LOG_BYTES;
 use crate::worker::{handler_fn, JobContext, JobError, Worker};
 use crate::{Result, TransportExt};
 
-/// A job that logs 2,000 lines per attempt and fails its first: both attempts' last
-/// lines are kept, each within the cap and saying how many went; pruning removes them.
+/// A job that logs 2,000 lines per attempt and fails its first: its lines are stored
+/// while it runs; both attempts' last lines are kept, each within the cap and saying
+/// how many went; pruning removes them.
 pub async fn each_attempt_keeps_its_last_log_lines(h: Arc<dyn Harness>) -> Result<()> {
     let store = h.store().await?;
     let (t, status) = store.open_with_status(OpenOptions::default()).await?;
@@ -29,18 +30,36 @@ pub async fn each_attempt_keeps_its_last_log_lines(h: Arc<dyn Harness>) -> Resul
     let env = job(&q, "noisy");
     let id = env.id;
     t.publish(env).await?;
+    let seen_while_running = logs.clone();
     let worker = Worker::new(t.clone(), q.clone(), fast())
         .with_status(status)
         .handle(
             "noisy",
-            handler_fn(|ctx: JobContext| async move {
-                for n in 0..2_000 {
-                    ctx.log(format!("attempt {} line {n}", ctx.attempt));
+            handler_fn(move |ctx: JobContext| {
+                let store = seen_while_running.clone();
+                async move {
+                    for n in 0..2_000 {
+                        ctx.log(format!("attempt {} line {n}", ctx.attempt));
+                    }
+                    if ctx.attempt == 1 {
+                        return Err(JobError::retry_after(Duration::from_millis(10), "again"));
+                    }
+                    // Lines are stored while the job runs, within a second or so.
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    loop {
+                        let now = store.get(ctx.envelope.id).await?;
+                        if now
+                            .iter()
+                            .any(|l| l.attempt == 2 && l.lines.contains("line 1999"))
+                        {
+                            return Ok(());
+                        }
+                        if std::time::Instant::now() > deadline {
+                            return Err(JobError::fail("the lines were not stored while running"));
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 }
-                if ctx.attempt == 1 {
-                    return Err(JobError::retry_after(Duration::from_millis(10), "again"));
-                }
-                Ok(())
             }),
         );
     let report = drain(worker).await?;

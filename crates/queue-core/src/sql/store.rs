@@ -158,6 +158,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         unique_keys: true,
         limits: true,
         limit_parking: true,
+        checkpoints: true,
         unique_replace: true,
         max_payload_bytes,
         ..Capabilities::default()

@@ -197,7 +197,11 @@ impl Worker {
             .await;
         let elapsed = started.elapsed();
         if let Some(log) = &log {
-            log.flush().await;
+            // The lease is no longer renewed: a slow store must not hold the ack back.
+            let within = (r.lease / 4).min(Duration::from_secs(1));
+            if tokio::time::timeout(within, log.flush()).await.is_err() {
+                tracing::warn!("the job's last log lines were not stored in time");
+            }
         }
         self.counters.record_duration(elapsed);
         crate::metrics::handler_duration(self.tenant.as_deref(), &env.queue, &env.kind, elapsed);

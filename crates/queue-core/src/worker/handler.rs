@@ -150,7 +150,7 @@ impl JobContext {
             crate::Error::NotSupported(
                 "checkpoints are kept in a SQL store beside the jobs: give the worker a status \
                  store (Worker::for_jobs, with_status; for RabbitMQ, DATABASE_URL as its \
-                 control store)"
+                 control store); not during a migration through the router"
                     .to_owned(),
             )
         })

@@ -153,6 +153,20 @@ impl Sandbox {
             "AMQP_QUEUE_TYPE",
             "SWITCHYARD_ADMIN_TOKEN",
             "SWITCHYARD_ALERT_WEBHOOK",
+            // A tracing agent's settings must not reach the tests' commands.
+            "OTEL_SDK_DISABLED",
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_SERVICE_NAME",
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "OTEL_TRACES_SAMPLER",
+            "OTEL_TRACES_SAMPLER_ARG",
+            "TRACEPARENT",
+            "TRACESTATE",
         ] {
             cmd.env_remove(var);
         }

@@ -192,21 +192,23 @@ async fn handle(line: &str, running: &Running) -> Reply {
         Ok(ctx) => ctx,
         Err(why) => return refuse(why),
     };
-    // The token matches, but a worker stopped past half its lease may have lost it to
-    // another process without knowing yet.
-    if !ctx.is_current() || ctx.cancel.is_cancelled() {
-        return refuse(format!(
-            "job {}'s run is being stopped or may have lost its lease",
-            req.id
-        ));
-    }
     match (req.progress, req.checkpoint) {
         (Some(percent), None) => {
+            // The token matches, but a worker stopped past half its lease may have lost
+            // it to another process without knowing yet.
+            if !ctx.is_current() || ctx.cancel.is_cancelled() {
+                return refuse(format!(
+                    "job {}'s run is being stopped or may have lost its lease",
+                    req.id
+                ));
+            }
             if !ctx.keeps_status() {
                 return refuse("this worker keeps no job status (QUEUE_STATUS=off, or RabbitMQ without DATABASE_URL): progress has nowhere to go".into());
             }
             ctx.progress(percent, req.note.unwrap_or_default());
         }
+        // The store fences a checkpoint by the lease itself: a run told to stop (a
+        // timeout, a shutdown) may still store its last one while its lease holds.
         (None, Some(checkpoint)) => match ctx.save_checkpoint_json(&checkpoint).await {
             Ok(()) => {}
             Err(e) if e.is_lease_lost() => {

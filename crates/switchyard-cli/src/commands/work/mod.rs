@@ -102,6 +102,7 @@ pub(crate) async fn run(config: &Config, args: WorkArgs, json: bool) -> Result<(
         queue,
         options,
         command: args.exec.clone(),
+        stderr_log: !args.no_stderr_log,
         prune_older_than,
         // Without it a command's `switchyard progress` fails and the job goes on.
         control: control_socket::ControlSocket::start(abort.clone())
@@ -177,6 +178,8 @@ pub(super) struct Serving {
     queue: QueueName,
     options: WorkerOptions,
     command: String,
+    /// Whether the command's stderr lines are the job's log.
+    stderr_log: bool,
     prune_older_than: Option<Duration>,
     control: Option<Arc<control_socket::ControlSocket>>,
     sources: crate::metrics_listener::Sources,
@@ -198,6 +201,8 @@ fn stale_start() -> JobError {
 #[derive(Debug)]
 struct ExecHandler {
     command: String,
+    /// Whether its stderr lines are the job's log.
+    stderr_log: bool,
     /// Where the command's `switchyard progress` and `checkpoint` reach this worker.
     control: Option<Arc<control_socket::ControlSocket>>,
 }
@@ -283,7 +288,7 @@ impl Handler for ExecHandler {
         };
         let out_task = tokio::spawn(read_tail(child.stdout.take(), STDOUT_KEPT, |_| {}));
         // Its stderr lines are the job's log as they come.
-        let mut lines = LogLines::new(ctx.clone());
+        let mut lines = LogLines::new(self.stderr_log.then(|| ctx.clone()));
         let err_task = tokio::spawn(read_tail(child.stderr.take(), STDERR_KEPT, move |chunk| {
             lines.feed(chunk)
         }));
@@ -432,12 +437,12 @@ impl Drop for KillGroupOnDrop {
 /// A command's output, line by line, into its job's log; a line without its end yet
 /// waits for it (a long one goes in parts), and the last is logged when the pipe ends.
 struct LogLines {
-    ctx: JobContext,
+    ctx: Option<JobContext>,
     partial: Vec<u8>,
 }
 
 impl LogLines {
-    fn new(ctx: JobContext) -> Self {
+    fn new(ctx: Option<JobContext>) -> Self {
         LogLines {
             ctx,
             partial: Vec::new(),
@@ -445,22 +450,31 @@ impl LogLines {
     }
 
     fn feed(&mut self, chunk: &[u8]) {
+        let Some(ctx) = &self.ctx else {
+            return;
+        };
         self.partial.extend_from_slice(chunk);
         if let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') {
             let done: Vec<u8> = self.partial.drain(..=end).collect();
-            self.ctx.log(String::from_utf8_lossy(&done));
+            ctx.log(String::from_utf8_lossy(&done));
         }
         if self.partial.len() > switchyard::job_log::MAX_LOG_LINE {
-            self.ctx.log(String::from_utf8_lossy(&self.partial));
-            self.partial.clear();
+            // At a character's end, so that none is cut in two.
+            let upto = match std::str::from_utf8(&self.partial) {
+                Ok(_) => self.partial.len(),
+                Err(e) if e.valid_up_to() > 0 => e.valid_up_to(),
+                Err(_) => self.partial.len(),
+            };
+            let part: Vec<u8> = self.partial.drain(..upto).collect();
+            ctx.log(String::from_utf8_lossy(&part));
         }
     }
 }
 
 impl Drop for LogLines {
     fn drop(&mut self) {
-        if !self.partial.is_empty() {
-            self.ctx.log(String::from_utf8_lossy(&self.partial));
+        if let (Some(ctx), false) = (&self.ctx, self.partial.is_empty()) {
+            ctx.log(String::from_utf8_lossy(&self.partial));
         }
     }
 }

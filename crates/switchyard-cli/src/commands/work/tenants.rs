@@ -43,6 +43,7 @@ impl Running {
         let mut worker = Worker::new(transport.clone(), serving.queue.clone(), options).handle_any(
             ExecHandler {
                 command: serving.command.clone(),
+                stderr_log: serving.stderr_log,
                 control: serving.control.clone(),
             },
         );
