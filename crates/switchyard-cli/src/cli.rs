@@ -74,6 +74,9 @@ pub(crate) enum Command {
     /// Measure enqueue, drain and pickup latency
     #[command(after_help = BENCH_EXAMPLES)]
     Bench(BenchArgs),
+    /// The bench's publisher in another process (run by `bench` itself)
+    #[command(name = "bench-publish", hide = true)]
+    BenchPublish(BenchPublishArgs),
     /// Forward a queue from the SQL store (the outbox) to RabbitMQ, with confirms
     #[command(after_help = RELAY_EXAMPLES)]
     Relay(RelayArgs),
@@ -614,6 +617,19 @@ pub(crate) struct DemoArgs {
     /// How many invoice jobs to publish
     #[arg(long, default_value_t = 1_000)]
     pub(crate) jobs: usize,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchPublishArgs {
+    /// The queue
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Jobs to publish
+    #[arg(long)]
+    pub(crate) count: usize,
+    /// Milliseconds between two
+    #[arg(long = "interval-ms")]
+    pub(crate) interval_ms: u64,
 }
 
 #[derive(Debug, Args)]

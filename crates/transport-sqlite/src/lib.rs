@@ -19,6 +19,7 @@ mod status;
 mod tenants;
 mod transport;
 mod unique_sql;
+mod watch;
 
 pub use inbox::SqliteInbox;
 pub use options::{SqliteOptions, SqliteSynchronous};

@@ -43,6 +43,10 @@ pub struct SqliteOptions {
     /// a table at another schema version is an error too. (An in-memory database is
     /// always created: it cannot exist before.)
     pub create_if_missing: bool,
+    /// How often idle workers look for publishes of other processes on the file (a
+    /// `stat` of it and of its write-ahead log, a query only when they changed; see
+    /// `watch.rs`); `None` leaves those to the workers' polling, 20 ms backing off to 1 s.
+    pub watch: Option<Duration>,
 }
 
 impl SqliteOptions {
@@ -58,6 +62,7 @@ impl SqliteOptions {
             synchronous: SqliteSynchronous::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             create_if_missing: true,
+            watch: Some(Duration::from_millis(2)),
         }
     }
 
@@ -101,6 +106,13 @@ impl SqliteOptions {
     /// applied).
     pub fn with_create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
+        self
+    }
+
+    /// Sets how often idle workers look for other processes' publishes (`None`: only
+    /// by polling).
+    pub fn with_watch(mut self, every: Option<Duration>) -> Self {
+        self.watch = every;
         self
     }
 

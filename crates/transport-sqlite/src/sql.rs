@@ -230,6 +230,8 @@ pub(crate) const DEAD_EXISTS: &str =
 const DEAD_SELECTION: &str =
     "(?1 IS NULL OR queue = ?1) AND (?2 IS NULL OR id = ?2) AND (?3 IS NULL OR dead_at <= ?3)";
 
+/// The newest row's seq: where a keyed claim's parking starts, and the publish watch's
+/// mark.
 pub(crate) const MAX_SEQ: &str = "SELECT COALESCE(MAX(seq), 0) FROM \"switchyard_jobs\"";
 
 /// Puts the selected dead letters back, byte for byte, ready now with attempts reset and
@@ -284,10 +286,16 @@ UPDATE \"switchyard_jobs\" SET ready = (available_at <= {NOW}), visible_at = ava
                                      AND e.seq < p.seq)
                 LIMIT 1000)";
 
+/// The queues of the rows published after one seq, up to another (a primary-key range).
+pub(crate) const QUEUES_BETWEEN: &str =
+    "SELECT DISTINCT CAST(queue AS BLOB) FROM \"switchyard_jobs\"
+ WHERE seq > ?1 AND seq <= ?2";
+
 /// The statements specialised for one table.
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) select_now: String,
+    pub(crate) queues_between: String,
     pub(crate) any_due: String,
     pub(crate) promote_due: String,
     pub(crate) claim_skip_locked: String,
@@ -350,6 +358,7 @@ impl Statements {
         Statements {
             select_now: s(SELECT_NOW),
             any_due: s(ANY_DUE),
+            queues_between: s(QUEUES_BETWEEN),
             promote_due: s(PROMOTE_DUE),
             claim_skip_locked: filtered(CLAIM_SKIP_LOCKED, ""),
             claim_skip_locked_labels: filtered(CLAIM_SKIP_LOCKED, "?7"),

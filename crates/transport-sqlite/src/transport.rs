@@ -45,10 +45,17 @@ pub struct SqliteTransport {
     sql: Arc<Statements>,
     keys: Arc<unique::KeySql>,
     options: SqliteOptions,
-    /// Wake-ups of this process's idle workers (SQLite tells of no other process's
-    /// publishes: those are seen by polling) and the engine's pacing.
+    /// Wake-ups of this process's idle workers (another process's publishes are seen
+    /// by the watch, `watch.rs`) and the engine's pacing.
     engine: EngineState,
     status: Arc<SqliteStatusStore>,
+    /// What the publish watch opens: the file's path (none in memory) and options.
+    watched: Option<(std::path::PathBuf, SqliteConnectOptions)>,
+    /// Whether the watch runs.
+    watching: std::sync::Mutex<bool>,
+    /// Stops the watch when the transport is closed or dropped.
+    stop: tokio_util::sync::CancellationToken,
+    _stop_on_drop: tokio_util::sync::DropGuard,
 }
 
 impl fmt::Debug for SqliteTransport {
@@ -144,6 +151,7 @@ impl SqliteTransport {
             check_existing(&writer, table.as_str()).await?;
         }
         // An in-memory database exists once per connection: everything shares the writer.
+        let watched = (!in_memory).then(|| (connect.get_filename().to_path_buf(), connect.clone()));
         let reader = if in_memory {
             writer.clone()
         } else {
@@ -153,6 +161,7 @@ impl SqliteTransport {
                 .await
                 .backend()?
         };
+        let stop = tokio_util::sync::CancellationToken::new();
         tracing::debug!(url = %options.url, table = %table, claim = %options.claim, "sqlite transport ready");
         Ok(SqliteTransport {
             status: Arc::new(SqliteStatusStore::new(
@@ -166,7 +175,36 @@ impl SqliteTransport {
             keys: Arc::new(unique::KeySql::new(table.as_str())),
             options,
             engine: EngineState::default(),
+            watched,
+            watching: std::sync::Mutex::new(false),
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
         })
+    }
+
+    /// Starts the publish watch the first time a worker asks for a wake-up signal.
+    pub(crate) fn ensure_watching(&self) {
+        let (Some(every), Some((path, connect))) = (self.options.watch, &self.watched) else {
+            return;
+        };
+        let mut watching = self.watching.lock().unwrap_or_else(|e| e.into_inner());
+        if *watching || self.stop.is_cancelled() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(crate::watch::watch_publishes(
+                connect.clone(),
+                path.clone(),
+                crate::watch::WatchSql {
+                    max_seq: self.sql.max_seq.clone(),
+                    queues_between: self.sql.queues_between.clone(),
+                },
+                every,
+                self.engine.wakers.clone(),
+                self.stop.clone(),
+            ));
+            *watching = true;
+        }
     }
 
     /// The options this transport runs with.
@@ -180,8 +218,9 @@ impl SqliteTransport {
         &self.writer
     }
 
-    /// Closes both pools.
+    /// Closes both pools and stops the publish watch.
     pub async fn close(&self) {
+        self.stop.cancel();
         self.writer.close().await;
         self.reader.close().await;
     }

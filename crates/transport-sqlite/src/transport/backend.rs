@@ -27,6 +27,10 @@ impl SqlBackend for SqliteTransport {
         &self.engine
     }
 
+    fn watch_publishes(&self) {
+        self.ensure_watching();
+    }
+
     async fn insert(&self, envelopes: Vec<Envelope>) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.options.max_payload_bytes)?;
         let keyed = rows.iter().any(|r| r.env.ordering_key.is_some());

@@ -11,6 +11,7 @@ use switchyard::{
 };
 use uuid::Uuid;
 
+use super::remote;
 use super::report::Sample;
 use super::target::Target;
 use super::workload::{jobs, keyed_jobs, queue, single_count};
@@ -109,7 +110,9 @@ pub(super) async fn measure(
     }
 
     let publisher = target.publisher(t).await?;
-    let (pickup_p50_ms, pickup_p99_ms) = pickup(t, &publisher).await?;
+    let (pickup_p50_ms, pickup_p99_ms) = pickup(t, Publisher::Here(publisher)).await?;
+    let (pickup_process_p50_ms, pickup_process_p99_ms) =
+        pickup(t, Publisher::Process(target.config())).await?;
     Ok((
         Sample {
             enqueue_single_per_s,
@@ -120,6 +123,8 @@ pub(super) async fn measure(
             drain_keyed_per_s,
             pickup_p50_ms,
             pickup_p99_ms,
+            pickup_process_p50_ms,
+            pickup_process_p99_ms,
             duplicates,
             missing,
         },
@@ -192,20 +197,32 @@ async fn drain(
     ))
 }
 
+/// Who publishes in the pickup measurement.
+pub(super) enum Publisher<'a> {
+    /// A transport of this process.
+    Here(Arc<dyn Transport>),
+    /// Another process (`switchyard bench-publish`) on the store `config` describes.
+    Process(&'a switchyard::Config),
+}
+
 /// Publishes at a fixed rate to an idle worker (default polling, plus the transport's
-/// wake-up signal where it has one) and measures publish → handler start.
-async fn pickup(t: &Arc<dyn Transport>, publisher: &Arc<dyn Transport>) -> Result<(f64, f64)> {
+/// wake-up signal where it has one) and measures publish → handler start, by the time
+/// each job carries.
+pub(super) async fn pickup(t: &Arc<dyn Transport>, publisher: Publisher<'_>) -> Result<(f64, f64)> {
     let q = queue("pickup")?;
-    let sent: Arc<Mutex<HashMap<Uuid, Instant>>> = Arc::default();
     let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let (s, l) = (sent.clone(), latencies.clone());
+    let l = latencies.clone();
     let worker = Worker::new(t.clone(), q.clone(), WorkerOptions::default()).handle(
         "noop",
         handler_fn(move |ctx: JobContext| {
-            let at = Instant::now();
-            let start = s.lock().ok().and_then(|m| m.get(&ctx.envelope.id).copied());
-            if let (Some(start), Ok(mut l)) = (start, l.lock()) {
-                l.push(at.duration_since(start));
+            let at = remote::now_ns();
+            let sent = ctx
+                .envelope
+                .headers
+                .get(remote::SENT_NS)
+                .and_then(|s| s.parse::<i64>().ok());
+            if let (Some(sent), Ok(mut l)) = (sent, l.lock()) {
+                l.push(Duration::from_nanos(u64::try_from(at - sent).unwrap_or(0)));
             }
             async { Ok(()) }
         }),
@@ -214,13 +231,26 @@ async fn pickup(t: &Arc<dyn Transport>, publisher: &Arc<dyn Transport>) -> Resul
     let running = tokio::spawn(worker.run(stop.clone()));
     // Let the worker fall idle first.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut tick = tokio::time::interval(PICKUP_INTERVAL);
-    for env in jobs(&q, PICKUP_MESSAGES)? {
-        tick.tick().await;
-        sent.lock()
-            .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
-            .insert(env.id, Instant::now());
-        publisher.publish(env).await?;
+    match publisher {
+        Publisher::Here(publisher) => {
+            let mut tick = tokio::time::interval(PICKUP_INTERVAL);
+            for env in jobs(&q, PICKUP_MESSAGES)? {
+                tick.tick().await;
+                publisher.publish(remote::stamped(env)).await?;
+            }
+        }
+        Publisher::Process(config) => {
+            let mut child = remote::spawn(config, q.as_str(), PICKUP_MESSAGES, PICKUP_INTERVAL)?;
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| Error::io("waiting for the publisher process", e))?;
+            if !status.success() {
+                return Err(Error::InvalidInput(format!(
+                    "the pickup's publisher process failed ({status})"
+                )));
+            }
+        }
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while latencies.lock().map(|l| l.len()).unwrap_or(0) < PICKUP_MESSAGES {

@@ -8,6 +8,7 @@
 
 mod baseline;
 mod measure;
+mod remote;
 mod report;
 mod target;
 mod workload;
@@ -19,6 +20,8 @@ use baseline::Baseline;
 use report::{baseline_report, median_contention, summarise, Contention, Report, Sample};
 use target::Target;
 use workload::{jobs, queue, single_count};
+
+pub(crate) use remote::publish_timed;
 
 pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<()> {
     let claims = match args.only_claim.as_deref() {

@@ -22,6 +22,9 @@ pub(super) struct Sample {
     pub(super) drain_keyed_per_s: Option<f64>,
     pub(super) pickup_p50_ms: f64,
     pub(super) pickup_p99_ms: f64,
+    /// Pickup with the publisher in another process (`switchyard bench-publish`).
+    pub(super) pickup_process_p50_ms: f64,
+    pub(super) pickup_process_p99_ms: f64,
     pub(super) duplicates: u64,
     pub(super) missing: u64,
 }
@@ -165,6 +168,8 @@ pub(super) fn summarise(
                 .map(median),
             pickup_p50_ms: m(|s| s.pickup_p50_ms),
             pickup_p99_ms: m(|s| s.pickup_p99_ms),
+            pickup_process_p50_ms: m(|s| s.pickup_process_p50_ms),
+            pickup_process_p99_ms: m(|s| s.pickup_process_p99_ms),
             duplicates: samples.iter().map(|s| s.duplicates).sum(),
             missing: samples.iter().map(|s| s.missing).sum(),
         },
@@ -225,6 +230,13 @@ fn print_table(reports: &[Report], args: &BenchArgs) {
 /// The drains with status and at depth, and the optimistic claims' contention.
 fn print_notes(reports: &[Report]) {
     for r in reports {
+        outln!(
+            "{} {}: pickup with the publisher in another process: p50 {:.1} ms, p99 {:.1} ms",
+            r.backend,
+            r.claim,
+            r.summary.pickup_process_p50_ms,
+            r.summary.pickup_process_p99_ms
+        );
         if let Some(tracked) = r.summary.drain_status_per_s {
             outln!(
                 "{} {}: drain recording job status: {tracked:.0} jobs/s ({:.0}% of the plain drain)",

@@ -74,6 +74,11 @@ impl Target {
         })
     }
 
+    /// The configuration of the store, as another process would open it.
+    pub(super) fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// A transport on the store; `pool` sizes a PostgreSQL pool for that many
     /// concurrent callers.
     pub(super) async fn open(&self, pool: Option<u32>) -> Result<Arc<dyn Transport>> {
