@@ -172,6 +172,10 @@ pub struct Config {
     /// `QUEUE_CONNECT_TIMEOUT`: how long one attempt to open a connection (TCP, TLS
     /// and login) may take before it fails naming the host, port and cause.
     pub connect_timeout: Duration,
+    /// `QUEUE_WATCH`: how often MySQL's and SQLite's publish watch looks for other
+    /// processes' publishes to wake idle workers (`off`: only the workers' polling);
+    /// `None` keeps each transport's default (MySQL 20 ms, SQLite 2 ms).
+    pub watch: Option<Option<Duration>>,
 }
 
 impl Default for Config {
@@ -194,6 +198,7 @@ impl Default for Config {
             status: true,
             amqp_classic_queues: false,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            watch: None,
         }
     }
 }
@@ -297,6 +302,21 @@ impl Config {
                 ));
             }
             cfg.connect_timeout = d;
+        }
+        if let Some(v) = get("QUEUE_WATCH") {
+            cfg.watch = Some(if v.trim().eq_ignore_ascii_case("off") {
+                None
+            } else {
+                let d = parse_duration("QUEUE_WATCH", &v)?;
+                if d < Duration::from_millis(1) || d > Duration::from_secs(60) {
+                    return Err(ConfigError::new(
+                        "QUEUE_WATCH",
+                        Some(v),
+                        "expected off, or a duration from 1ms to 60s, such as 2ms or 20ms",
+                    ));
+                }
+                Some(d)
+            });
         }
         if let Some(v) = get("QUEUE_TABLE") {
             cfg.table = Identifier::table("QUEUE_TABLE", v.trim())?;
@@ -576,6 +596,19 @@ mod tests {
             assert!(text.contains(value), "{text}");
             assert!(text.contains(expected), "{text}");
         }
+    }
+
+    #[test]
+    fn the_publish_watch_is_an_interval_or_off() {
+        assert_eq!(from(&[]).expect("defaults").watch, None);
+        let every = from(&[("QUEUE_WATCH", "5ms")]).expect("an interval");
+        assert_eq!(every.watch, Some(Some(Duration::from_millis(5))));
+        assert_eq!(
+            from(&[("QUEUE_WATCH", "off")]).expect("off").watch,
+            Some(None)
+        );
+        let e = from(&[("QUEUE_WATCH", "0ms")]).expect_err("too short");
+        assert!(e.to_string().contains("QUEUE_WATCH"), "{e}");
     }
 
     #[test]

@@ -71,6 +71,9 @@ impl MySqlOptions {
             claim: config.claim,
             visibility_timeout: config.visibility_timeout,
             connect_timeout: config.connect_timeout,
+            watch: config
+                .watch
+                .unwrap_or(MySqlOptions::new(config.database_url.expose()).watch),
             ..MySqlOptions::new(config.database_url.expose())
         }
     }

@@ -74,6 +74,9 @@ impl SqliteOptions {
             schema: config.schema.as_ref().map(|s| s.as_str().into()),
             claim: config.claim,
             visibility_timeout: config.visibility_timeout,
+            watch: config
+                .watch
+                .unwrap_or(SqliteOptions::new(config.database_url.expose()).watch),
             ..SqliteOptions::new(config.database_url.expose())
         }
     }

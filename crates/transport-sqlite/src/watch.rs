@@ -1,21 +1,22 @@
 //! Wake-ups for publishes of other processes on the same file. SQLite tells a connection
 //! of nothing another one commits, so once a worker of this transport has asked for a
-//! wake-up signal, one task per transport looks at the database's files every few
-//! milliseconds: a `stat` of the write-ahead log and of the database file, which costs
-//! no query while nothing changes. When either changed (a commit appends to the log; a
-//! checkpoint copies it into the file and starts it over), it reads the newest row's seq
-//! on a connection of its own and, when that grew, which queues the new rows are on, and
-//! wakes their idle workers; and reads once more at the next look, since a commit's log
-//! is written a moment before the commit is visible. Its statements are not cached: a
-//! cached one is not reset when done, and would hold its read snapshot.
+//! wake-up signal, one task per transport looks every few milliseconds at the header of
+//! the write-ahead log's index (the first 48 bytes of the `-shm` file: its change
+//! counter, last frame and salts), which every writer updates in the moment its commit
+//! becomes visible, and which costs one `pread` and no query while nothing changes.
+//! When it changed, the watch reads the newest row's seq on a connection of its own and,
+//! when that grew, which queues the new rows are on, and wakes their idle workers; it
+//! reads once more at the next look, so that a commit published between the look and
+//! the read is not left behind.
 //!
 //! A file replaced under its path (a restore) is seen by its inode: the watch opens the
-//! new one, and wakes every idle worker. The workers' own polling stays the truth: due
+//! new one and wakes every idle worker, and warns that this process's own connections
+//! still use the old file (restart it). The workers' own polling stays the truth: due
 //! delays, releases and lapsed leases add no row.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use queue_core::sql::{lossy, Wakers};
 use sqlx::sqlite::SqliteConnectOptions;
@@ -34,36 +35,61 @@ pub(crate) struct WatchSql {
     pub(crate) queues_between: String,
 }
 
-/// What the files looked like: the log's length and time, the file's time and inode.
+/// The bytes of the log index's header that change with every visible commit.
+const HEADER: usize = 48;
+
+/// What the files looked like: the log index's header, and the file's identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Look {
-    log: Option<(u64, SystemTime)>,
-    file: Option<(SystemTime, u64)>,
+    header: Option<[u8; HEADER]>,
+    file: Option<u64>,
 }
 
-fn look(path: &Path, log: &Path) -> Look {
+fn look(path: &Path, index: &Path) -> Look {
+    let header = std::fs::File::open(index).ok().and_then(|f| {
+        let mut bytes = [0u8; HEADER];
+        read_at(&f, &mut bytes).ok().map(|()| bytes)
+    });
+    Look {
+        header,
+        file: identity(path),
+    }
+}
+
+#[cfg(unix)]
+fn read_at(f: &std::fs::File, bytes: &mut [u8]) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(f, bytes, 0)
+}
+
+#[cfg(not(unix))]
+fn read_at(mut f: &std::fs::File, bytes: &mut [u8]) -> std::io::Result<()> {
+    std::io::Read::read_exact(&mut f, bytes)
+}
+
+/// The file's inode (where there are inodes): a file replaced under its path has
+/// another.
+#[cfg(unix)]
+fn identity(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt as _;
-    let log = std::fs::metadata(log)
-        .ok()
-        .and_then(|m| Some((m.len(), m.modified().ok()?)));
-    let file = std::fs::metadata(path)
-        .ok()
-        .and_then(|m| Some((m.modified().ok()?, m.ino())));
-    Look { log, file }
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+#[cfg(not(unix))]
+fn identity(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|_| 0)
 }
 
 /// The watch's state between looks.
 struct Watch {
     connect: SqliteConnectOptions,
     path: PathBuf,
-    log: PathBuf,
+    index: PathBuf,
     sql: WatchSql,
     conn: Option<(SqliteConnection, u64)>,
     /// The newest seq seen; `None` after a (re)connect.
     last: Option<i64>,
     /// The files as last read after, and whether a second read confirmed them: a commit
-    /// writes its log before it is visible, so the read right after a change may come
-    /// too soon.
+    /// made visible between a look and its read is found by the next read.
     seen: Option<Look>,
     settled: bool,
 }
@@ -78,11 +104,13 @@ pub(crate) async fn watch_publishes(
     stop: CancellationToken,
 ) {
     let every = every.max(Duration::from_millis(1));
-    let mut log = path.clone().into_os_string();
-    log.push("-wal");
+    // SQLite names the log's index after the file a symbolic link leads to.
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    let mut index = path.clone().into_os_string();
+    index.push("-shm");
     let mut watch = Watch {
         connect: connect.create_if_missing(false),
-        log: PathBuf::from(log),
+        index: PathBuf::from(index),
         path,
         sql,
         conn: None,
@@ -91,6 +119,7 @@ pub(crate) async fn watch_publishes(
         settled: false,
     };
     let mut pause = every;
+    let mut failures = 0u32;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -100,15 +129,24 @@ pub(crate) async fn watch_publishes(
             _ = stop.cancelled() => break,
             step = tokio::time::timeout(STATEMENT_TIMEOUT, watch.tick(&wakers)) => step,
         };
-        pause = match step {
-            Ok(Ok(())) => every,
-            Ok(Err(err)) => {
-                tracing::debug!(error = %err, "publish watch failed; the workers poll meanwhile");
-                watch.conn = None;
-                (pause * 2).clamp(BACKOFF.0, BACKOFF.1)
+        let failed = match step {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(err.to_string()),
+            Err(_) => Some(format!("no answer within {STATEMENT_TIMEOUT:?}")),
+        };
+        pause = match failed {
+            None => {
+                failures = 0;
+                every
             }
-            Err(_) => {
-                tracing::debug!("publish watch timed out; the workers poll meanwhile");
+            Some(why) => {
+                failures += 1;
+                // Said once when it keeps failing: the workers' polling covers meanwhile.
+                if failures == 5 {
+                    tracing::warn!(error = %why, "the publish watch keeps failing; idle workers find other processes' publishes by polling");
+                } else {
+                    tracing::debug!(error = %why, "publish watch failed; the workers poll meanwhile");
+                }
                 watch.conn = None;
                 (pause * 2).clamp(BACKOFF.0, BACKOFF.1)
             }
@@ -124,14 +162,14 @@ impl Watch {
     /// the last seen.
     async fn tick(&mut self, wakers: &Wakers) -> Result<(), sqlx::Error> {
         // Taken before the read: a commit after it changes the files again.
-        let now = look(&self.path, &self.log);
-        let inode = now.file.map(|(_, ino)| ino);
+        let now = look(&self.path, &self.index);
+        let inode = now.file;
         if self
             .conn
             .as_ref()
             .is_some_and(|(_, ino)| Some(*ino) != inode)
         {
-            tracing::info!(path = %self.path.display(), "the database file was replaced; watching the new one");
+            tracing::warn!(path = %self.path.display(), "the database file was replaced under its path: this process's connections still use the old one, restart it (the publish watch follows the new one)");
             if let Some((c, _)) = self.conn.take() {
                 let _ = c.close().await;
             }
@@ -157,8 +195,8 @@ impl Watch {
         let Some((c, _)) = self.conn.as_mut() else {
             return Ok(());
         };
-        // Statements not kept: a cached one is not reset when done, and would hold its
-        // read snapshot, so that the next look saw nothing newer.
+        // Each look its own statement, read to the end, so that no read snapshot
+        // outlives it.
         let newest: i64 = sqlx::query_scalar(&self.sql.max_seq)
             .persistent(false)
             .fetch_all(&mut *c)

@@ -153,7 +153,8 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
     fn engine(&self) -> &EngineState;
 
     /// Starts whatever tells this process of other processes' publishes (PostgreSQL's
-    /// `LISTEN`, MySQL's publish watch), once a worker asks for a wake-up signal.
+    /// `LISTEN`, MySQL's and SQLite's publish watch), once a worker asks for a wake-up
+    /// signal.
     fn watch_publishes(&self) {}
 
     /// Stores envelopes atomically, skipping ids already stored; validates each one's

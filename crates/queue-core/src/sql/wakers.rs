@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 /// The idle workers' wake-up signals of one transport, by queue: a publish of this
-/// process wakes them at once (other processes are seen by polling, or `NOTIFY`).
+/// process wakes them at once (other processes' by the backend's watch: PostgreSQL's
+/// `NOTIFY`, MySQL's and SQLite's publish watch; else by polling).
 #[derive(Debug, Default)]
 pub struct Wakers {
     by_queue: Mutex<HashMap<String, Arc<Notify>>>,

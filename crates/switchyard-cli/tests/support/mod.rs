@@ -150,6 +150,7 @@ impl Sandbox {
             "QUEUE_SCHEMA",
             "QUEUE_DRAIN",
             "QUEUE_STATUS",
+            "QUEUE_WATCH",
             "AMQP_QUEUE_TYPE",
             "SWITCHYARD_ADMIN_TOKEN",
             "SWITCHYARD_ALERT_WEBHOOK",

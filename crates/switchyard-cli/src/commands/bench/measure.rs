@@ -221,13 +221,17 @@ pub(super) async fn pickup(t: &Arc<dyn Transport>, publisher: Publisher<'_>) -> 
                 .headers
                 .get(remote::SENT_NS)
                 .and_then(|s| s.parse::<i64>().ok());
-            if let (Some(sent), Ok(mut l)) = (sent, l.lock()) {
-                l.push(Duration::from_nanos(u64::try_from(at - sent).unwrap_or(0)));
+            // Both clocks are this machine's; a step of it between the two reads would
+            // give a negative time, which is dropped rather than counted as 0.
+            if let (Some(Ok(ns)), Ok(mut l)) = (sent.map(|s| u64::try_from(at - s)), l.lock()) {
+                l.push(Duration::from_nanos(ns));
             }
             async { Ok(()) }
         }),
     );
     let stop = CancellationToken::new();
+    // Whatever way this returns, the worker stops.
+    let _stop_on_return = stop.clone().drop_guard();
     let running = tokio::spawn(worker.run(stop.clone()));
     // Let the worker fall idle first.
     tokio::time::sleep(Duration::from_millis(200)).await;
