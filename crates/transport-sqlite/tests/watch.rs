@@ -16,10 +16,8 @@ fn url(db: &Path) -> String {
 }
 
 async fn open(db: &Path, watch: bool) -> Arc<dyn Transport> {
-    let mut options = SqliteOptions::new(url(db));
-    if !watch {
-        options = options.with_watch(None);
-    }
+    let every = watch.then_some(Duration::from_millis(2));
+    let options = SqliteOptions::new(url(db)).with_watch(every);
     Arc::new(
         SqliteTransport::connect(options)
             .await
