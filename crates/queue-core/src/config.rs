@@ -117,6 +117,34 @@ impl fmt::Display for ClaimStrategy {
     }
 }
 
+/// `value` of `setting` as a duration within `range`, else an error saying `expected`.
+fn duration_in(
+    setting: &str,
+    value: String,
+    range: std::ops::RangeInclusive<Duration>,
+    expected: &str,
+) -> Result<Duration, ConfigError> {
+    let d = parse_duration(setting, &value)?;
+    if range.contains(&d) {
+        Ok(d)
+    } else {
+        Err(ConfigError::new(setting, Some(value), expected))
+    }
+}
+
+/// `value` of `setting` as one of two words: true for the first, false for the second.
+fn either(setting: &str, value: String, [yes, no]: [&str; 2]) -> Result<bool, ConfigError> {
+    match value.trim() {
+        v if v == yes => Ok(true),
+        v if v == no => Ok(false),
+        _ => Err(ConfigError::new(
+            setting,
+            Some(value),
+            format!("expected {yes} or {no}"),
+        )),
+    }
+}
+
 /// Parses a duration written `250ms`, `10s`, `5m`, `1h` or `30d`; `setting` names the
 /// variable or flag in the error.
 pub fn parse_duration(setting: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -282,57 +310,38 @@ impl Config {
                 })?;
         }
         if let Some(v) = get("QUEUE_VISIBILITY_TIMEOUT") {
-            let d = parse_duration("QUEUE_VISIBILITY_TIMEOUT", &v)?;
-            if d < Duration::from_secs(1) {
-                return Err(ConfigError::new(
-                    "QUEUE_VISIBILITY_TIMEOUT",
-                    Some(v),
-                    "expected a duration of at least 1s, such as 30s, 90s or 5m",
-                ));
-            }
-            cfg.visibility_timeout = d;
+            cfg.visibility_timeout = duration_in(
+                "QUEUE_VISIBILITY_TIMEOUT",
+                v,
+                Duration::from_secs(1)..=Duration::MAX,
+                "expected a duration of at least 1s, such as 30s, 90s or 5m",
+            )?;
         }
         if let Some(v) = get("QUEUE_CONNECT_TIMEOUT") {
-            let d = parse_duration("QUEUE_CONNECT_TIMEOUT", &v)?;
-            if d < Duration::from_millis(100) || d > Duration::from_secs(600) {
-                return Err(ConfigError::new(
-                    "QUEUE_CONNECT_TIMEOUT",
-                    Some(v),
-                    "expected a duration from 100ms to 10m, such as 2s or 30s",
-                ));
-            }
-            cfg.connect_timeout = d;
+            cfg.connect_timeout = duration_in(
+                "QUEUE_CONNECT_TIMEOUT",
+                v,
+                Duration::from_millis(100)..=Duration::from_secs(600),
+                "expected a duration from 100ms to 10m, such as 2s or 30s",
+            )?;
         }
         if let Some(v) = get("QUEUE_WATCH") {
             cfg.watch = Some(if v.trim().eq_ignore_ascii_case("off") {
                 None
             } else {
-                let d = parse_duration("QUEUE_WATCH", &v)?;
-                if d < Duration::from_millis(1) || d > Duration::from_secs(60) {
-                    return Err(ConfigError::new(
-                        "QUEUE_WATCH",
-                        Some(v),
-                        "expected off, or a duration from 1ms to 60s, such as 2ms or 20ms",
-                    ));
-                }
-                Some(d)
+                Some(duration_in(
+                    "QUEUE_WATCH",
+                    v,
+                    Duration::from_millis(1)..=Duration::from_secs(60),
+                    "expected off, or a duration from 1ms to 60s, such as 2ms or 20ms",
+                )?)
             });
         }
         if let Some(v) = get("QUEUE_TABLE") {
             cfg.table = Identifier::table("QUEUE_TABLE", v.trim())?;
         }
         if let Some(v) = get("QUEUE_STATUS") {
-            cfg.status = match v.trim() {
-                "on" => true,
-                "off" => false,
-                _ => {
-                    return Err(ConfigError::new(
-                        "QUEUE_STATUS",
-                        Some(v),
-                        "expected on or off",
-                    ))
-                }
-            };
+            cfg.status = either("QUEUE_STATUS", v, ["on", "off"])?;
         }
         if let Some(v) = get("QUEUE_SCHEMA") {
             cfg.tenants = TenantSelection::parse("QUEUE_SCHEMA", v.trim())?;
@@ -341,17 +350,7 @@ impl Config {
             }
         }
         if let Some(v) = get("AMQP_QUEUE_TYPE") {
-            cfg.amqp_classic_queues = match v.trim() {
-                "quorum" => false,
-                "classic" => true,
-                _ => {
-                    return Err(ConfigError::new(
-                        "AMQP_QUEUE_TYPE",
-                        Some(v),
-                        "expected quorum or classic",
-                    ))
-                }
-            };
+            cfg.amqp_classic_queues = !either("AMQP_QUEUE_TYPE", v, ["quorum", "classic"])?;
         }
         cfg.check_tenants()?;
         Ok(match cfg.tenant.clone() {

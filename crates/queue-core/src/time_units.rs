@@ -26,3 +26,8 @@ pub fn micros_between(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
 pub fn time_from_micros(us: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(us).unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
+
+/// The current time in microseconds since the epoch.
+pub(crate) fn now_us() -> i64 {
+    Utc::now().timestamp_micros()
+}

@@ -151,10 +151,13 @@ fn resumes_and_fences(mut sb: Sandbox, mode: Mode) {
     wait_for("item 5,000", Duration::from_secs(60), || {
         at(&dir, "a") >= 5_000
     });
-    // The whole host goes: the worker and the command it runs.
+    // The whole host goes: the worker and the command it runs. The command's group is
+    // read first: once its worker is gone, a command writing to its stdout may die of
+    // the closed pipe before it could be looked up.
+    let group = command_group(&dir, mode, "a");
     signal(&a, Signal::SIGKILL);
     let _ = a.wait();
-    if let Some(group) = command_group(&dir, mode, "a") {
+    if let Some(group) = group {
         let _ = killpg(group, Signal::SIGKILL);
     }
     let killed_at = at(&dir, "a");

@@ -10,7 +10,6 @@
 
 mod broker_keys;
 mod connect;
-mod controls;
 mod cursor;
 mod error;
 mod inbox;

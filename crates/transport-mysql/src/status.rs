@@ -14,13 +14,13 @@ use sqlx::{MySqlPool, Row};
 use uuid::Uuid;
 
 use crate::broker_keys::MySqlBrokerKeys;
-use crate::controls::MySqlControls;
 use crate::error::SqlxResultExt;
 use crate::limits::MySqlLimits;
 use crate::runner::MySqlRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
+use queue_core::sql::controls::{ControlStatements, SqlControls};
 use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
@@ -169,7 +169,7 @@ pub struct MySqlStatusStore {
     /// The limit tables.
     limits: Arc<MySqlLimits>,
     /// The control tables.
-    controls: Arc<MySqlControls>,
+    controls: Arc<SqlControls<MySqlRunner>>,
     /// The schedule table.
     schedules: Arc<SqlSchedules<MySqlRunner>>,
     /// The checkpoint table.
@@ -187,7 +187,11 @@ impl MySqlStatusStore {
     ) -> Self {
         let s = |sql: &str| specialise(sql, schema, table);
         MySqlStatusStore {
-            controls: Arc::new(MySqlControls::new(pool.clone(), schema, table)),
+            controls: Arc::new(SqlControls::new(
+                MySqlRunner(pool.clone()),
+                ControlStatements::new(SqlDialect::MySql)
+                    .map(|s| crate::sql::specialise(s, schema, table)),
+            )),
             schedules: Arc::new(SqlSchedules::new(
                 MySqlRunner(pool.clone()),
                 ScheduleStatements::new(SqlDialect::MySql, |s| {

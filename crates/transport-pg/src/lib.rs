@@ -11,7 +11,6 @@
 
 mod broker_keys;
 mod connect;
-mod controls;
 mod error;
 mod inbox;
 mod limits;

@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::broker_keys::PgBrokerKeys;
-use crate::controls::PgControls;
 use crate::error::SqlxResultExt;
 use crate::limits::PgLimits;
 use crate::listener;
@@ -24,6 +23,7 @@ use crate::runner::PgRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
+use queue_core::sql::controls::{ControlStatements, SqlControls};
 use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
@@ -204,7 +204,7 @@ pub struct PgStatusStore {
     /// The limit tables.
     limits: Arc<PgLimits>,
     /// The control tables.
-    controls: Arc<PgControls>,
+    controls: Arc<SqlControls<PgRunner>>,
     /// The schedule table.
     schedules: Arc<SqlSchedules<PgRunner>>,
     /// The checkpoint table.
@@ -256,7 +256,11 @@ impl PgStatusStore {
             stopped: s(STOPPED),
             workers: s(WORKERS),
             keys: Arc::new(KeySql::new(schema, table)),
-            controls: Arc::new(PgControls::new(pool.clone(), schema, table)),
+            controls: Arc::new(SqlControls::new(
+                PgRunner(pool.clone()),
+                ControlStatements::new(SqlDialect::Postgres)
+                    .map(|s| crate::sql::specialise(s, schema, table)),
+            )),
             schedules: Arc::new(SqlSchedules::new(
                 PgRunner(pool.clone()),
                 ScheduleStatements::new(SqlDialect::Postgres, |s| {

@@ -7,7 +7,6 @@
 #![doc = include_str!("../README.md")]
 
 mod broker_keys;
-mod controls;
 mod error;
 mod inbox;
 mod limits;

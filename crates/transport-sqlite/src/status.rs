@@ -13,13 +13,13 @@ use sqlx::{Row, SqlitePool};
 use uuid::Uuid;
 
 use crate::broker_keys::SqliteBrokerKeys;
-use crate::controls::SqliteControls;
 use crate::error::SqlxResultExt;
 use crate::limits::SqliteLimits;
 use crate::runner::SqliteRunner;
 use crate::sql::specialise;
 use crate::unique_sql::KeySql;
 use queue_core::sql::checkpoints::{CheckpointStatements, SqlCheckpoints};
+use queue_core::sql::controls::{ControlStatements, SqlControls};
 use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
@@ -166,7 +166,7 @@ pub struct SqliteStatusStore {
     /// The limit tables.
     limits: Arc<SqliteLimits>,
     /// The control tables.
-    controls: Arc<SqliteControls>,
+    controls: Arc<SqlControls<SqliteRunner>>,
     /// The schedule table.
     schedules: Arc<SqlSchedules<SqliteRunner>>,
     /// The checkpoint table.
@@ -179,7 +179,11 @@ impl SqliteStatusStore {
     pub(crate) fn new(writer: SqlitePool, reader: SqlitePool, table: &str) -> Self {
         let s = |sql: &str| specialise(sql, table);
         SqliteStatusStore {
-            controls: Arc::new(SqliteControls::new(writer.clone(), table)),
+            controls: Arc::new(SqlControls::new(
+                SqliteRunner(writer.clone()),
+                ControlStatements::new(SqlDialect::Sqlite)
+                    .map(|s| crate::sql::specialise(s, table)),
+            )),
             schedules: Arc::new(SqlSchedules::new(
                 SqliteRunner(writer.clone()),
                 ScheduleStatements::new(SqlDialect::Sqlite, |s| crate::sql::specialise(s, table)),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::harness::{Harness, OpenOptions, Store};
 use super::worker_support::{drain, fast, fresh_queue};
-use crate::limit::{Acquired, Limit};
+use crate::limit::{Acquired, Limit, Want};
 use crate::limit_store::{LimitLease, LimitStore, Parked};
 use crate::reservation::Reservation;
 use crate::status::StatusStore;
@@ -254,6 +254,52 @@ async fn reserve_soon(t: &dyn Transport, q: &QueueName) -> Result<Option<Reserva
     }
 }
 
+/// A new lease of the job `r` (its id, a fresh token).
+fn lease_of(r: &Reservation) -> (String, String) {
+    (r.id().to_string(), uuid::Uuid::new_v4().to_string())
+}
+
+/// The limit lease of `(id, token)` in `q`.
+fn lease_on<'a>(q: &'a QueueName, (id, token): &'a (String, String)) -> LimitLease<'a> {
+    LimitLease {
+        queue: q.as_str(),
+        id,
+        token,
+    }
+}
+
+/// Claims each of `envs` in turn (in publish order), is denied its key's slot and
+/// parks it.
+async fn park_each(
+    t: &dyn Transport,
+    limits: &dyn LimitStore,
+    q: &QueueName,
+    envs: &[Envelope],
+    want: &[Want],
+    backstop: Duration,
+) -> Result<()> {
+    for env in envs {
+        let r = t
+            .reserve(q)
+            .await?
+            .expect("a job not parked yet is claimable");
+        assert_eq!(r.id(), env.id, "a parked job was claimed again");
+        let ids = lease_of(&r);
+        let lease = lease_on(q, &ids);
+        assert!(matches!(
+            limits.acquire(lease, backstop, want).await?,
+            Acquired::Wait { .. }
+        ));
+        assert_eq!(
+            limits
+                .park(lease, &r.token().to_string(), want, backstop)
+                .await?,
+            Parked::Parked
+        );
+    }
+    Ok(())
+}
+
 /// Where the store sits beside the jobs, a job that finds its key's only slot taken is
 /// parked: no claim sees it again until the slot is released (which wakes the oldest
 /// parked job, and only one) or runs out (which the workers' wake-up finds); a park that
@@ -284,30 +330,7 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
         limits.acquire(holder, backstop, &want).await?,
         Acquired::Granted
     );
-    let lease_of = |r: &Reservation| (r.id().to_string(), uuid::Uuid::new_v4().to_string());
-    // Each job in turn is denied and parked; then no claim finds any.
-    for env in &envs {
-        let r = t
-            .reserve(&q)
-            .await?
-            .expect("a job not parked yet is claimable");
-        assert_eq!(r.id(), env.id, "a parked job was claimed again");
-        let (id, token) = lease_of(&r);
-        let lease = LimitLease {
-            queue: q.as_str(),
-            id: &id,
-            token: &token,
-        };
-        assert!(matches!(
-            limits.acquire(lease, backstop, &want).await?,
-            Acquired::Wait { .. }
-        ));
-        let job_token = r.token().to_string();
-        assert_eq!(
-            limits.park(lease, &job_token, &want, backstop).await?,
-            Parked::Parked
-        );
-    }
+    park_each(t.as_ref(), limits, &q, &envs, &want, backstop).await?;
     assert!(t.reserve(&q).await?.is_none(), "a parked job was claimable");
     // The release wakes the oldest parked job, and only it.
     assert_eq!(limits.release(holder).await?, 1, "the release woke no job");
@@ -324,12 +347,8 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
         "a release woke two jobs for one slot"
     );
     // Its slot runs out instead of being released: the wake-up of parked jobs finds it.
-    let (id, token) = lease_of(&first);
-    let short = LimitLease {
-        queue: q.as_str(),
-        id: &id,
-        token: &token,
-    };
+    let first_lease = lease_of(&first);
+    let short = lease_on(&q, &first_lease);
     let brief = Duration::from_millis(300);
     assert_eq!(
         limits.acquire(short, brief, &want).await?,
@@ -347,12 +366,8 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
         .expect("the job woken by the run-out slot is claimable");
     assert_eq!(second.id(), envs[1].id);
     // With the slot free, a park parks nothing; a lease that is not the job's neither.
-    let (id, token) = lease_of(&second);
-    let lease = LimitLease {
-        queue: q.as_str(),
-        id: &id,
-        token: &token,
-    };
+    let second_lease = lease_of(&second);
+    let lease = lease_on(&q, &second_lease);
     assert_eq!(
         limits
             .park(lease, &second.token().to_string(), &want, backstop)
@@ -364,12 +379,8 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
         Acquired::Granted
     );
     let stranger = uuid::Uuid::new_v4().to_string();
-    let (fid, ftoken) = lease_of(&first);
-    let other = LimitLease {
-        queue: q.as_str(),
-        id: &fid,
-        token: &ftoken,
-    };
+    let first_again = lease_of(&first);
+    let other = lease_on(&q, &first_again);
     assert_eq!(
         limits.park(other, &stranger, &want, backstop).await?,
         Parked::NotHere,

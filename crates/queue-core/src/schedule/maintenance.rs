@@ -108,7 +108,7 @@ pub async fn prune(
     // A checkpoint or log this old belongs to a job long finished (or stuck past any
     // use).
     let window = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
-    let before = super::scheduler::now_us().saturating_sub(window);
+    let before = crate::time_units::now_us().saturating_sub(window);
     if let Some(checkpoints) = status.and_then(|s| s.checkpoints()) {
         let gone = checkpoints.prune(before).await?;
         if gone > 0 {

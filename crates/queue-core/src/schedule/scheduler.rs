@@ -19,6 +19,7 @@ use super::Schedule;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::status::StatusStore;
+use crate::time_units::now_us;
 use crate::transport::Transport;
 
 /// The longest a firing loop sleeps: a schedule added or resumed elsewhere is seen
@@ -390,9 +391,4 @@ fn info(stored: StoredSchedule, now: i64) -> ScheduleInfo {
         next_run,
         error,
     }
-}
-
-/// The clock schedules are read by, µs since the epoch.
-pub(crate) fn now_us() -> i64 {
-    Utc::now().timestamp_micros()
 }

@@ -135,20 +135,7 @@ pub async fn acquire<T: LimitTable>(
     let wants = merged(wants);
     let mut verdicts = Vec::with_capacity(wants.len());
     for want in &wants {
-        // The row is locked before any write: on MySQL a duplicate insert first takes
-        // a shared lock, and two of those upgrading deadlock each other.
-        let bucket = match t.lock(lease.queue, &want.key).await? {
-            Some(bucket) => bucket,
-            None => {
-                t.ensure(lease.queue, &want.key).await?;
-                t.lock(lease.queue, &want.key).await?.ok_or_else(|| {
-                    crate::Error::Conflict(format!(
-                        "the limit row of {} in queue {} vanished while it was taken",
-                        want.key, lease.queue
-                    ))
-                })?
-            }
-        };
+        let bucket = locked(&mut t, lease, &want.key).await?;
         let now = bucket.now_us;
         // Rows that ran out count for nothing; they are deleted now and then rather
         // than by every start, which would read all of a key's bookings each time.
@@ -170,49 +157,7 @@ pub async fn acquire<T: LimitTable>(
             .as_ref()
             .filter(|m| m.token.is_none())
             .and_then(|m| m.run_at_us);
-        let verdict = match (want.rate, booked) {
-            (None, _) => Verdict::Go {
-                tokens: None,
-                took_booking: booked.is_some(),
-            },
-            (Some(_), Some(at)) if at > now => Verdict::Later {
-                run_at_us: at,
-                new_booking: None,
-            },
-            (Some(_), Some(at)) if now - at <= LATE_GRACE_US => Verdict::Go {
-                tokens: None,
-                took_booking: true,
-            },
-            // Booked, but back so late that running now would bunch starts up: it asks
-            // again as if new (its booked start is lost).
-            (Some(rate), _) => {
-                if let Some(at) = booked {
-                    tracing::debug!(late_ms = (now - at) / 1000, key = %want.key, "back too late for its booked start; it asks again");
-                }
-                let per_us = rate.per_micro();
-                let burst = f64::from(rate.burst);
-                let elapsed = (now - bucket.refilled_us).max(0) as f64;
-                // A late booking's token comes back first: the start it was taken for
-                // never happened, so the rate is not spent on it.
-                let refund = if booked.is_some() { 1.0 } else { 0.0 };
-                let tokens = bucket
-                    .tokens
-                    .map_or(burst, |t| (t + refund + elapsed * per_us).min(burst));
-                if tokens >= 1.0 {
-                    Verdict::Go {
-                        tokens: Some(tokens - 1.0),
-                        took_booking: booked.is_some(),
-                    }
-                } else {
-                    let wait_us = ((1.0 - tokens) / per_us).ceil() as i64;
-                    Verdict::Later {
-                        run_at_us: now + wait_us.max(1),
-                        new_booking: Some(tokens - 1.0),
-                    }
-                }
-            }
-        };
-        verdicts.push((want, now, verdict));
+        verdicts.push((want, now, verdict(want, &bucket, booked)));
     }
     let later = verdicts
         .iter()
@@ -222,29 +167,113 @@ pub async fn acquire<T: LimitTable>(
         })
         .max();
     if let Some(wait_us) = later {
-        for (want, now, verdict) in &verdicts {
-            if let Verdict::Later {
-                run_at_us,
-                new_booking: Some(tokens),
-            } = verdict
-            {
-                let booking = Hold {
-                    key: &want.key,
-                    token: None,
-                    run_at_us: Some(*run_at_us),
-                    until_us: run_at_us + BOOKING_KEPT_US,
-                };
-                t.hold(lease, booking).await?;
-                t.save(lease.queue, want, Some(*tokens), *now).await?;
-            }
-        }
+        book(&mut t, lease, &verdicts).await?;
         return Ok(Acquired::Wait {
             after: Duration::from_micros(u64::try_from(wait_us).unwrap_or(0)),
             by: Denial::Rate,
         });
     }
+    grant(&mut t, lease, hold, &verdicts).await?;
+    Ok(Acquired::Granted)
+}
+
+/// `key`'s row, locked, created first when missing.
+async fn locked<T: LimitTable>(t: &mut T, lease: LimitLease<'_>, key: &str) -> Result<Bucket> {
+    // The row is locked before any write: on MySQL a duplicate insert first takes
+    // a shared lock, and two of those upgrading deadlock each other.
+    if let Some(bucket) = t.lock(lease.queue, key).await? {
+        return Ok(bucket);
+    }
+    t.ensure(lease.queue, key).await?;
+    t.lock(lease.queue, key).await?.ok_or_else(|| {
+        crate::Error::Conflict(format!(
+            "the limit row of {key} in queue {} vanished while it was taken",
+            lease.queue
+        ))
+    })
+}
+
+/// What `want`'s rate says of a start now, given the job's booked start (if any).
+fn verdict(want: &Want, bucket: &Bucket, booked: Option<i64>) -> Verdict {
+    let now = bucket.now_us;
+    match (want.rate, booked) {
+        (None, _) => Verdict::Go {
+            tokens: None,
+            took_booking: booked.is_some(),
+        },
+        (Some(_), Some(at)) if at > now => Verdict::Later {
+            run_at_us: at,
+            new_booking: None,
+        },
+        (Some(_), Some(at)) if now - at <= LATE_GRACE_US => Verdict::Go {
+            tokens: None,
+            took_booking: true,
+        },
+        // Booked, but back so late that running now would bunch starts up: it asks
+        // again as if new (its booked start is lost).
+        (Some(rate), _) => {
+            if let Some(at) = booked {
+                tracing::debug!(late_ms = (now - at) / 1000, key = %want.key, "back too late for its booked start; it asks again");
+            }
+            let per_us = rate.per_micro();
+            let burst = f64::from(rate.burst);
+            let elapsed = (now - bucket.refilled_us).max(0) as f64;
+            // A late booking's token comes back first: the start it was taken for
+            // never happened, so the rate is not spent on it.
+            let refund = if booked.is_some() { 1.0 } else { 0.0 };
+            let tokens = bucket
+                .tokens
+                .map_or(burst, |t| (t + refund + elapsed * per_us).min(burst));
+            if tokens >= 1.0 {
+                Verdict::Go {
+                    tokens: Some(tokens - 1.0),
+                    took_booking: booked.is_some(),
+                }
+            } else {
+                let wait_us = ((1.0 - tokens) / per_us).ceil() as i64;
+                Verdict::Later {
+                    run_at_us: now + wait_us.max(1),
+                    new_booking: Some(tokens - 1.0),
+                }
+            }
+        }
+    }
+}
+
+/// A denial by rate: books a start for each key that took a token for it just now.
+async fn book<T: LimitTable>(
+    t: &mut T,
+    lease: LimitLease<'_>,
+    verdicts: &[(&Want, i64, Verdict)],
+) -> Result<()> {
+    for (want, now, verdict) in verdicts {
+        if let Verdict::Later {
+            run_at_us,
+            new_booking: Some(tokens),
+        } = verdict
+        {
+            let booking = Hold {
+                key: &want.key,
+                token: None,
+                run_at_us: Some(*run_at_us),
+                until_us: run_at_us + BOOKING_KEPT_US,
+            };
+            t.hold(lease, booking).await?;
+            t.save(lease.queue, want, Some(*tokens), *now).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A grant: holds a slot under each limited key and spends the tokens and bookings.
+async fn grant<T: LimitTable>(
+    t: &mut T,
+    lease: LimitLease<'_>,
+    hold: Duration,
+    verdicts: &[(&Want, i64, Verdict)],
+) -> Result<()> {
     let hold_us = crate::time_units::micros(hold);
-    for (want, now, verdict) in &verdicts {
+    for (want, now, verdict) in verdicts {
         let Verdict::Go {
             tokens,
             took_booking,
@@ -270,7 +299,7 @@ pub async fn acquire<T: LimitTable>(
             t.save(lease.queue, want, *tokens, *now).await?;
         }
     }
-    Ok(Acquired::Granted)
+    Ok(())
 }
 
 /// Whether the job's earlier lease still holds its slot under a key (it may still run):

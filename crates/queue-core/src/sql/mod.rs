@@ -16,6 +16,7 @@ mod dialect;
 mod engine;
 mod fence;
 pub mod job_logs;
+mod limit_tables;
 pub mod limit_waits;
 pub mod limits;
 pub mod runner;

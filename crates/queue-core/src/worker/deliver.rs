@@ -19,6 +19,7 @@ use super::limits::{HeldLease, Taken};
 use super::options::UnknownKind;
 use crate::checkpoint::JobCheckpoint;
 use crate::error::Error;
+use crate::job_log::JobLog;
 use crate::reason;
 use crate::reservation::Reservation;
 use crate::status::{JobState, StatusUpdate};
@@ -170,21 +171,7 @@ impl Worker {
             checkpoint: checkpoint.clone(),
             log: log.clone(),
         };
-        // A worker stopped (frozen, swapped out) between taking its slots and starting
-        // the handler may wake after they ran out and another job took them: it must
-        // not start then.
-        if held.as_ref().is_some_and(|h| !h.still_held()) {
-            tracing::warn!("the job's limit slots ran out before it started; it goes back");
-            self.snoozed(
-                &r,
-                Duration::ZERO,
-                "its limit slots ran out before it started",
-                false,
-            )
-            .await;
-            if let Some(held) = held {
-                self.free_limits(&held).await;
-            }
+        if self.slots_lapsed(&r, held.as_ref()).await {
             return;
         }
         let started = std::time::Instant::now();
@@ -197,11 +184,7 @@ impl Worker {
             .await;
         let elapsed = started.elapsed();
         if let Some(log) = &log {
-            // The lease is no longer renewed: a slow store must not hold the ack back.
-            let within = (r.lease / 4).min(Duration::from_secs(1));
-            if tokio::time::timeout(within, log.flush()).await.is_err() {
-                tracing::warn!("the job's last log lines were not stored in time");
-            }
+            flush_log(log, r.lease).await;
         }
         self.counters.record_duration(elapsed);
         crate::metrics::handler_duration(self.tenant.as_deref(), &env.queue, &env.kind, elapsed);
@@ -219,6 +202,25 @@ impl Worker {
         if let Some(held) = held {
             self.free_limits(&held).await;
         }
+    }
+
+    /// Whether the run's limit slots ran out before its handler started: a worker
+    /// stopped (frozen, swapped out) between taking them and starting may wake after
+    /// another job took them, and must not start then. Such a run goes back unstarted.
+    async fn slots_lapsed(&self, r: &Reservation, held: Option<&HeldLease>) -> bool {
+        let Some(held) = held.filter(|h| !h.still_held()) else {
+            return false;
+        };
+        tracing::warn!("the job's limit slots ran out before it started; it goes back");
+        self.snoozed(
+            r,
+            Duration::ZERO,
+            "its limit slots ran out before it started",
+            false,
+        )
+        .await;
+        self.free_limits(held).await;
+        true
     }
 
     /// Waits for the handler's end while renewing its lease (and limit slots) every third
@@ -557,5 +559,14 @@ fn ended(
     match ran_for {
         Some(d) => update.after(d),
         None => update,
+    }
+}
+
+/// Stores a run's last log lines, waiting at most a quarter of its lease (at most 1 s):
+/// the lease is no longer renewed, and a slow store must not hold the ack back.
+async fn flush_log(log: &JobLog, lease: Duration) {
+    let within = (lease / 4).min(Duration::from_secs(1));
+    if tokio::time::timeout(within, log.flush()).await.is_err() {
+        tracing::warn!("the job's last log lines were not stored in time");
     }
 }

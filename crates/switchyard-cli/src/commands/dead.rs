@@ -10,61 +10,7 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             queue,
             limit,
             payload,
-        } => {
-            let queue = super::common::queue_arg(queue.as_deref())?;
-            let t = switchyard::connect_existing(config).await?;
-            let dead = t.dead_list(queue.as_ref(), limit).await?;
-            if let (Some(q), switchyard::BackendKind::RabbitMq, true) =
-                (&queue, config.backend, dead.is_empty())
-            {
-                if t.stats(Some(q)).await?.is_empty() {
-                    return Err(super::common::missing_broker_queue(q));
-                }
-            }
-            if json {
-                let mut rows: Vec<serde_json::Value> = if payload {
-                    dead.iter().map(crate::payload::with_payload).collect()
-                } else {
-                    dead.iter()
-                        .map(|d| serde_json::to_value(d).unwrap_or_default())
-                        .collect()
-                };
-                // Each row says whose it is when `--schema` names a tenant.
-                if let Some(tenant) = &config.tenant {
-                    for row in rows.iter_mut().filter_map(serde_json::Value::as_object_mut) {
-                        row.insert("tenant".into(), tenant.as_str().into());
-                    }
-                }
-                return crate::output::json_line(&rows);
-            }
-            if dead.is_empty() {
-                outln!("no dead letters");
-            }
-            for d in &dead {
-                outln!(
-                    "{}  {}  {}  {}  attempts={}  dead_at={}",
-                    d.id,
-                    d.queue,
-                    if d.kind.is_empty() { "-" } else { &d.kind },
-                    d.reason,
-                    d.attempts,
-                    d.dead_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                );
-                if let Some(e) = &d.last_error {
-                    outln!("    last error: {}", e.lines().next().unwrap_or_default());
-                }
-                if let Some(key) = &d.ordering_key {
-                    outln!("    broke the sequence of ordering key {key:?}: the key's later messages went on without it");
-                }
-                if payload {
-                    outln!(
-                        "    payload: {}",
-                        indent(&crate::payload::payload_text(d), "      ")
-                    );
-                }
-            }
-            Ok(())
-        }
+        } => list(config, queue, limit, payload, json).await,
         DeadCommand::Replay {
             id,
             all,
@@ -120,6 +66,69 @@ pub(crate) async fn run(config: &Config, command: DeadCommand, json: bool) -> Re
             report(json, "purged", n)
         }
     }
+}
+
+/// `dead list`: the dead letters, as lines or one JSON array.
+async fn list(
+    config: &Config,
+    queue: Option<String>,
+    limit: usize,
+    payload: bool,
+    json: bool,
+) -> Result<()> {
+    let queue = super::common::queue_arg(queue.as_deref())?;
+    let t = switchyard::connect_existing(config).await?;
+    let dead = t.dead_list(queue.as_ref(), limit).await?;
+    if let (Some(q), switchyard::BackendKind::RabbitMq, true) =
+        (&queue, config.backend, dead.is_empty())
+    {
+        if t.stats(Some(q)).await?.is_empty() {
+            return Err(super::common::missing_broker_queue(q));
+        }
+    }
+    if json {
+        let mut rows: Vec<serde_json::Value> = if payload {
+            dead.iter().map(crate::payload::with_payload).collect()
+        } else {
+            dead.iter()
+                .map(|d| serde_json::to_value(d).unwrap_or_default())
+                .collect()
+        };
+        // Each row says whose it is when `--schema` names a tenant.
+        if let Some(tenant) = &config.tenant {
+            for row in rows.iter_mut().filter_map(serde_json::Value::as_object_mut) {
+                row.insert("tenant".into(), tenant.as_str().into());
+            }
+        }
+        return crate::output::json_line(&rows);
+    }
+    if dead.is_empty() {
+        outln!("no dead letters");
+    }
+    for d in &dead {
+        outln!(
+            "{}  {}  {}  {}  attempts={}  dead_at={}",
+            d.id,
+            d.queue,
+            if d.kind.is_empty() { "-" } else { &d.kind },
+            d.reason,
+            d.attempts,
+            d.dead_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        if let Some(e) = &d.last_error {
+            outln!("    last error: {}", e.lines().next().unwrap_or_default());
+        }
+        if let Some(key) = &d.ordering_key {
+            outln!("    broke the sequence of ordering key {key:?}: the key's later messages went on without it");
+        }
+        if payload {
+            outln!(
+                "    payload: {}",
+                indent(&crate::payload::payload_text(d), "      ")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The dead letters a bulk replay or purge by kind or age acts on, read from the list.

@@ -33,47 +33,8 @@ pub(crate) async fn run(config: &Config, id: &str, json: bool) -> Result<()> {
 }
 
 fn print(v: &JobView) {
-    let time =
-        |t: &chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     if let Some(s) = &v.status {
-        outln!("job       {}", s.id);
-        outln!("queue     {}   kind {}", s.queue, s.kind);
-        outln!("state     {} (attempt {})", s.state, s.attempts);
-        outln!("where     {}", v.location);
-        if s.state == switchyard::JobState::Running && s.progress > 0 {
-            let note = s.progress_message.as_deref().unwrap_or("");
-            outln!("progress  {}% {note}", s.progress);
-        }
-        if let Some(w) = &s.worker {
-            outln!("worker    {w}");
-        }
-        if let Some(h) = &v.held {
-            outln!(
-                "held by   {} until {}",
-                h.holder.as_deref().unwrap_or("-"),
-                time(&h.lease_until)
-            );
-        }
-        outln!("created   {}", time(&s.created_at));
-        if let Some(t) = &s.started_at {
-            outln!("started   {}", time(t));
-        }
-        if let Some(t) = &s.finished_at {
-            outln!("finished  {}", time(t));
-        }
-        if let Some(ms) = v.duration_ms {
-            outln!("duration  {ms} ms");
-        }
-        if let Some(r) = &s.result {
-            outln!("result    {}", pretty(r));
-        }
-        if let Some(c) = &v.checkpoint {
-            outln!("checkpoint {}", pretty(c));
-        }
-        // A completed job's earlier errors are under its failed attempts.
-        if let (Some(e), false) = (&s.last_error, s.state == switchyard::JobState::Completed) {
-            outln!("error     {}", indent(e));
-        }
+        print_status(v, s);
     } else if let (Some(h), None) = (&v.held, &v.dead_letter) {
         outln!("job       {}", h.id);
         outln!("queue     {}   kind {}", h.queue, h.kind);
@@ -101,6 +62,53 @@ fn print(v: &JobView) {
         Some(p) => outln!("payload   {}", pretty(p)),
         None => outln!("payload   (not recorded)"),
     }
+    print_history(v);
+}
+
+/// The job's status record, with who holds it and its checkpoint.
+fn print_status(v: &JobView, s: &switchyard::JobStatus) {
+    outln!("job       {}", s.id);
+    outln!("queue     {}   kind {}", s.queue, s.kind);
+    outln!("state     {} (attempt {})", s.state, s.attempts);
+    outln!("where     {}", v.location);
+    if s.state == switchyard::JobState::Running && s.progress > 0 {
+        let note = s.progress_message.as_deref().unwrap_or("");
+        outln!("progress  {}% {note}", s.progress);
+    }
+    if let Some(w) = &s.worker {
+        outln!("worker    {w}");
+    }
+    if let Some(h) = &v.held {
+        outln!(
+            "held by   {} until {}",
+            h.holder.as_deref().unwrap_or("-"),
+            time(&h.lease_until)
+        );
+    }
+    outln!("created   {}", time(&s.created_at));
+    if let Some(t) = &s.started_at {
+        outln!("started   {}", time(t));
+    }
+    if let Some(t) = &s.finished_at {
+        outln!("finished  {}", time(t));
+    }
+    if let Some(ms) = v.duration_ms {
+        outln!("duration  {ms} ms");
+    }
+    if let Some(r) = &s.result {
+        outln!("result    {}", pretty(r));
+    }
+    if let Some(c) = &v.checkpoint {
+        outln!("checkpoint {}", pretty(c));
+    }
+    // A completed job's earlier errors are under its failed attempts.
+    if let (Some(e), false) = (&s.last_error, s.state == switchyard::JobState::Completed) {
+        outln!("error     {}", indent(e));
+    }
+}
+
+/// The job's failed attempts and the logs of its attempts.
+fn print_history(v: &JobView) {
     if !v.attempts.is_empty() {
         outln!("failed attempts:");
         for a in &v.attempts {
@@ -133,6 +141,11 @@ fn print(v: &JobView) {
             outln!("  {line}");
         }
     }
+}
+
+/// A time as the job view prints it.
+fn time(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 fn pretty(v: &serde_json::Value) -> String {

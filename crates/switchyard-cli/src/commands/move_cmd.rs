@@ -49,31 +49,13 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
             .filter(|r| r.envelope.available_at > now)
             .count() as u64;
         prioritised += taken.iter().filter(|r| r.envelope.priority != 0).count() as u64;
-        let caps = dest.capabilities();
-        let mut envelopes: Vec<Envelope> = taken.iter().map(|r| r.envelope.clone()).collect();
-        for env in &mut envelopes {
-            // A unique key the destination cannot keep is left behind, not the message.
-            if env.unique.as_ref().is_some_and(|u| !caps.keeps_unique(u)) {
-                env.unique = None;
-            }
-        }
         // On failure the batch is not given back: its move leases return the rows at the
         // later of their due time and the lease's end, so no delay is cut short.
-        let published = dest.publish_batch(envelopes.clone()).await?;
-        if !published.duplicates.is_empty() {
-            // A job on the destination holds the key: the moved message still moves (a
-            // move loses nothing), without its key.
-            let again: Vec<Envelope> = envelopes
-                .into_iter()
-                .filter(|e| published.duplicate_of(e.id).is_some())
-                .map(|mut e| {
-                    e.unique = None;
-                    e
-                })
-                .collect();
-            tracing::warn!(count = again.len(), "move: the destination holds these messages' unique keys for other jobs; they move without their keys");
-            dest.publish_batch(again).await?;
-        }
+        store_moved(
+            dest.as_ref(),
+            taken.iter().map(|r| r.envelope.clone()).collect(),
+        )
+        .await?;
         let report = source.ack_batch(&taken).await?;
         if !report.lost.is_empty() {
             tracing::warn!(lost = report.lost.len(), "move: leases ran out before the removal; those messages may now be on both backends");
@@ -114,6 +96,31 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
     outln!("moved {moved} messages ({delayed} delayed) and {dead} dead letters of {queue} from {from} to {to}");
     for n in notes {
         outln!("note: {n}");
+    }
+    Ok(())
+}
+
+/// Publishes a moved batch to the destination. A unique key the destination cannot keep,
+/// or that it holds for another job, is left behind; the message never is.
+async fn store_moved(dest: &dyn Transport, mut envelopes: Vec<Envelope>) -> Result<()> {
+    let caps = dest.capabilities();
+    for env in &mut envelopes {
+        if env.unique.as_ref().is_some_and(|u| !caps.keeps_unique(u)) {
+            env.unique = None;
+        }
+    }
+    let published = dest.publish_batch(envelopes.clone()).await?;
+    if !published.duplicates.is_empty() {
+        let again: Vec<Envelope> = envelopes
+            .into_iter()
+            .filter(|e| published.duplicate_of(e.id).is_some())
+            .map(|mut e| {
+                e.unique = None;
+                e
+            })
+            .collect();
+        tracing::warn!(count = again.len(), "move: the destination holds these messages' unique keys for other jobs; they move without their keys");
+        dest.publish_batch(again).await?;
     }
     Ok(())
 }

@@ -51,63 +51,34 @@ pub(super) async fn measure(
     }
     let enqueue_batch_per_s = args.messages as f64 / started.elapsed().as_secs_f64();
 
-    let (drain_per_s, mut duplicates, mut missing) =
-        drain(t, &q, &ids, args.concurrency, None).await?;
-
-    // The same with job status: recorded `pending` as published, then `running` and
-    // `completed` by the worker.
-    let mut drain_status_per_s = None;
-    if let Some(store) = status.cloned() {
-        let q = queue("status")?;
-        let envs = jobs(&q, args.messages)?;
-        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
-        let tracked = switchyard::Jobs::new(t.clone(), Some(store.clone()));
-        for chunk in envs.chunks(PUBLISH_BATCH) {
-            tracked.publish_batch(chunk.to_vec()).await?;
+    let mut drains = Drains {
+        t,
+        concurrency: args.concurrency,
+        duplicates: 0,
+        missing: 0,
+    };
+    let drain_per_s = drains.run(&q, &ids, None).await?;
+    let drain_status_per_s = match status {
+        Some(store) => Some(drains.with_status(store, args.messages).await?),
+        None => None,
+    };
+    let drain_keyed_per_s = if t.capabilities().ordering_keys {
+        Some(drains.keyed(args.messages).await?)
+    } else {
+        None
+    };
+    let (drain_deep_per_s, plan) = match args.depth {
+        0 => (None, None),
+        depth => {
+            let (per_s, plan) = drains.deep(target, args.messages, depth).await?;
+            (Some(per_s), plan)
         }
-        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, Some(store)).await?;
-        drain_status_per_s = Some(per_s);
-        duplicates += dups;
-        missing += miss;
-    }
-
-    // The same drain with ordering keys: one message of each key at a time.
-    let mut drain_keyed_per_s = None;
-    if t.capabilities().ordering_keys {
-        let q = queue("keyed")?;
-        let envs = keyed_jobs(&q, args.messages)?;
-        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
-        for chunk in envs.chunks(1_000) {
-            t.publish_batch(chunk.to_vec()).await?;
-        }
-        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, None).await?;
-        drain_keyed_per_s = Some(per_s);
-        duplicates += dups;
-        missing += miss;
-    }
-
-    // The same drain with `depth` more messages queued behind the measured ones.
-    let mut drain_deep_per_s = None;
-    let mut plan = None;
-    if args.depth > 0 {
-        let q = queue("deep")?;
-        let measured = jobs(&q, args.messages)?;
-        let ids: Vec<Uuid> = measured.iter().map(|e| e.id).collect();
-        for chunk in measured.chunks(1_000) {
-            t.publish_batch(chunk.to_vec()).await?;
-        }
-        let mut left = args.depth;
-        while left > 0 {
-            let n = left.min(1_000);
-            t.publish_batch(jobs(&q, n)?).await?;
-            left -= n;
-        }
-        plan = target.claim_plan(&q).await;
-        let (per_s, dups, miss) = drain(t, &q, &ids, args.concurrency, None).await?;
-        drain_deep_per_s = Some(per_s);
-        duplicates += dups;
-        missing += miss;
-    }
+    };
+    let Drains {
+        duplicates,
+        missing,
+        ..
+    } = drains;
 
     let publisher = target.publisher(t).await?;
     let (pickup_p50_ms, pickup_p99_ms) = pickup(t, Publisher::Here(publisher)).await?;
@@ -130,6 +101,77 @@ pub(super) async fn measure(
         },
         plan,
     ))
+}
+
+/// The drains of one run, and the duplicates and missing jobs they saw.
+struct Drains<'a> {
+    t: &'a Arc<dyn Transport>,
+    concurrency: usize,
+    duplicates: u64,
+    missing: u64,
+}
+
+impl Drains<'_> {
+    /// Drains `ids` from `q` (see [`drain`]), counting what went wrong.
+    async fn run(
+        &mut self,
+        q: &QueueName,
+        ids: &[Uuid],
+        status: Option<Arc<dyn StatusStore>>,
+    ) -> Result<f64> {
+        let (per_s, duplicates, missing) = drain(self.t, q, ids, self.concurrency, status).await?;
+        self.duplicates += duplicates;
+        self.missing += missing;
+        Ok(per_s)
+    }
+
+    /// The same with job status: recorded `pending` as published, then `running` and
+    /// `completed` by the worker.
+    async fn with_status(&mut self, store: &Arc<dyn StatusStore>, n: usize) -> Result<f64> {
+        let q = queue("status")?;
+        let envs = jobs(&q, n)?;
+        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+        let tracked = switchyard::Jobs::new(self.t.clone(), Some(store.clone()));
+        for chunk in envs.chunks(PUBLISH_BATCH) {
+            tracked.publish_batch(chunk.to_vec()).await?;
+        }
+        self.run(&q, &ids, Some(store.clone())).await
+    }
+
+    /// The same with ordering keys: one message of each key at a time.
+    async fn keyed(&mut self, n: usize) -> Result<f64> {
+        let q = queue("keyed")?;
+        let envs = keyed_jobs(&q, n)?;
+        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
+        for chunk in envs.chunks(1_000) {
+            self.t.publish_batch(chunk.to_vec()).await?;
+        }
+        self.run(&q, &ids, None).await
+    }
+
+    /// The same with `depth` more messages queued behind the measured ones; the claim's
+    /// plan at that depth where the target can show it.
+    async fn deep(
+        &mut self,
+        target: &Target,
+        n: usize,
+        depth: usize,
+    ) -> Result<(f64, Option<String>)> {
+        let q = queue("deep")?;
+        let measured = jobs(&q, n)?;
+        let ids: Vec<Uuid> = measured.iter().map(|e| e.id).collect();
+        for chunk in measured.chunks(1_000) {
+            self.t.publish_batch(chunk.to_vec()).await?;
+        }
+        let mut left = depth;
+        while left > 0 {
+            let batch = left.min(1_000);
+            self.t.publish_batch(jobs(&q, batch)?).await?;
+            left -= batch;
+        }
+        let plan = target.claim_plan(&q).await;
+        Ok((self.run(&q, &ids, None).await?, plan))
+    }
 }
 
 /// Drains with the worker runtime (batched claims, coalesced acks) and a no-op handler,

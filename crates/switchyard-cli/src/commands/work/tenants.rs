@@ -8,7 +8,8 @@ use switchyard::worker::{Worker, WorkerReport};
 use switchyard::{Cadence, Config, Error, Result, Schedule};
 use tokio::task::JoinHandle;
 
-use super::{ExecHandler, Serving};
+use super::exec_handler::ExecHandler;
+use super::Serving;
 use crate::metrics_listener::Gauged;
 
 /// The tenants' workers, started.
