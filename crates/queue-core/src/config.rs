@@ -202,7 +202,7 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// `QUEUE_WATCH`: how often MySQL's and SQLite's publish watch looks for other
     /// processes' publishes to wake idle workers (`off`: only the workers' polling);
-    /// `None` keeps each transport's default (MySQL 20 ms, SQLite off).
+    /// `None` keeps each transport's default (MySQL 20 ms, SQLite 2 ms).
     pub watch: Option<Option<Duration>>,
 }
 

@@ -3,7 +3,7 @@
 //! row's seq (`MAX(seq)`, the last entry of the primary key) every few milliseconds on a
 //! connection of its own; when it grew, it reads which queues the new rows are on and
 //! wakes their idle workers. One cheap statement per interval per process, however many
-//! workers and queues wait. The workers' own polling stays the truth: due delays,
+//! workers and queues wait, and none while every claim of this transport finds work. The workers' own polling stays the truth: due delays,
 //! releases and lapsed leases add no row, and a row committed after a newer one was seen
 //! is found by it too.
 
@@ -75,6 +75,10 @@ async fn tick(
     last: &mut Option<i64>,
     wakers: &Wakers,
 ) -> Result<(), sqlx::Error> {
+    // While every claim finds work no worker waits for a wake-up.
+    if !wakers.any_idle() {
+        return Ok(());
+    }
     if conn.is_none() {
         *conn = Some(MySqlConnection::connect_with(connect).await?);
         // Publishes may have come in while there was no connection.

@@ -44,9 +44,9 @@ pub struct SqliteOptions {
     /// always created: it cannot exist before.)
     pub create_if_missing: bool,
     /// How often idle workers look for publishes of other processes on the file (the
-    /// write-ahead log index's header, a query only when it changed; see `watch.rs`);
-    /// `None` (the default for now) leaves those to the workers' polling, 20 ms backing
-    /// off to 1 s. `QUEUE_WATCH=2ms` turns it on from the environment.
+    /// files' `stat`, and `PRAGMA data_version` after a change; see `watch.rs`): 2 ms by
+    /// default; `None` leaves those publishes to the workers' polling, 20 ms backing off
+    /// to 1 s. `QUEUE_WATCH` sets it from the environment.
     pub watch: Option<Duration>,
 }
 
@@ -63,9 +63,7 @@ impl SqliteOptions {
             synchronous: SqliteSynchronous::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             create_if_missing: true,
-            // Off until its cost under many busy processes on one file is understood:
-            // with it on, the multi-process suites stalled on a loaded machine.
-            watch: None,
+            watch: Some(Duration::from_millis(2)),
         }
     }
 

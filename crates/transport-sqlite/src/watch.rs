@@ -1,22 +1,30 @@
 //! Wake-ups for publishes of other processes on the same file. SQLite tells a connection
 //! of nothing another one commits, so once a worker of this transport has asked for a
-//! wake-up signal, one task per transport looks every few milliseconds at the header of
-//! the write-ahead log's index (the first 48 bytes of the `-shm` file: its change
-//! counter, last frame and salts), which every writer updates in the moment its commit
-//! becomes visible, and which costs one `pread` and no query while nothing changes.
-//! When it changed, the watch reads the newest row's seq on a connection of its own and,
-//! when that grew, which queues the new rows are on, and wakes their idle workers; it
-//! reads once more at the next look, so that a commit published between the look and
-//! the read is not left behind.
+//! wake-up signal, one task per transport looks every few milliseconds, while a claim of
+//! this transport last found nothing (no look while every worker is busy):
 //!
-//! A file replaced under its path (a restore) is seen by its inode: the watch opens the
-//! new one and wakes every idle worker, and warns that this process's own connections
-//! still use the old file (restart it). The workers' own polling stays the truth: due
-//! delays, releases and lapsed leases add no row.
+//! - at the files' `stat` (the write-ahead log's and the database's size, time and
+//!   inode: one system call each, no query), which a commit changes;
+//! - after a change, on that look and the next (a commit's frames are written a moment
+//!   before it becomes visible), and at least every 100 ms whatever the files say (a
+//!   file time may not move between two commits within one clock tick), at
+//!   `PRAGMA data_version` on a connection of its own, which changes when another
+//!   connection has committed;
+//! - when that changed, at the newest row's seq and, when it grew, at which queues the
+//!   new rows are on, whose idle workers it wakes.
+//!
+//! The watch never opens the database's files itself: closing a file descriptor drops
+//! every POSIX lock the process holds on that file, its SQLite connections' included,
+//! and another process's checkpoint may then overwrite pages they are reading (an
+//! earlier watch that read the `-shm` file's header corrupted databases that way). A
+//! file replaced under its path (a restore) is seen by its inode: the watch opens the new
+//! one and wakes every idle worker, and warns that this process's own connections still
+//! use the old file (restart it). The workers' own polling stays the truth: due delays,
+//! releases and lapsed leases add no row.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use queue_core::sql::{lossy, Wakers};
 use sqlx::sqlite::SqliteConnectOptions;
@@ -35,63 +43,52 @@ pub(crate) struct WatchSql {
     pub(crate) queues_between: String,
 }
 
-/// The bytes of the log index's header that change with every visible commit.
-const HEADER: usize = 48;
+/// The longest the watch goes without asking SQLite, whatever the files' `stat` says.
+const ASK_AT_LEAST_EVERY: Duration = Duration::from_millis(100);
 
-/// What the files looked like: the log index's header, and the file's identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Look {
-    header: Option<[u8; HEADER]>,
-    file: Option<u64>,
-}
-
-fn look(path: &Path, index: &Path) -> Look {
-    let header = std::fs::File::open(index).ok().and_then(|f| {
-        let mut bytes = [0u8; HEADER];
-        read_at(&f, &mut bytes).ok().map(|()| bytes)
-    });
-    Look {
-        header,
-        file: identity(path),
-    }
-}
+/// What `stat` says of a file: inode, size and modification time; `None` when missing.
+type Stat = Option<(u64, u64, i64, i64)>;
 
 #[cfg(unix)]
-fn read_at(f: &std::fs::File, bytes: &mut [u8]) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(f, bytes, 0)
-}
-
-#[cfg(not(unix))]
-fn read_at(mut f: &std::fs::File, bytes: &mut [u8]) -> std::io::Result<()> {
-    std::io::Read::read_exact(&mut f, bytes)
-}
-
-/// The file's inode (where there are inodes): a file replaced under its path has
-/// another.
-#[cfg(unix)]
-fn identity(path: &Path) -> Option<u64> {
+fn stat(path: &Path) -> Stat {
     use std::os::unix::fs::MetadataExt as _;
-    std::fs::metadata(path).ok().map(|m| m.ino())
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
 }
 
 #[cfg(not(unix))]
-fn identity(path: &Path) -> Option<u64> {
-    std::fs::metadata(path).ok().map(|_| 0)
+fn stat(path: &Path) -> Stat {
+    let m = std::fs::metadata(path).ok()?;
+    let since = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    Some((
+        0,
+        m.len(),
+        since.as_secs() as i64,
+        i64::from(since.subsec_nanos()),
+    ))
 }
 
 /// The watch's state between looks.
 struct Watch {
     connect: SqliteConnectOptions,
     path: PathBuf,
-    index: PathBuf,
+    /// The write-ahead log beside it.
+    wal: PathBuf,
     sql: WatchSql,
     conn: Option<(SqliteConnection, u64)>,
     /// The newest seq seen; `None` after a (re)connect.
     last: Option<i64>,
-    /// The files as last read after, and whether a second read confirmed them: a commit
-    /// made visible between a look and its read is found by the next read.
-    seen: Option<Look>,
-    settled: bool,
+    /// `PRAGMA data_version` as last read on `conn`.
+    version: Option<i64>,
+    /// The files as last looked at, how many more looks ask SQLite whatever they say,
+    /// and when it was last asked.
+    files: (Stat, Stat),
+    ask: u8,
+    asked: Instant,
 }
 
 /// Watches the file at `path` until `stop`, looking every `every`.
@@ -104,19 +101,21 @@ pub(crate) async fn watch_publishes(
     stop: CancellationToken,
 ) {
     let every = every.max(Duration::from_millis(1));
-    // SQLite names the log's index after the file a symbolic link leads to.
+    // A symbolic link's target is the file whose inode tells a replacement.
     let path = std::fs::canonicalize(&path).unwrap_or(path);
-    let mut index = path.clone().into_os_string();
-    index.push("-shm");
+    let mut wal = path.clone().into_os_string();
+    wal.push("-wal");
     let mut watch = Watch {
         connect: connect.create_if_missing(false),
-        index: PathBuf::from(index),
         path,
+        wal: PathBuf::from(wal),
         sql,
         conn: None,
         last: None,
-        seen: None,
-        settled: false,
+        version: None,
+        files: (None, None),
+        ask: 0,
+        asked: Instant::now(),
     };
     let mut pause = every;
     let mut failures = 0u32;
@@ -125,9 +124,13 @@ pub(crate) async fn watch_publishes(
             _ = stop.cancelled() => break,
             _ = tokio::time::sleep(pause) => {}
         }
+        // Most looks end here, at a few system calls.
+        if !watch.due(&wakers) {
+            continue;
+        }
         let step = tokio::select! {
             _ = stop.cancelled() => break,
-            step = tokio::time::timeout(STATEMENT_TIMEOUT, watch.tick(&wakers)) => step,
+            step = tokio::time::timeout(STATEMENT_TIMEOUT, watch.ask(&wakers)) => step,
         };
         let failed = match step {
             Ok(Ok(())) => None,
@@ -158,12 +161,37 @@ pub(crate) async fn watch_publishes(
 }
 
 impl Watch {
-    /// One look: reads only when a file changed, and wakes the queues of rows newer than
-    /// the last seen.
-    async fn tick(&mut self, wakers: &Wakers) -> Result<(), sqlx::Error> {
-        // Taken before the read: a commit after it changes the files again.
-        let now = look(&self.path, &self.index);
-        let inode = now.file;
+    /// Whether this look asks SQLite: a worker may be waiting, and the files changed
+    /// (or did one look ago), or SQLite was not asked for a while, or there is no
+    /// connection, or the file was replaced.
+    fn due(&mut self, wakers: &Wakers) -> bool {
+        // While every claim finds work no worker waits for a wake-up: the reads would be
+        // spent on this process's own commits.
+        if !wakers.any_idle() {
+            return false;
+        }
+        let files = (stat(&self.path), stat(&self.wal));
+        if files != self.files {
+            self.files = files;
+            self.ask = 2;
+        }
+        let inode = files.0.map(|f| f.0);
+        let replaced = self
+            .conn
+            .as_ref()
+            .is_some_and(|(_, ino)| Some(*ino) != inode);
+        self.conn.is_none()
+            || replaced
+            || self.ask > 0
+            || self.asked.elapsed() >= ASK_AT_LEAST_EVERY
+    }
+
+    /// Asks SQLite whether another connection committed and, when it did, wakes the
+    /// queues of rows newer than the last seen.
+    async fn ask(&mut self, wakers: &Wakers) -> Result<(), sqlx::Error> {
+        self.ask = self.ask.saturating_sub(1);
+        self.asked = Instant::now();
+        let inode = self.files.0.map(|f| f.0);
         if self
             .conn
             .as_ref()
@@ -182,28 +210,28 @@ impl Watch {
             self.conn = Some((c, ino));
             // Publishes may have come in while there was no connection.
             self.last = None;
-            self.seen = None;
-        }
-        if self.seen == Some(now) {
-            if self.settled {
-                return Ok(());
-            }
-            self.settled = true;
-        } else {
-            self.settled = false;
+            self.version = None;
         }
         let Some((c, _)) = self.conn.as_mut() else {
             return Ok(());
         };
         // Each look its own statement, read to the end, so that no read snapshot
         // outlives it.
-        let newest: i64 = sqlx::query_scalar(&self.sql.max_seq)
-            .persistent(false)
-            .fetch_all(&mut *c)
-            .await?
-            .first()
-            .copied()
-            .unwrap_or(0);
+        let version = first(
+            sqlx::query_scalar("PRAGMA data_version")
+                .persistent(false)
+                .fetch_all(&mut *c)
+                .await?,
+        );
+        if self.last.is_some() && self.version == Some(version) {
+            return Ok(());
+        }
+        let newest = first(
+            sqlx::query_scalar(&self.sql.max_seq)
+                .persistent(false)
+                .fetch_all(&mut *c)
+                .await?,
+        );
         match self.last {
             Some(seen) if newest > seen => {
                 let queues: Vec<Vec<u8>> = sqlx::query_scalar(&self.sql.queues_between)
@@ -218,8 +246,14 @@ impl Watch {
             Some(_) => {}
             None => wakers.wake_all(),
         }
+        // Read before the seq: a commit between the two reads changes it again.
+        self.version = Some(version);
         self.last = Some(newest);
-        self.seen = Some(now);
         Ok(())
     }
+}
+
+/// The one value of a one-row answer (0 for none).
+fn first(values: Vec<i64>) -> i64 {
+    values.first().copied().unwrap_or(0)
 }

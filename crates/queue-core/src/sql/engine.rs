@@ -89,7 +89,11 @@ impl<B: SqlBackend> Transport for B {
         if let Err(err) = sweep(self).await {
             tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
         }
-        reserve_rows(self, queue, claim, self.lease()).await
+        let rows = reserve_rows(self, queue, claim, self.lease()).await?;
+        self.engine()
+            .wakers
+            .claimed(queue.as_str(), !rows.is_empty());
+        Ok(rows)
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {

@@ -1,6 +1,6 @@
 //! Wake-up signals for idle workers, by queue.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -11,6 +11,8 @@ use tokio::sync::Notify;
 #[derive(Debug, Default)]
 pub struct Wakers {
     by_queue: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Queues whose last claim found nothing: their workers may be waiting for a signal.
+    idle: Mutex<HashSet<String>>,
 }
 
 impl Wakers {
@@ -43,6 +45,27 @@ impl Wakers {
                 last = Some(q);
             }
         }
+    }
+
+    /// Notes what a claim on `queue` found: a claim that found nothing leaves its worker
+    /// waiting for a signal, one that found work leaves it busy.
+    pub fn claimed(&self, queue: &str, found: bool) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if found {
+            idle.remove(queue);
+        } else if !idle.contains(queue) {
+            idle.insert(queue.to_owned());
+        }
+    }
+
+    /// Whether a worker may be waiting for a signal: a watch of other processes'
+    /// publishes has nothing to do while every claim finds work.
+    pub fn any_idle(&self) -> bool {
+        !self
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
     }
 
     /// Wakes every queue's workers.
