@@ -15,12 +15,7 @@ pub const MAX_LABEL_LEN: usize = 64;
 /// Checks one label: 1 to 64 of `A-Z a-z 0-9 _ - . :`. The SQL stores keep a message's
 /// labels in one column, separated by commas, so a comma can never be part of one.
 pub fn check_label(label: &str) -> Result<()> {
-    let ok = !label.is_empty()
-        && label.len() <= MAX_LABEL_LEN
-        && label
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
-    if ok {
+    if crate::names::is_name(label, MAX_LABEL_LEN) {
         Ok(())
     } else {
         Err(Error::InvalidInput(format!(

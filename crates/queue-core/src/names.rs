@@ -13,16 +13,20 @@ pub struct QueueName(String);
 /// What a queue name may contain, for error messages.
 const QUEUE_RULE: &str = "1 to 255 characters from letters, digits and _ - . :";
 
+/// Whether `s` is 1 to `max` bytes of `A-Z a-z 0-9 _ - . :`, the characters of queue
+/// names, labels and schedule names (each names its own rule in its error).
+pub(crate) fn is_name(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+}
+
 impl QueueName {
     /// Validates a queue name.
     pub fn new(name: impl Into<String>) -> Result<Self, ConfigError> {
         let name = name.into();
-        let ok = !name.is_empty()
-            && name.len() <= 255
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
-        if ok {
+        if is_name(&name, 255) {
             Ok(QueueName(name))
         } else {
             Err(ConfigError::new("queue name", Some(name), QUEUE_RULE))

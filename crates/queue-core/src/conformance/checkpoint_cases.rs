@@ -6,36 +6,21 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::harness::{Harness, OpenOptions, Store};
+use super::harness::{open_beside, Beside, Harness};
 use super::worker_support::{drain, fast, fresh_queue, job};
 use crate::checkpoint::{CheckpointStore, Fence, MAX_CHECKPOINT_BYTES};
-use crate::status::StatusStore;
 use crate::worker::{handler_fn, JobContext, JobError, Worker};
 use crate::{Error, QueueName, Reservation, Result, Transport, TransportExt};
 
-type Checkpointed = (
-    Box<dyn Store>,
-    Arc<dyn Transport>,
-    Arc<dyn StatusStore>,
-    Arc<dyn CheckpointStore>,
-);
-
 /// A fresh store's transport, status store and checkpoints, or `None` (said why)
 /// where the backend keeps no checkpoints (RabbitMQ without a control store).
-async fn open_checkpointed(h: &Arc<dyn Harness>) -> Result<Option<Checkpointed>> {
-    let store = h.store().await?;
-    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
-    let checkpoints = status.as_ref().and_then(|s| s.checkpoints());
-    match (status, checkpoints, t.capabilities().checkpoints) {
-        (Some(status), Some(checkpoints), true) => Ok(Some((store, t, status, checkpoints))),
-        _ => {
-            eprintln!(
-                "not applicable to {}: its runs' checkpoints cannot be fenced in a store beside it",
-                t.name()
-            );
-            Ok(None)
-        }
-    }
+async fn open_checkpointed(h: &Arc<dyn Harness>) -> Result<Option<Beside<dyn CheckpointStore>>> {
+    open_beside(
+        h,
+        |s, caps| s?.checkpoints().filter(|_| caps.checkpoints),
+        "its runs' checkpoints cannot be fenced in a store beside it",
+    )
+    .await
 }
 
 fn now() -> i64 {

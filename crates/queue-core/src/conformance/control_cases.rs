@@ -8,38 +8,17 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::harness::{Harness, OpenOptions, Store};
+use super::harness::{open_beside, Beside, Harness};
 use super::worker_support::{fast, fresh_queue};
 use crate::controls::Controls;
-use crate::status::{JobState, StatusStore};
+use crate::status::JobState;
 use crate::worker::{handler_fn, JobContext, Worker};
-use crate::{Envelope, Error, QueueName, Result, Transport, TransportExt};
-
-/// What a control case opens: the store, its transport, its status store and the
-/// controls kept there.
-type Controlled = (
-    Box<dyn Store>,
-    Arc<dyn Transport>,
-    Arc<dyn StatusStore>,
-    Arc<dyn Controls>,
-);
+use crate::{Envelope, Error, QueueName, Result, TransportExt};
 
 /// A fresh store's transport, status store and controls, or `None` (said why) where the
 /// backend keeps no controls (RabbitMQ without a control store).
-async fn open_controlled(h: &Arc<dyn Harness>) -> Result<Option<Controlled>> {
-    let store = h.store().await?;
-    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
-    let controls = status.as_ref().and_then(|s| s.controls());
-    match (status, controls) {
-        (Some(status), Some(controls)) => Ok(Some((store, t, status, controls))),
-        _ => {
-            eprintln!(
-                "not applicable to {}: no store beside it keeps controls",
-                t.name()
-            );
-            Ok(None)
-        }
-    }
+async fn open_controlled(h: &Arc<dyn Harness>) -> Result<Option<Beside<dyn Controls>>> {
+    open_beside(h, |s, _| s?.controls(), "no store beside it keeps controls").await
 }
 
 fn job(q: &QueueName, kind: &str) -> Envelope {

@@ -68,3 +68,32 @@ pub trait Store: Send + Sync {
     /// (to plant a malformed row).
     async fn insert_raw(&self, table: &str, queue: &str, id: &str, body: &str) -> Result<()>;
 }
+
+/// What a case of a store kept beside the transport opens: the store, its transport,
+/// its status store and that store.
+pub(crate) type Beside<S> = (
+    Box<dyn Store>,
+    Arc<dyn Transport>,
+    Arc<dyn StatusStore>,
+    Arc<S>,
+);
+
+/// A fresh store's transport, its status store and the store `get` finds beside it, or
+/// `None` where there is none (said why: `why_not`, as in "no store beside it keeps
+/// limits"), as on RabbitMQ without a control store.
+pub(crate) async fn open_beside<S: ?Sized>(
+    h: &Arc<dyn Harness>,
+    get: impl FnOnce(Option<&dyn StatusStore>, &crate::Capabilities) -> Option<Arc<S>>,
+    why_not: &str,
+) -> Result<Option<Beside<S>>> {
+    let store = h.store().await?;
+    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
+    let beside = get(status.as_deref(), &t.capabilities());
+    match (status, beside) {
+        (Some(status), Some(beside)) => Ok(Some((store, t, status, beside))),
+        _ => {
+            eprintln!("not applicable to {}: {why_not}", t.name());
+            Ok(None)
+        }
+    }
+}

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::harness::{Harness, OpenOptions, Store};
+use super::harness::{open_beside, Beside, Harness};
 use super::worker_support::{drain, fast, fresh_queue};
 use crate::limit::{Acquired, Limit, Want};
 use crate::limit_store::{LimitLease, LimitStore, Parked};
@@ -15,36 +15,19 @@ use crate::transport_ext::TransportExt;
 use crate::worker::{handler_fn, JobContext, Worker};
 use crate::{Envelope, QueueName, Result, Transport};
 
-/// What a limited case opens: the store, its transport, the status store beside it
-/// (where workers find the limit store) and the limit store.
-type Limited = (
-    Box<dyn Store>,
-    Arc<dyn Transport>,
-    Arc<dyn StatusStore>,
-    Arc<dyn LimitStore>,
-);
-
 /// A fresh store's transport, status store and limit store, or `None` (said why) where
 /// the backend keeps no limits (RabbitMQ without a control store).
-async fn open_limited(h: &Arc<dyn Harness>) -> Result<Option<Limited>> {
-    let store = h.store().await?;
-    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
-    let limits = status.as_ref().and_then(|s| s.limits());
-    assert_eq!(
-        t.capabilities().limits,
-        limits.is_some(),
-        "the capability `limits` says otherwise than the store beside the transport"
-    );
-    match (status, limits) {
-        (Some(status), Some(limits)) => Ok(Some((store, t, status, limits))),
-        _ => {
-            eprintln!(
-                "not applicable to {}: no store beside it keeps limits",
-                t.name()
-            );
-            Ok(None)
-        }
-    }
+async fn open_limited(h: &Arc<dyn Harness>) -> Result<Option<Beside<dyn LimitStore>>> {
+    let limits = |s: Option<&dyn StatusStore>, caps: &crate::Capabilities| {
+        let limits = s.and_then(|s| s.limits());
+        assert_eq!(
+            caps.limits,
+            limits.is_some(),
+            "the capability `limits` says otherwise than the store beside the transport"
+        );
+        limits
+    };
+    open_beside(h, limits, "no store beside it keeps limits").await
 }
 
 fn keyed(q: &QueueName, key: &str, n: usize) -> Envelope {

@@ -7,39 +7,24 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::harness::{Harness, OpenOptions, Store};
+use super::harness::{open_beside, Beside, Harness};
 use super::worker_support::fresh_queue;
 use crate::schedule::{
     Cadence, CatchUp, PutOutcome, Schedule, ScheduleSpec, ScheduleStore, Scheduler, SLOT_HEADER,
 };
-use crate::status::StatusStore;
 use crate::{Error, QueueName, Result, Transport, TransportExt};
 
 const S: i64 = 1_000_000;
 
-type Scheduled = (
-    Box<dyn Store>,
-    Arc<dyn Transport>,
-    Arc<dyn StatusStore>,
-    Arc<dyn ScheduleStore>,
-);
-
 /// A fresh store's transport, status store and schedules, or `None` (said why) where
 /// the backend keeps no schedules (RabbitMQ without a control store).
-async fn open_scheduled(h: &Arc<dyn Harness>) -> Result<Option<Scheduled>> {
-    let store = h.store().await?;
-    let (t, status) = store.open_with_status(OpenOptions::default()).await?;
-    let schedules = status.as_ref().and_then(|s| s.schedules());
-    match (status, schedules) {
-        (Some(status), Some(schedules)) => Ok(Some((store, t, status, schedules))),
-        _ => {
-            eprintln!(
-                "not applicable to {}: no store beside it keeps schedules",
-                t.name()
-            );
-            Ok(None)
-        }
-    }
+async fn open_scheduled(h: &Arc<dyn Harness>) -> Result<Option<Beside<dyn ScheduleStore>>> {
+    open_beside(
+        h,
+        |s, _| s?.schedules(),
+        "no store beside it keeps schedules",
+    )
+    .await
 }
 
 fn per_second(name: &str, q: &QueueName, catch_up: CatchUp) -> Schedule {

@@ -186,12 +186,7 @@ pub fn slot_id(name: &str, slot: i64) -> Uuid {
 
 /// Checks a schedule name.
 pub fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_SCHEDULE_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
-    if ok {
+    if crate::names::is_name(name, MAX_SCHEDULE_NAME_LEN) {
         Ok(())
     } else {
         Err(Error::InvalidInput(format!(
