@@ -1,18 +1,16 @@
 //! The unique keys of RabbitMQ's messages, kept in this database when it is the broker's
-//! control store, in the key table ([`queue_core::sql::broker_keys`]).
+//! control store, in the key table ([`queue_core::sql::broker_keys`]); the store is
+//! [`queue_core::sql_broker_keys!`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use queue_core::sql::broker_keys::{BrokerKeySql, KeyOp};
-use queue_core::sql::micros;
-use queue_core::sql::unique::{take_broker_keys, KeyRow, KeyTable, TakeKey};
-use queue_core::{Duplicate, Envelope, Result};
 use sqlx::{SqliteConnection, SqlitePool};
 
-use crate::error::SqlxResultExt;
 use crate::unique_sql::KeySql;
+
+/// A take runs once: the write lock from its first statement (`BEGIN IMMEDIATE`) means
+/// publishers of a key never race.
+const TAKE_TRIES: usize = 1;
 
 /// The key store of a broker's messages in this database.
 #[derive(Debug)]
@@ -28,52 +26,12 @@ impl SqliteBrokerKeys {
     }
 }
 
-/// The key table on one transaction.
-struct Table<'a> {
-    sql: &'a KeySql,
-    conn: &'a mut SqliteConnection,
-}
-
-#[async_trait]
-impl KeyTable for Table<'_> {
-    async fn lock_key(&mut self, queue: &str, key: &str) -> Result<Option<KeyRow>> {
-        self.sql.lock_key(self.conn, queue, key).await
-    }
-
-    async fn write_key(&mut self, take: TakeKey<'_>, move_to: bool) -> Result<bool> {
-        self.sql.write_key(self.conn, take, move_to).await
-    }
-}
-
-#[async_trait]
-impl BrokerKeySql for SqliteBrokerKeys {
-    async fn take_keys(&self, envelopes: &[Envelope], window: Duration) -> Result<Vec<Duplicate>> {
-        // The write lock from the first statement: publishers of a key never race.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await.backend()?;
-        let table = Table {
-            sql: &self.sql,
-            conn: &mut tx,
-        };
-        let dups = take_broker_keys(table, envelopes, window).await?;
-        tx.commit().await.backend()?;
-        Ok(dups)
-    }
-
-    async fn key_op(&self, op: KeyOp, queue: &str, key: &str, id: &str) -> Result<()> {
-        let (sql, us) = match op {
-            KeyOp::Confirm(us) => (&self.sql.confirm_key, Some(us)),
-            KeyOp::Free => (&self.sql.free_key, None),
-            KeyOp::Hold(us) => (&self.sql.hold_broker_key, Some(us)),
-        };
-        // ?1 to ?3 name the row; ?4, where the statement has it, is the duration.
-        let mut query = sqlx::query(sql).bind(queue).bind(key).bind(id);
-        if let Some(us) = us {
-            query = query.bind(us);
-        }
-        query.execute(&self.pool).await.backend().map(|_| ())
-    }
-
-    async fn prune_keys(&self, older_than: Duration) -> Result<u64> {
-        self.sql.prune(&self.pool, micros(older_than)).await
-    }
-}
+queue_core::sql_broker_keys!(
+    SqliteBrokerKeys,
+    conn: SqliteConnection,
+    key_sql: KeySql,
+    begin: |pool| pool.begin_with("BEGIN IMMEDIATE"),
+    tries: TAKE_TRIES,
+    duration_first: false,
+    prune: |sql, pool, us| sql.prune(pool, us).await,
+);

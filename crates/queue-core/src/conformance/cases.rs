@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 pub use super::bad_data_cases::*;
+pub use super::broker_key_cases::*;
 use super::case_support::{
     applies, fresh_queue, kinds, message, open, reserve_within, stats_of, with_lease,
 };

@@ -8,6 +8,7 @@
 //! names, so cases run in parallel.
 
 mod bad_data_cases;
+mod broker_key_cases;
 mod case_support;
 pub mod cases;
 pub mod checkpoint_cases;
@@ -57,7 +58,8 @@ macro_rules! conformance_tests {
             a_done_hold_is_set_only_under_the_jobs_lease,
             debounce_moves_a_waiting_job_no_later_than_max_wait,
             racing_publishers_leave_one_job_per_key,
-            invalid_unique_keys_are_refused
+            invalid_unique_keys_are_refused,
+            a_brokers_keys_are_taken_held_and_freed
         );
     };
     // The cases of limits, pauses, cancellations and schedules: for a transport that keeps them

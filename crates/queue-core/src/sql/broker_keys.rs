@@ -110,3 +110,115 @@ where
         }
     }
 }
+
+/// Implements [`BrokerKeySql`] for `$store` (a struct with `pool: $pool` and `sql:
+/// Arc<$key_sql>`, the backend's key statements with `lock_key`, `write_key`, `prune`,
+/// `confirm_key`, `free_key` and `hold_broker_key`), in a transport crate (which has
+/// sqlx, async-trait and its own `crate::error::SqlxResultExt`):
+///
+/// - `begin: |pool| …` starts the take's transaction (SQLite: `BEGIN IMMEDIATE`);
+/// - `tries` is how many times a take runs in all when it fails transiently;
+/// - `duration_first` says whether a key statement's duration parameter comes before
+///   the queue, key and id (MySQL's `?` bind in order) or after them (`$4`, `?4`);
+/// - `prune: |sql, pool, us| …` prunes keys older than `us` microseconds.
+// `crate::error` is meant: each transport maps sqlx's errors its own way.
+#[allow(clippy::crate_in_macro_def)]
+#[macro_export]
+macro_rules! sql_broker_keys {
+    (
+        $store:ident,
+        conn: $conn:ty,
+        key_sql: $key_sql:ty,
+        begin: |$p:ident| $begin:expr,
+        tries: $tries:expr,
+        duration_first: $first:expr,
+        prune: |$ps:ident, $pp:ident, $pus:ident| $prune:expr $(,)?
+    ) => {
+        /// The key table on one transaction.
+        struct Table<'a> {
+            sql: &'a $key_sql,
+            conn: &'a mut $conn,
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::sql::unique::KeyTable for Table<'_> {
+            async fn lock_key(
+                &mut self,
+                queue: &str,
+                key: &str,
+            ) -> $crate::Result<Option<$crate::sql::unique::KeyRow>> {
+                self.sql.lock_key(self.conn, queue, key).await
+            }
+
+            async fn write_key(
+                &mut self,
+                take: $crate::sql::unique::TakeKey<'_>,
+                move_to: bool,
+            ) -> $crate::Result<bool> {
+                self.sql.write_key(self.conn, take, move_to).await
+            }
+        }
+
+        #[async_trait::async_trait]
+        impl $crate::sql::broker_keys::BrokerKeySql for $store {
+            async fn take_keys(
+                &self,
+                envelopes: &[$crate::Envelope],
+                window: std::time::Duration,
+            ) -> $crate::Result<Vec<$crate::Duplicate>> {
+                use crate::error::SqlxResultExt as _;
+                $crate::sql::broker_keys::again_while_transient($tries, || async {
+                    let mut tx = {
+                        let $p = &self.pool;
+                        $begin
+                    }
+                    .await
+                    .backend()?;
+                    let table = Table {
+                        sql: &self.sql,
+                        conn: &mut tx,
+                    };
+                    let dups =
+                        $crate::sql::unique::take_broker_keys(table, envelopes, window).await?;
+                    tx.commit().await.backend()?;
+                    Ok(dups)
+                })
+                .await
+            }
+
+            async fn key_op(
+                &self,
+                op: $crate::sql::broker_keys::KeyOp,
+                queue: &str,
+                key: &str,
+                id: &str,
+            ) -> $crate::Result<()> {
+                use crate::error::SqlxResultExt as _;
+                use $crate::sql::broker_keys::KeyOp;
+                let (sql, us) = match op {
+                    KeyOp::Confirm(us) => (&self.sql.confirm_key, Some(us)),
+                    KeyOp::Free => (&self.sql.free_key, None),
+                    KeyOp::Hold(us) => (&self.sql.hold_broker_key, Some(us)),
+                };
+                let mut query = sqlx::query(sql);
+                if $first {
+                    if let Some(us) = us {
+                        query = query.bind(us);
+                    }
+                }
+                query = query.bind(queue).bind(key).bind(id);
+                if !$first {
+                    if let Some(us) = us {
+                        query = query.bind(us);
+                    }
+                }
+                query.execute(&self.pool).await.backend().map(|_| ())
+            }
+
+            async fn prune_keys(&self, older_than: std::time::Duration) -> $crate::Result<u64> {
+                let ($ps, $pp, $pus) = (&self.sql, &self.pool, $crate::sql::micros(older_than));
+                $prune
+            }
+        }
+    };
+}
