@@ -22,19 +22,17 @@
 //! use the old file (restart it). The workers' own polling stays the truth: due delays,
 //! releases and lapsed leases add no row.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use queue_core::sql::watch_loop::{run_watch, Look};
 use queue_core::sql::{lossy, Wakers};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{Connection, SqliteConnection};
 use tokio_util::sync::CancellationToken;
-
-/// The longest a connect or a read of the watch may take before it is given up.
-const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Backoff after a failure: doubles from the first to the last.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// The statements of the watch: the newest seq, and the queues of rows in a seq range.
 #[derive(Debug, Clone)]
@@ -105,7 +103,7 @@ pub(crate) async fn watch_publishes(
     let path = std::fs::canonicalize(&path).unwrap_or(path);
     let mut wal = path.clone().into_os_string();
     wal.push("-wal");
-    let mut watch = Watch {
+    let watch = Watch {
         connect: connect.create_if_missing(false),
         path,
         wal: PathBuf::from(wal),
@@ -117,46 +115,25 @@ pub(crate) async fn watch_publishes(
         ask: 0,
         asked: Instant::now(),
     };
-    let mut pause = every;
-    let mut failures = 0u32;
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(pause) => {}
-        }
-        // Most looks end here, at a few system calls.
-        if !watch.due(&wakers) {
-            continue;
-        }
-        let step = tokio::select! {
-            _ = stop.cancelled() => break,
-            step = tokio::time::timeout(STATEMENT_TIMEOUT, watch.ask(&wakers)) => step,
-        };
-        let failed = match step {
-            Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(err.to_string()),
-            Err(_) => Some(format!("no answer within {STATEMENT_TIMEOUT:?}")),
-        };
-        pause = match failed {
-            None => {
-                failures = 0;
-                every
-            }
-            Some(why) => {
-                failures += 1;
-                // Said once when it keeps failing: the workers' polling covers meanwhile.
-                if failures == 5 {
-                    tracing::warn!(error = %why, "the publish watch keeps failing; idle workers find other processes' publishes by polling");
-                } else {
-                    tracing::debug!(error = %why, "publish watch failed; the workers poll meanwhile");
-                }
-                watch.conn = None;
-                (pause * 2).clamp(BACKOFF.0, BACKOFF.1)
-            }
-        };
+    run_watch(watch, every, wakers, stop).await;
+}
+
+#[async_trait]
+impl Look for Watch {
+    fn due(&mut self, wakers: &Wakers) -> bool {
+        self.due_now(wakers)
     }
-    if let Some((c, _)) = watch.conn {
-        let _ = c.close().await;
+
+    async fn ask(&mut self, wakers: &Wakers) -> Result<(), Box<dyn fmt::Display + Send>> {
+        self.read(wakers)
+            .await
+            .map_err(|e| Box::new(e) as Box<dyn fmt::Display + Send>)
+    }
+
+    async fn disconnect(&mut self) {
+        if let Some((c, _)) = self.conn.take() {
+            let _ = c.close().await;
+        }
     }
 }
 
@@ -164,7 +141,7 @@ impl Watch {
     /// Whether this look asks SQLite: a worker may be waiting, and the files changed
     /// (or did one look ago), or SQLite was not asked for a while, or there is no
     /// connection, or the file was replaced.
-    fn due(&mut self, wakers: &Wakers) -> bool {
+    fn due_now(&mut self, wakers: &Wakers) -> bool {
         // While every claim finds work no worker waits for a wake-up: the reads would be
         // spent on this process's own commits.
         if !wakers.any_idle() {
@@ -188,7 +165,7 @@ impl Watch {
 
     /// Asks SQLite whether another connection committed and, when it did, wakes the
     /// queues of rows newer than the last seen.
-    async fn ask(&mut self, wakers: &Wakers) -> Result<(), sqlx::Error> {
+    async fn read(&mut self, wakers: &Wakers) -> Result<(), sqlx::Error> {
         self.ask = self.ask.saturating_sub(1);
         self.asked = Instant::now();
         let inode = self.files.0.map(|f| f.0);

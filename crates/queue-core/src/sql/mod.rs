@@ -26,6 +26,7 @@ mod store;
 pub mod unique;
 mod values;
 mod wakers;
+pub mod watch_loop;
 
 pub use backend::{DeadRow, EngineState, HeldRow, LeaseOp, PairOp, Replayed, SqlBackend, StatsRow};
 pub use claimed::{ClaimBy, ClaimedRow, PromotePacer, StartMode};
