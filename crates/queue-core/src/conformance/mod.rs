@@ -59,7 +59,8 @@ macro_rules! conformance_tests {
             debounce_moves_a_waiting_job_no_later_than_max_wait,
             racing_publishers_leave_one_job_per_key,
             invalid_unique_keys_are_refused,
-            a_brokers_keys_are_taken_held_and_freed
+            a_brokers_keys_are_taken_held_and_freed,
+            an_unconfirmed_brokers_key_is_held_for_its_window
         );
     };
     // The cases of limits, pauses, cancellations and schedules: for a transport that keeps them
