@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::case_support::fresh_queue;
-use super::harness::{open_beside, Harness};
+use super::harness::{open_beside, Harness, Store};
 use crate::sql::unique::KeyHold;
 use crate::{Envelope, QueueName, Result, Unique, UniqueKeyStore};
 
@@ -27,16 +27,24 @@ async fn take(
     Ok(dups.first().map(|d| d.existing))
 }
 
-/// A taken key is held while unconfirmed and after the broker's confirm, until freed; a
-/// done hold keeps it for its period; keys are per queue.
-pub async fn a_brokers_keys_are_taken_held_and_freed(h: Arc<dyn Harness>) -> Result<()> {
-    let Some((_store, _t, _status, keys)) = open_beside(
-        &h,
+/// A fresh store (kept for the case's length) and the broker key store beside it, or
+/// `None` (said why) where none is kept.
+async fn open_keys(
+    h: &Arc<dyn Harness>,
+) -> Result<Option<(Box<dyn Store>, Arc<dyn UniqueKeyStore>)>> {
+    let opened = open_beside(
+        h,
         |s, _| s?.unique_keys(),
         "no SQL store beside it keeps a broker's unique keys",
     )
-    .await?
-    else {
+    .await?;
+    Ok(opened.map(|(store, _t, _status, keys)| (store, keys)))
+}
+
+/// A taken key is held while unconfirmed and after the broker's confirm, until freed; a
+/// done hold keeps it for its period; keys are per queue.
+pub async fn a_brokers_keys_are_taken_held_and_freed(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, keys)) = open_keys(&h).await? else {
         return Ok(());
     };
     let keys = keys.as_ref();
@@ -106,13 +114,7 @@ pub async fn a_brokers_keys_are_taken_held_and_freed(h: Arc<dyn Harness>) -> Res
 /// A publisher that died before the broker's confirm holds its key no longer than the
 /// confirm window; pruning leaves every held key held.
 pub async fn an_unconfirmed_brokers_key_is_held_for_its_window(h: Arc<dyn Harness>) -> Result<()> {
-    let Some((_store, _t, _status, keys)) = open_beside(
-        &h,
-        |s, _| s?.unique_keys(),
-        "no SQL store beside it keeps a broker's unique keys",
-    )
-    .await?
-    else {
+    let Some((_store, keys)) = open_keys(&h).await? else {
         return Ok(());
     };
     let keys = keys.as_ref();
