@@ -34,6 +34,7 @@
 use std::sync::Arc;
 
 pub use queue_core::schedule::{Cadence, CatchUp, Schedule};
+pub use queue_core::sql::ClaimCounters;
 /// The worker runtime: handlers by kind, retries, heartbeats, graceful shutdown.
 pub use queue_core::status::{JobState, JobStatus, Jobs, StatusStore, WaitError};
 pub use queue_core::tenants::TenantSelection;
@@ -64,7 +65,7 @@ pub use transport_sqlite::{SqliteInbox, SqliteOptions, SqliteSynchronous, Sqlite
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use transport_pg::{ClaimCounters, PgInbox, PgOptions, PgTransport};
+pub use transport_pg::{PgInbox, PgOptions, PgTransport};
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]

@@ -107,10 +107,12 @@ const LABEL_FILTER: &str = "AND (LOCATE(?, labels) > 0 OR LOCATE(?, labels) > 0
 /// Claims the locked rows of a skip-locked claim (same transaction).
 pub(crate) const CLAIM_LOCKED: &str = "{CLAIM_SET} WHERE seq IN ({IN})";
 
-/// Compare-and-set on candidates: claims up to `?` of those still ready, oldest first.
+/// Compare-and-set on candidates: claims those still ready. Walked by primary key in
+/// `seq` order (one probe per candidate, never the claim index from its start), so two
+/// claims given overlapping candidates lock them in one order.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "{CLAIM_SET}
  WHERE queue = ? AND ready = 1 AND (expires_at IS NULL OR expires_at > {NOW}) AND seq IN ({IN})
- ORDER BY prio_rank, visible_at, seq
+ ORDER BY seq
  LIMIT ?";
 
 /// The rows a claim took, read back (MySQL has no `UPDATE … RETURNING`).

@@ -28,7 +28,8 @@ mod unique_sql;
 
 pub use inbox::PgInbox;
 pub use options::PgOptions;
+pub use queue_core::sql::ClaimCounters;
 pub use sqlx;
 pub use status::PgStatusStore;
 pub use tenants::schemas_with_table;
-pub use transport::{ClaimCounters, PgTransport};
+pub use transport::PgTransport;

@@ -127,22 +127,26 @@ SELECT seq FROM \"switchyard_jobs\"
  ORDER BY priority DESC, available_at, seq
  LIMIT $2";
 
-/// Compare-and-set on candidates ($6: seqs) of queue $3: claims up to $4 of those still
-/// free, oldest first. The candidates drive the join (one primary-key lookup each), so
-/// the plan cannot turn into a walk of the queue's claim index at any depth. A candidate
-/// a competitor is claiming is waited for and then, leased, skipped (the UPDATE's
-/// condition is checked again on the row's newest version).
+/// Compare-and-set on candidates ($6: seqs) of queue $3: claims those still free. The
+/// candidates drive the lookup (one primary-key probe each), so the plan cannot turn
+/// into a walk of the queue's claim index at any depth. The rows are locked in `seq`
+/// order, so two claims given overlapping candidates wait for each other instead of
+/// deadlocking (which PostgreSQL takes a second to detect); a row a competitor is
+/// claiming is waited for and then, leased, skipped (`FOR UPDATE` checks the condition
+/// again on the row's newest version; the outer `UPDATE` needs no check of its own, the
+/// rows being locked).
 pub(crate) const CLAIM_OPTIMISTIC: &str = "
 WITH c AS (
     SELECT j.seq FROM UNNEST($6::bigint[]) AS u(seq)
       JOIN \"switchyard_jobs\" j ON j.seq = u.seq
      WHERE j.queue = $3 AND j.ready AND {FREE} AND (j.expires_at IS NULL OR j.expires_at > now())
-     ORDER BY j.priority DESC, j.available_at, j.seq
-     LIMIT $4)
+     ORDER BY j.seq
+     LIMIT $4
+       FOR UPDATE OF j)
 UPDATE \"switchyard_jobs\" j
    SET {CLAIM_SET}
   FROM c
- WHERE j.seq = c.seq AND j.ready AND {FREE}
+ WHERE j.seq = c.seq
 {RETURNING}";
 
 /// Publishes a batch given as parallel arrays, in their order. An id already stored, live

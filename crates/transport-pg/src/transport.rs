@@ -1,6 +1,5 @@
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,9 +7,9 @@ use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
-    labels_column, limit, micros, micros_between, pair_report, row_seq, ClaimBy, ClaimedRow,
-    DeadRow, EngineState, HeldRow, KeptConnections, LeaseOp, PairOp, Replayed, SqlBackend,
-    StartMode, StatsRow, StoreSettings,
+    labels_column, limit, micros, micros_between, pair_report, row_seq, ClaimBy, ClaimCounters,
+    ClaimedRow, DeadRow, EngineState, HeldRow, KeptConnections, LeaseOp, PairOp, Replayed,
+    SqlBackend, StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
     text, AckReport, ClaimStrategy, DeadLetter, Envelope, LeaseToken, Published, QueueName,
@@ -62,7 +61,6 @@ pub struct PgTransport {
     listening: Mutex<bool>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
-    counters: Counters,
     /// Connections kept out of the pool for the hot path.
     kept: KeptConnections<PoolConnection<Postgres>>,
     status: Arc<PgStatusStore>,
@@ -76,37 +74,6 @@ impl fmt::Debug for PgTransport {
             .field("table", &self.table)
             .field("claim", &self.options.claim)
             .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    claim_requested: AtomicU64,
-    claim_wasted: AtomicU64,
-    claim_conflicts: AtomicU64,
-}
-
-/// How much work optimistic claims lost to competitors, since the transport was opened.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ClaimCounters {
-    /// Rows that optimistic claims tried to take (candidates that were ready when read,
-    /// up to the batch size).
-    pub requested: u64,
-    /// Of those, rows a competitor took between the read and the compare-and-set.
-    pub wasted: u64,
-    /// Claim statements that lost a deadlock and ran again.
-    pub conflicts: u64,
-}
-
-impl ClaimCounters {
-    /// `wasted / requested`, or 0 before any claim.
-    pub fn wasted_ratio(&self) -> f64 {
-        if self.requested == 0 {
-            0.0
-        } else {
-            self.wasted as f64 / self.requested as f64
-        }
     }
 }
 
@@ -217,7 +184,6 @@ impl PgTransport {
             listening: Mutex::new(false),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
-            counters: Counters::default(),
             kept,
         })
     }
@@ -239,11 +205,7 @@ impl PgTransport {
 
     /// What optimistic claims have lost to competitors so far.
     pub fn claim_counters(&self) -> ClaimCounters {
-        ClaimCounters {
-            requested: self.counters.claim_requested.load(Ordering::Relaxed),
-            wasted: self.counters.claim_wasted.load(Ordering::Relaxed),
-            conflicts: self.counters.claim_conflicts.load(Ordering::Relaxed),
-        }
+        self.engine.claims.read()
     }
 
     /// Closes the pool and stops listening.
@@ -482,19 +444,13 @@ impl PgTransport {
             .rows_affected())
     }
 
-    /// One optimistic round: up to `window` candidates, then one compare-and-set that
-    /// claims up to `want` of them. Returns the claimed rows and how many candidates
-    /// there were.
-    async fn round(
+    /// The candidates of an optimistic claim, read without locks.
+    async fn candidates(
         &self,
         queue: &QueueName,
-        want: usize,
         window: usize,
-        token: LeaseToken,
-        start: StartMode,
         by: &ClaimBy<'_>,
-    ) -> Result<(Vec<ClaimedRow>, usize)> {
-        let lease = micros(self.options.visibility_timeout);
+    ) -> Result<Vec<i64>> {
         let candidates = if by.needles.is_empty() {
             sqlx::query_scalar(&self.sql.claim_candidates)
                 .bind(queue.as_str())
@@ -505,45 +461,44 @@ impl PgTransport {
                 .bind(limit(window))
                 .bind(&by.needles)
         };
-        let candidates: Vec<i64> = candidates.fetch_all(&self.pool).await.backend()?;
-        if candidates.is_empty() {
-            return Ok((Vec::new(), 0));
-        }
+        candidates.fetch_all(&self.pool).await.backend()
+    }
+
+    /// The compare-and-set of an optimistic claim on `seqs`; run again should it lose a
+    /// deadlock (to a statement that locks rows in another order).
+    async fn take(
+        &self,
+        queue: &QueueName,
+        seqs: &[i64],
+        token: LeaseToken,
+        start: StartMode,
+        by: &ClaimBy<'_>,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
         let mut conflicts = 0;
         let rows = loop {
             let attempt = sqlx::query(&self.sql.claim_optimistic)
                 .bind(token.0)
                 .bind(lease)
                 .bind(queue.as_str())
-                .bind(limit(want))
+                .bind(limit(seqs.len()))
                 .bind(start as i32)
-                .bind(&candidates)
+                .bind(seqs)
                 .bind(by.holder)
                 .fetch_all(&self.pool)
                 .await;
             match attempt {
                 Err(err) if is_conflict(&err) && conflicts < CONFLICT_RETRIES => {
                     conflicts += 1;
-                    self.counters
-                        .claim_conflicts
-                        .fetch_add(1, Ordering::Relaxed);
+                    self.engine.claims.conflict();
                 }
                 other => break other.backend()?,
             }
         };
-        let tried = want.min(candidates.len()) as u64;
-        self.counters
-            .claim_requested
-            .fetch_add(tried, Ordering::Relaxed);
-        self.counters
-            .claim_wasted
-            .fetch_add(tried.saturating_sub(rows.len() as u64), Ordering::Relaxed);
-        let rows = rows
-            .iter()
+        rows.iter()
             .map(claimed_row)
             .collect::<std::result::Result<Vec<_>, _>>()
-            .backend()?;
-        Ok((rows, candidates.len()))
+            .backend()
     }
 
     /// Moves the row `seq` that this transport holds under `token` to the dead-letter

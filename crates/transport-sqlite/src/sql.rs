@@ -83,7 +83,7 @@ SELECT seq FROM \"switchyard_jobs\"
  LIMIT ?2";
 
 /// Compare-and-set on a set of candidates (a JSON array of seqs in ?3) of queue ?4: claims
-/// up to ?5 of those that are still ready, oldest first, in one statement and one commit.
+/// up to ?5 of those that are still ready, in one statement and one commit.
 /// The batched form of the portable `UPDATE … WHERE id = ? AND (not leased)`: a
 /// candidate a competitor took is skipped instead of fought over.
 pub(crate) const CLAIM_OPTIMISTIC: &str = "

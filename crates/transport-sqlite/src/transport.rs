@@ -218,6 +218,11 @@ impl SqliteTransport {
         &self.writer
     }
 
+    /// What optimistic claims have lost to competitors so far.
+    pub fn claim_counters(&self) -> queue_core::sql::ClaimCounters {
+        self.engine.claims.read()
+    }
+
     /// Closes both pools and stops the publish watch.
     pub async fn close(&self) {
         self.stop.cancel();

@@ -19,8 +19,8 @@ use crate::names::QueueName;
 use crate::published::Published;
 use crate::reservation::{AckReport, LeaseToken, Reservation};
 
-/// The engine's state inside a backend's transport: the idle workers' wake-up signals
-/// and the pacing of promotion and of the expiry sweep.
+/// The engine's state inside a backend's transport: the idle workers' wake-up signals,
+/// the pacing of promotion and of the expiry sweep, and the optimistic claims' counts.
 #[derive(Debug, Default)]
 pub struct EngineState {
     /// The idle workers' wake-up signals.
@@ -29,6 +29,8 @@ pub struct EngineState {
     pub(super) last_sweep: Mutex<Option<Instant>>,
     /// When the key repair last ran, and whether an expiry sweep since asked for it.
     pub(super) key_repair: Mutex<(Option<Instant>, bool)>,
+    /// What optimistic claims lost to competitors.
+    pub claims: super::ClaimTally,
 }
 
 impl EngineState {
@@ -185,18 +187,26 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
         by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>>;
 
-    /// One optimistic round: up to `window` candidates read without locks, then one
-    /// compare-and-set that claims up to `want` of them. Returns the claimed rows and how
-    /// many candidates there were.
-    async fn optimistic_round(
+    /// The candidates of an optimistic claim: up to `window` seqs of claimable rows of
+    /// `queue`, in delivery order, read without locks.
+    async fn optimistic_candidates(
         &self,
         queue: &QueueName,
-        want: usize,
         window: usize,
+        by: &ClaimBy<'_>,
+    ) -> Result<Vec<i64>>;
+
+    /// The compare-and-set of an optimistic claim: claims those of `seqs` (rows of
+    /// `queue`) that are still claimable, in one statement or transaction that commits,
+    /// and skips the others.
+    async fn optimistic_take(
+        &self,
+        queue: &QueueName,
+        seqs: &[i64],
         token: LeaseToken,
         start: StartMode,
         by: &ClaimBy<'_>,
-    ) -> Result<(Vec<ClaimedRow>, usize)>;
+    ) -> Result<Vec<ClaimedRow>>;
 
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
     /// order; how many.

@@ -14,9 +14,6 @@ use crate::{reason, Result};
 /// How many rounds one reserve spends skipping malformed rows before it returns.
 const QUARANTINE_ROUNDS: usize = 16;
 
-/// How many candidate rounds an optimistic claim runs at most.
-const OPTIMISTIC_ROUNDS: usize = 4;
-
 /// Claims up to `claim.max` messages under a lease of `lease`: claims rows, decodes
 /// them, quarantines the malformed ones (and claims again in their place, a bounded
 /// number of times), and returns the reservations in delivery order.
@@ -126,7 +123,7 @@ async fn promote<B: SqlBackend + ?Sized>(claims: &B) -> Result<u64> {
 
 /// Claims up to `max` ready rows of `queue`: a move's claim and a skip-locked claim are
 /// one statement (or transaction) of the backend's; an optimistic claim runs rounds of
-/// candidates and compare-and-set here.
+/// candidates and compare-and-set (see `optimistic`).
 async fn claim_ready<B: SqlBackend + ?Sized>(
     claims: &B,
     queue: &QueueName,
@@ -141,46 +138,6 @@ async fn claim_ready<B: SqlBackend + ?Sized>(
         }
         // Optimistic claims are the portable fallback; the type is matched exhaustively
         // in queue-core, so a new strategy lands here until handled.
-        _ => claim_optimistic(claims, queue, max, token, start, by).await,
+        _ => super::optimistic::claim_optimistic(claims, queue, max, token, start, by).await,
     }
-}
-
-/// Reads several times as many candidates as wanted without any lock, then claims up to
-/// `max` of those still ready with one compare-and-set. When competitors took some in
-/// between, fresh candidates are read (a few times at most), so a reserve does not come
-/// back short while rows are ready. Each round commits on its own.
-async fn claim_optimistic<B: SqlBackend + ?Sized>(
-    claims: &B,
-    queue: &QueueName,
-    max: usize,
-    token: LeaseToken,
-    start: StartMode,
-    by: &ClaimBy<'_>,
-) -> Result<Vec<ClaimedRow>> {
-    let mut claimed = Vec::new();
-    for _ in 0..OPTIMISTIC_ROUNDS {
-        let want = max - claimed.len();
-        // A wide window lets competitors that read the same candidates each find rows
-        // still free; the claim itself still takes the oldest ones.
-        let window = want.saturating_mul(8).clamp(64, 4096);
-        match claims
-            .optimistic_round(queue, want, window, token, start, by)
-            .await
-        {
-            Ok((rows, candidates)) => {
-                claimed.extend(rows);
-                // Done when we got what we asked for, or the queue had no more.
-                if claimed.len() >= max || candidates < window {
-                    break;
-                }
-            }
-            Err(err) if claimed.is_empty() => return Err(err),
-            // Rows of earlier rounds are committed: return them, never drop them.
-            Err(err) => {
-                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                break;
-            }
-        }
-    }
-    Ok(claimed)
 }

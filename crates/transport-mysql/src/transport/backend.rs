@@ -101,16 +101,12 @@ impl SqlBackend for MySqlTransport {
             .backend()
     }
 
-    async fn optimistic_round(
+    async fn optimistic_candidates(
         &self,
         queue: &QueueName,
-        want: usize,
         window: usize,
-        token: LeaseToken,
-        start: StartMode,
         by: &ClaimBy<'_>,
-    ) -> Result<(Vec<ClaimedRow>, usize)> {
-        let lease = micros(self.options.visibility_timeout);
+    ) -> Result<Vec<i64>> {
         let candidates = if by.needles.is_empty() {
             sqlx::query_scalar(&self.sql.claim_candidates).bind(queue.as_str())
         } else {
@@ -120,17 +116,25 @@ impl SqlBackend for MySqlTransport {
             }
             q
         };
-        let candidates: Vec<i64> = candidates
+        candidates
             .bind(limit(window))
             .fetch_all(&self.pool)
             .await
-            .backend()?;
-        if candidates.is_empty() {
-            return Ok((Vec::new(), 0));
-        }
-        let update = with_list(&self.sql.claim_optimistic, candidates.len());
+            .backend()
+    }
+
+    async fn optimistic_take(
+        &self,
+        queue: &QueueName,
+        seqs: &[i64],
+        token: LeaseToken,
+        start: StartMode,
+        by: &ClaimBy<'_>,
+    ) -> Result<Vec<ClaimedRow>> {
+        let lease = micros(self.options.visibility_timeout);
+        let update = with_list(&self.sql.claim_optimistic, seqs.len());
         let took = self
-            .retrying("claim", || async {
+            .retrying(OPTIMISTIC_CLAIM, || async {
                 let mut q = sqlx::query(&update)
                     .bind(start as i64)
                     .bind(start as i64)
@@ -138,10 +142,10 @@ impl SqlBackend for MySqlTransport {
                     .bind(lease)
                     .bind(by.holder)
                     .bind(queue.as_str());
-                for s in padded(&candidates) {
+                for s in padded(seqs) {
                     q = q.bind(s);
                 }
-                Ok(q.bind(limit(want))
+                Ok(q.bind(limit(seqs.len()))
                     .execute(&self.pool)
                     .await?
                     .rows_affected())
@@ -150,15 +154,11 @@ impl SqlBackend for MySqlTransport {
         let mut rows = Vec::new();
         if took > 0 {
             let mut conn = self.pool.acquire().await.backend()?;
-            for row in self
-                .read_claimed(&mut conn, token, &candidates)
-                .await
-                .backend()?
-            {
+            for row in self.read_claimed(&mut conn, token, seqs).await.backend()? {
                 rows.push(claimed_row(&row).backend()?);
             }
         }
-        Ok((rows, candidates.len()))
+        Ok(rows)
     }
 
     async fn promote_due(&self) -> Result<u64> {

@@ -85,16 +85,24 @@ impl SqlBackend for PgTransport {
             .backend()
     }
 
-    async fn optimistic_round(
+    async fn optimistic_candidates(
         &self,
         queue: &QueueName,
-        want: usize,
         window: usize,
+        by: &ClaimBy<'_>,
+    ) -> Result<Vec<i64>> {
+        self.candidates(queue, window, by).await
+    }
+
+    async fn optimistic_take(
+        &self,
+        queue: &QueueName,
+        seqs: &[i64],
         token: LeaseToken,
         start: StartMode,
         by: &ClaimBy<'_>,
-    ) -> Result<(Vec<ClaimedRow>, usize)> {
-        self.round(queue, want, window, token, start, by).await
+    ) -> Result<Vec<ClaimedRow>> {
+        self.take(queue, seqs, token, start, by).await
     }
 
     async fn promote_due(&self) -> Result<u64> {

@@ -85,15 +85,12 @@ impl SqlBackend for SqliteTransport {
             .await
     }
 
-    async fn optimistic_round(
+    async fn optimistic_candidates(
         &self,
         queue: &QueueName,
-        want: usize,
         window: usize,
-        token: LeaseToken,
-        start: StartMode,
         by: &ClaimBy<'_>,
-    ) -> Result<(Vec<ClaimedRow>, usize)> {
+    ) -> Result<Vec<i64>> {
         let candidates = if by.needles.is_empty() {
             sqlx::query_scalar(&self.sql.claim_candidates)
                 .bind(queue.as_str())
@@ -104,26 +101,33 @@ impl SqlBackend for SqliteTransport {
                 .bind(queue_core::sql::limit(window))
                 .bind(needles_json(&by.needles)?)
         };
-        let candidates: Vec<i64> = candidates.fetch_all(&self.reader).await.backend()?;
-        let list =
-            serde_json::to_string(&candidates).map_err(|e| Error::backend(TRANSPORT, false, e))?;
+        candidates.fetch_all(&self.reader).await.backend()
+    }
+
+    async fn optimistic_take(
+        &self,
+        queue: &QueueName,
+        seqs: &[i64],
+        token: LeaseToken,
+        start: StartMode,
+        by: &ClaimBy<'_>,
+    ) -> Result<Vec<ClaimedRow>> {
+        let list = serde_json::to_string(seqs).map_err(|e| Error::backend(TRANSPORT, false, e))?;
         let rows = sqlx::query(&self.sql.claim_optimistic)
             .bind(token.to_string())
             .bind(micros(self.options.visibility_timeout))
             .bind(list)
             .bind(queue.as_str())
-            .bind(queue_core::sql::limit(want))
+            .bind(queue_core::sql::limit(seqs.len()))
             .bind(start as i64)
             .bind(by.holder)
             .fetch_all(&self.writer)
             .await
             .backend()?;
-        let rows = rows
-            .iter()
+        rows.iter()
             .map(claimed_row)
             .collect::<std::result::Result<Vec<_>, _>>()
-            .backend()?;
-        Ok((rows, candidates.len()))
+            .backend()
     }
 
     async fn promote_due(&self) -> Result<u64> {
