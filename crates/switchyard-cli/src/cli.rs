@@ -77,6 +77,9 @@ pub(crate) enum Command {
     /// The bench's publisher in another process (run by `bench` itself)
     #[command(name = "bench-publish", hide = true)]
     BenchPublish(BenchPublishArgs),
+    /// The bench's worker in another process (run by `bench` itself)
+    #[command(name = "bench-drain", hide = true)]
+    BenchDrain(BenchDrainArgs),
     /// Forward a queue from the SQL store (the outbox) to RabbitMQ, with confirms
     #[command(after_help = RELAY_EXAMPLES)]
     Relay(RelayArgs),
@@ -633,6 +636,16 @@ pub(crate) struct BenchPublishArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct BenchDrainArgs {
+    /// The queue
+    #[arg(long)]
+    pub(crate) queue: String,
+    /// Handler slots
+    #[arg(long)]
+    pub(crate) concurrency: usize,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
     /// Jobs per drain and batched-enqueue measurement
     #[arg(long, default_value_t = 20_000)]
@@ -650,6 +663,14 @@ pub(crate) struct BenchArgs {
     /// example 1000000), and show the claim's plan at that depth
     #[arg(long, default_value_t = 0)]
     pub(crate) depth: usize,
+    /// Worker process counts for the drain with the worker in other processes (each
+    /// with --concurrency handler slots); 0 to skip it
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    pub(crate) processes: Vec<usize>,
+    /// Rows of other queues published into the store before the drains in other
+    /// processes (for example 200000), which the claims must step past
+    #[arg(long, default_value_t = 0)]
+    pub(crate) backlog: usize,
     /// Reserver counts for the optimistic claim's contention measurement (PostgreSQL)
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
     pub(crate) reservers: Vec<usize>,

@@ -253,8 +253,9 @@ fn reading_commands_never_create_a_database() {
     assert!(sb.files().is_empty(), "wrote {:?}", sb.files());
 }
 
-/// `bench --json` on a small run: every job checked off, and on a server the bare-SQL
-/// baseline of the same run beside the queue's figures.
+/// `bench --json` on a small run: every job checked off (by worker processes too, past a
+/// backlog), the features' drains where the backend has them, and on a server the
+/// bare-SQL baseline of the same run beside the queue's figures.
 fn bench_reports_on(sb: &Sandbox, with_baseline: bool) {
     let out = sb.run(&[
         "bench",
@@ -264,9 +265,13 @@ fn bench_reports_on(sb: &Sandbox, with_baseline: bool) {
         "--messages",
         "300",
         "--only-claim",
-        "skip-locked",
+        "optimistic",
         "--reservers",
         "2",
+        "--processes",
+        "1,2",
+        "--backlog",
+        "500",
     ]);
     assert!(out.status.success(), "bench failed: {}", text(&out.stderr));
     let report: serde_json::Value =
@@ -275,6 +280,34 @@ fn bench_reports_on(sb: &Sandbox, with_baseline: bool) {
     assert_eq!(r["duplicates"], 0, "{r}");
     assert_eq!(r["missing"], 0, "{r}");
     assert!(r["drain_per_s"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    let by_processes = r["drain_processes"].as_array().expect("drain_processes");
+    assert_eq!(by_processes.len(), 2, "{r}");
+    for (d, n) in by_processes.iter().zip([1, 2]) {
+        assert_eq!(d["processes"], n, "{d}");
+        assert!(d["per_s"].as_f64().is_some_and(|v| v > 0.0), "{d}");
+        assert_eq!(
+            (&d["duplicates"], &d["missing"]),
+            (&0.into(), &0.into()),
+            "{d}"
+        );
+    }
+    let sql = r["backend"] != "amqp";
+    for field in [
+        "drain_labels_per_s",
+        "drain_limited_per_s",
+        "enqueue_unique_per_s",
+        "drain_unique_per_s",
+    ] {
+        assert_eq!(
+            r[field].as_f64().is_some_and(|v| v > 0.0),
+            sql,
+            "{field} in {r}"
+        );
+    }
+    if sql {
+        let wasted = by_processes[1]["wasted_claim_ratio"].as_f64();
+        assert!(wasted.is_some_and(|w| (0.0..=1.0).contains(&w)), "{r}");
+    }
     let baseline = &r["baseline"];
     if with_baseline {
         for field in [

@@ -71,6 +71,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo::run(&config, args, json).await,
         Command::Bench(args) => bench::run(&config, args, json).await,
         Command::BenchPublish(args) => bench::publish_timed(&config, args).await,
+        Command::BenchDrain(args) => bench::drain_in_process(&config, args).await,
         Command::Relay(args) => relay::run(&config, args, json).await,
         Command::Move(args) => move_cmd::run(&config, args, json).await,
         Command::Prune(args) => prune::run(&config, args, json).await,

@@ -1,5 +1,6 @@
 //! One run's measurements: enqueue one by one and in batches, drains (plain, with job
-//! status, at depth) with the worker runtime, and pickup latency.
+//! status, with ordering keys, at depth, by worker processes) with the worker runtime,
+//! and pickup latency.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,10 +12,10 @@ use switchyard::{
 };
 use uuid::Uuid;
 
-use super::remote;
 use super::report::Sample;
 use super::target::Target;
 use super::workload::{jobs, keyed_jobs, queue, single_count};
+use super::{processes, remote};
 use crate::cli::BenchArgs;
 
 /// Messages per batched publish.
@@ -57,7 +58,7 @@ pub(super) async fn measure(
         duplicates: 0,
         missing: 0,
     };
-    let drain_per_s = drains.run(&q, &ids, None).await?;
+    let drain_per_s = drains.run(&q, &ids, With::default()).await?;
     let drain_status_per_s = match status {
         Some(store) => Some(drains.with_status(store, args.messages).await?),
         None => None,
@@ -67,6 +68,7 @@ pub(super) async fn measure(
     } else {
         None
     };
+    let costs = drains.features(status, args.messages).await?;
     let (drain_deep_per_s, plan) = match args.depth {
         0 => (None, None),
         depth => {
@@ -75,10 +77,15 @@ pub(super) async fn measure(
         }
     };
     let Drains {
-        duplicates,
-        missing,
+        mut duplicates,
+        mut missing,
         ..
     } = drains;
+    let drain_processes = processes::drains(target.config(), t, args).await?;
+    for d in &drain_processes {
+        duplicates += d.duplicates;
+        missing += d.missing;
+    }
 
     let publisher = target.publisher(t).await?;
     let (pickup_p50_ms, pickup_p99_ms) = pickup(t, Publisher::Here(publisher)).await?;
@@ -92,10 +99,15 @@ pub(super) async fn measure(
             drain_deep_per_s,
             drain_status_per_s,
             drain_keyed_per_s,
+            drain_labels_per_s: costs.drain_labels_per_s,
+            drain_limited_per_s: costs.drain_limited_per_s,
+            enqueue_unique_per_s: costs.enqueue_unique_per_s,
+            drain_unique_per_s: costs.drain_unique_per_s,
             pickup_p50_ms,
             pickup_p99_ms,
             pickup_process_p50_ms,
             pickup_process_p99_ms,
+            drain_processes,
             duplicates,
             missing,
         },
@@ -104,22 +116,42 @@ pub(super) async fn measure(
 }
 
 /// The drains of one run, and the duplicates and missing jobs they saw.
-struct Drains<'a> {
-    t: &'a Arc<dyn Transport>,
-    concurrency: usize,
-    duplicates: u64,
-    missing: u64,
+pub(super) struct Drains<'a> {
+    /// The transport drained.
+    pub(super) t: &'a Arc<dyn Transport>,
+    /// Handler slots of each drain's worker.
+    pub(super) concurrency: usize,
+    /// Jobs handled more than once, and jobs never handled, over every drain.
+    pub(super) duplicates: u64,
+    pub(super) missing: u64,
+}
+
+/// What a drain's worker runs with beyond the plain drain.
+#[derive(Default)]
+pub(super) struct With {
+    /// Records job status in this store.
+    pub(super) status: Option<Arc<dyn StatusStore>>,
+    /// Claims only jobs with one of these labels.
+    pub(super) labels: Vec<String>,
+    /// Holds to these limits.
+    pub(super) limits: Vec<switchyard::Limit>,
+    /// Where the limits' slots are kept.
+    pub(super) limit_store: Option<Arc<dyn switchyard::LimitStore>>,
+}
+
+impl With {
+    fn status(store: Arc<dyn StatusStore>) -> Self {
+        With {
+            status: Some(store),
+            ..With::default()
+        }
+    }
 }
 
 impl Drains<'_> {
     /// Drains `ids` from `q` (see [`drain`]), counting what went wrong.
-    async fn run(
-        &mut self,
-        q: &QueueName,
-        ids: &[Uuid],
-        status: Option<Arc<dyn StatusStore>>,
-    ) -> Result<f64> {
-        let (per_s, duplicates, missing) = drain(self.t, q, ids, self.concurrency, status).await?;
+    pub(super) async fn run(&mut self, q: &QueueName, ids: &[Uuid], with: With) -> Result<f64> {
+        let (per_s, duplicates, missing) = drain(self.t, q, ids, self.concurrency, with).await?;
         self.duplicates += duplicates;
         self.missing += missing;
         Ok(per_s)
@@ -135,7 +167,7 @@ impl Drains<'_> {
         for chunk in envs.chunks(PUBLISH_BATCH) {
             tracked.publish_batch(chunk.to_vec()).await?;
         }
-        self.run(&q, &ids, Some(store.clone())).await
+        self.run(&q, &ids, With::status(store.clone())).await
     }
 
     /// The same with ordering keys: one message of each key at a time.
@@ -146,7 +178,7 @@ impl Drains<'_> {
         for chunk in envs.chunks(1_000) {
             self.t.publish_batch(chunk.to_vec()).await?;
         }
-        self.run(&q, &ids, None).await
+        self.run(&q, &ids, With::default()).await
     }
 
     /// The same with `depth` more messages queued behind the measured ones; the claim's
@@ -170,7 +202,7 @@ impl Drains<'_> {
             left -= batch;
         }
         let plan = target.claim_plan(&q).await;
-        Ok((self.run(&q, &ids, None).await?, plan))
+        Ok((self.run(&q, &ids, With::default()).await?, plan))
     }
 }
 
@@ -181,7 +213,7 @@ async fn drain(
     q: &QueueName,
     ids: &[Uuid],
     concurrency: usize,
-    status: Option<Arc<dyn switchyard::StatusStore>>,
+    with: With,
 ) -> Result<(f64, u64, u64)> {
     let seen: Arc<Mutex<HashMap<Uuid, u32>>> = Arc::default();
     let finished: Arc<Mutex<Option<Instant>>> = Arc::default();
@@ -194,10 +226,15 @@ async fn drain(
     let options = WorkerOptions::default()
         .with_concurrency(concurrency)
         .with_poll(Duration::from_millis(1), Duration::from_millis(10))
-        .with_drain(true);
+        .with_drain(true)
+        .with_labels(with.labels)
+        .with_limits(with.limits);
     let mut worker = Worker::new(t.clone(), q.clone(), options);
-    if let Some(store) = status {
+    if let Some(store) = with.status {
         worker = worker.with_status(store);
+    }
+    if let Some(store) = with.limit_store {
+        worker = worker.with_limit_store(store);
     }
     let worker = worker.handle(
         "noop",

@@ -7,7 +7,9 @@
 //! bare SQL or bare lapin on the same server for ratios.
 
 mod baseline;
+mod features;
 mod measure;
+mod processes;
 mod remote;
 mod report;
 mod target;
@@ -21,6 +23,7 @@ use report::{baseline_report, median_contention, summarise, Contention, Report, 
 use target::Target;
 use workload::{jobs, queue, single_count};
 
+pub(crate) use processes::drain_in_process;
 pub(crate) use remote::publish_timed;
 
 pub(crate) async fn run(config: &Config, args: BenchArgs, json: bool) -> Result<()> {

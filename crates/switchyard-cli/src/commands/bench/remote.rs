@@ -40,7 +40,7 @@ pub(crate) async fn publish_timed(config: &Config, args: BenchPublishArgs) -> Re
 
 /// The store as the bench's own transports open it: on RabbitMQ its queues expire after
 /// an idle hour (a publisher declaring them otherwise is refused by the broker).
-async fn open(config: &Config) -> Result<std::sync::Arc<dyn switchyard::Transport>> {
+pub(super) async fn open(config: &Config) -> Result<std::sync::Arc<dyn switchyard::Transport>> {
     #[cfg(feature = "amqp")]
     if config.backend == BackendKind::RabbitMq {
         let options = switchyard::AmqpOptions::from_config(config)
@@ -59,26 +59,37 @@ pub(super) fn spawn(
     count: usize,
     interval: Duration,
 ) -> Result<tokio::process::Child> {
+    let mut cmd = command(
+        config,
+        &[
+            "bench-publish",
+            "--queue",
+            queue,
+            "--count",
+            &count.to_string(),
+            "--interval-ms",
+            &interval.as_millis().to_string(),
+        ],
+    )?;
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    cmd.spawn()
+        .map_err(|e| Error::io("starting the publisher process", e))
+}
+
+/// This binary run again with `args` on the store `config` describes (one backend, no
+/// migration), killed should the bench drop it.
+pub(super) fn command(config: &Config, args: &[&str]) -> Result<tokio::process::Command> {
     let exe = std::env::current_exe()
-        .map_err(|e| Error::io("finding the switchyard binary for the publisher process", e))?;
+        .map_err(|e| Error::io("finding the switchyard binary for a bench process", e))?;
     let mut cmd = tokio::process::Command::new(exe);
-    cmd.args([
-        "bench-publish",
-        "--queue",
-        queue,
-        "--count",
-        &count.to_string(),
-        "--interval-ms",
-        &interval.as_millis().to_string(),
-    ])
-    .env("DATABASE_URL", config.database_url.expose())
-    .env("QUEUE_TABLE", config.table.as_str())
-    .env("QUEUE_CANARY_PERCENT", "0")
-    .env("QUEUE_DRAIN", "none")
-    .env_remove("QUEUE_SCHEMA")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .kill_on_drop(true);
+    cmd.args(args)
+        .env("DATABASE_URL", config.database_url.expose())
+        .env("QUEUE_TABLE", config.table.as_str())
+        .env("QUEUE_CLAIM", config.claim.to_string())
+        .env("QUEUE_CANARY_PERCENT", "0")
+        .env("QUEUE_DRAIN", "none")
+        .env_remove("QUEUE_SCHEMA")
+        .kill_on_drop(true);
     if let Some(schema) = &config.schema {
         cmd.env("QUEUE_SCHEMA", schema.as_str());
     }
@@ -88,6 +99,5 @@ pub(super) fn spawn(
     } else {
         cmd.env("QUEUE_BACKEND", "exec");
     }
-    cmd.spawn()
-        .map_err(|e| Error::io("starting the publisher process", e))
+    Ok(cmd)
 }

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use super::baseline::Baseline;
+use super::processes::ProcessDrain;
 use crate::cli::BenchArgs;
 use switchyard::ClaimStrategy;
 
@@ -20,11 +21,22 @@ pub(super) struct Sample {
     /// The same drain of messages with ordering keys (1,000 keys, one message of each
     /// key at a time), where the backend keeps their order.
     pub(super) drain_keyed_per_s: Option<f64>,
+    /// The same drain of labelled jobs by a worker claiming only that label.
+    pub(super) drain_labels_per_s: Option<f64>,
+    /// The same drain under a per-key concurrency limit (`features::LIMIT_KEYS` keys,
+    /// `LIMIT_CONCURRENCY` of a key at once), where the backend keeps limits.
+    pub(super) drain_limited_per_s: Option<f64>,
+    /// The batched publish and the drain of jobs with a unique key each, where the
+    /// backend keeps unique keys.
+    pub(super) enqueue_unique_per_s: Option<f64>,
+    pub(super) drain_unique_per_s: Option<f64>,
     pub(super) pickup_p50_ms: f64,
     pub(super) pickup_p99_ms: f64,
     /// Pickup with the publisher in another process (`switchyard bench-publish`).
     pub(super) pickup_process_p50_ms: f64,
     pub(super) pickup_process_p99_ms: f64,
+    /// The drains with the worker in other processes, per number of processes.
+    pub(super) drain_processes: Vec<ProcessDrain>,
     pub(super) duplicates: u64,
     pub(super) missing: u64,
 }
@@ -126,6 +138,34 @@ pub(super) fn median_contention(reservers: &[usize], runs: &[Vec<Contention>]) -
         .collect()
 }
 
+/// The median of each number of worker processes' drains.
+fn median_process_drains(samples: &[Sample]) -> Vec<ProcessDrain> {
+    let Some(first) = samples.first() else {
+        return Vec::new();
+    };
+    first
+        .drain_processes
+        .iter()
+        .map(|d| d.processes)
+        .map(|n| {
+            let of_n: Vec<&ProcessDrain> = samples
+                .iter()
+                .flat_map(|s| s.drain_processes.iter().filter(|d| d.processes == n))
+                .collect();
+            let ratios: Option<Vec<f64>> = of_n.iter().map(|d| d.wasted_claim_ratio).collect();
+            let conflicts: Option<Vec<u64>> = of_n.iter().map(|d| d.conflicts).collect();
+            ProcessDrain {
+                processes: n,
+                per_s: median(of_n.iter().map(|d| d.per_s).collect()),
+                wasted_claim_ratio: ratios.map(median),
+                conflicts: conflicts.map(|c| median(c.iter().map(|&n| n as f64).collect()) as u64),
+                duplicates: of_n.iter().map(|d| d.duplicates).sum(),
+                missing: of_n.iter().map(|d| d.missing).sum(),
+            }
+        })
+        .collect()
+}
+
 pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -139,6 +179,14 @@ pub(super) fn summarise(
     samples: Vec<Sample>,
 ) -> Report {
     let m = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+    // A measurement that some run lacks has no median.
+    let some = |f: fn(&Sample) -> Option<f64>| {
+        samples
+            .iter()
+            .map(f)
+            .collect::<Option<Vec<f64>>>()
+            .map(median)
+    };
     Report {
         backend,
         claim: claim.to_string(),
@@ -151,25 +199,18 @@ pub(super) fn summarise(
             enqueue_single_per_s: m(|s| s.enqueue_single_per_s),
             enqueue_batch_per_s: m(|s| s.enqueue_batch_per_s),
             drain_per_s: m(|s| s.drain_per_s),
-            drain_deep_per_s: samples
-                .iter()
-                .map(|s| s.drain_deep_per_s)
-                .collect::<Option<Vec<f64>>>()
-                .map(median),
-            drain_status_per_s: samples
-                .iter()
-                .map(|s| s.drain_status_per_s)
-                .collect::<Option<Vec<f64>>>()
-                .map(median),
-            drain_keyed_per_s: samples
-                .iter()
-                .map(|s| s.drain_keyed_per_s)
-                .collect::<Option<Vec<f64>>>()
-                .map(median),
+            drain_deep_per_s: some(|s| s.drain_deep_per_s),
+            drain_status_per_s: some(|s| s.drain_status_per_s),
+            drain_keyed_per_s: some(|s| s.drain_keyed_per_s),
+            drain_labels_per_s: some(|s| s.drain_labels_per_s),
+            drain_limited_per_s: some(|s| s.drain_limited_per_s),
+            enqueue_unique_per_s: some(|s| s.enqueue_unique_per_s),
+            drain_unique_per_s: some(|s| s.drain_unique_per_s),
             pickup_p50_ms: m(|s| s.pickup_p50_ms),
             pickup_p99_ms: m(|s| s.pickup_p99_ms),
             pickup_process_p50_ms: m(|s| s.pickup_process_p50_ms),
             pickup_process_p99_ms: m(|s| s.pickup_process_p99_ms),
+            drain_processes: median_process_drains(&samples),
             duplicates: samples.iter().map(|s| s.duplicates).sum(),
             missing: samples.iter().map(|s| s.missing).sum(),
         },
@@ -254,6 +295,7 @@ fn print_notes(reports: &[Report]) {
                 100.0 * keyed / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
             );
         }
+        print_feature_costs(r);
         if let Some(deep) = r.summary.drain_deep_per_s {
             outln!(
                 "{} {}: drain with {} more queued behind: {deep:.0} jobs/s ({:.0}% of the shallow drain)",
@@ -261,6 +303,24 @@ fn print_notes(reports: &[Report]) {
                 r.claim,
                 r.depth,
                 100.0 * deep / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
+        for d in &r.summary.drain_processes {
+            let wasted = d.wasted_claim_ratio.map_or(String::new(), |w| {
+                format!(
+                    ", wasted-claim ratio {w:.3}, {} conflicts retried",
+                    d.conflicts.unwrap_or(0)
+                )
+            });
+            outln!(
+                "{} {}: drain by {} worker process{} of {} slots: {:.0} jobs/s ({:.0}% of the in-process drain){wasted}",
+                r.backend,
+                r.claim,
+                d.processes,
+                if d.processes == 1 { "" } else { "es" },
+                r.concurrency,
+                d.per_s,
+                100.0 * d.per_s / r.summary.drain_per_s.max(f64::MIN_POSITIVE)
             );
         }
         for c in &r.contention {
@@ -272,6 +332,44 @@ fn print_notes(reports: &[Report]) {
                 c.jobs_per_s,
                 c.wasted_claim_ratio,
                 c.conflicts
+            );
+        }
+    }
+}
+
+/// The drains with a label filter, a limit and unique keys, beside the plain drain.
+fn print_feature_costs(r: &Report) {
+    let plain = r.summary.drain_per_s.max(f64::MIN_POSITIVE);
+    let limited = format!(
+        "drain under a per-key concurrency limit ({} keys, {} of a key at once)",
+        super::features::LIMIT_KEYS,
+        super::features::LIMIT_CONCURRENCY
+    );
+    let rows = [
+        (
+            "drain with a label filter",
+            r.summary.drain_labels_per_s,
+            plain,
+        ),
+        (limited.as_str(), r.summary.drain_limited_per_s, plain),
+        (
+            "batched publish with a unique key each",
+            r.summary.enqueue_unique_per_s,
+            r.summary.enqueue_batch_per_s.max(f64::MIN_POSITIVE),
+        ),
+        (
+            "drain with a unique key each",
+            r.summary.drain_unique_per_s,
+            plain,
+        ),
+    ];
+    for (what, per_s, beside) in rows {
+        if let Some(per_s) = per_s {
+            outln!(
+                "{} {}: {what}: {per_s:.0} jobs/s ({:.0}% of the plain one)",
+                r.backend,
+                r.claim,
+                100.0 * per_s / beside
             );
         }
     }
