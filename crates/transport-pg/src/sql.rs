@@ -149,6 +149,35 @@ UPDATE \"switchyard_jobs\" j
  WHERE j.seq = c.seq
 {RETURNING}";
 
+/// One optimistic round in one statement: the candidates read without locks (the first
+/// $7 claimable rows in delivery order), the run of $4 of them from rank $8 × $4 (the
+/// window's last whole run when it holds fewer), and the compare-and-set of
+/// [`CLAIM_OPTIMISTIC`] on that run. Each row claimed carries how many candidates the
+/// window held (`seen`); when none is, one row with a null `seq` carries it.
+pub(crate) const CLAIM_OPTIMISTIC_ROUND: &str = "
+WITH w AS MATERIALIZED (
+    SELECT seq, row_number() OVER (ORDER BY priority DESC, available_at, seq) - 1 AS rk
+      FROM \"switchyard_jobs\"
+     WHERE queue = $3 AND ready AND {FREE} AND (expires_at IS NULL OR expires_at > now()) {LABELS}
+     ORDER BY priority DESC, available_at, seq
+     LIMIT $7),
+total AS (SELECT count(*) AS seen FROM w),
+s AS (SELECT LEAST($8::bigint, GREATEST(total.seen / $4 - 1, 0)) * $4 AS first FROM total),
+c AS (
+    SELECT j.seq FROM w
+      JOIN s ON w.rk >= s.first AND w.rk < s.first + $4
+      JOIN \"switchyard_jobs\" j ON j.seq = w.seq
+     WHERE j.queue = $3 AND j.ready AND {FREE} AND (j.expires_at IS NULL OR j.expires_at > now())
+     ORDER BY j.seq
+       FOR UPDATE OF j),
+u AS (
+    UPDATE \"switchyard_jobs\" j
+       SET {CLAIM_SET}
+      FROM c
+     WHERE j.seq = c.seq
+    {RETURNING})
+SELECT u.*, total.seen FROM u RIGHT JOIN total ON true";
+
 /// Publishes a batch given as parallel arrays, in their order. An id already stored, live
 /// or dead, stores nothing new. One `NOTIFY` per queue that got a ready message ($10:
 /// the channel); PostgreSQL delivers it at commit, so a rolled-back outbox publish wakes
@@ -468,6 +497,8 @@ pub(crate) struct Statements {
     /// [`CLAIM_CANDIDATES`] with the label filter.
     pub(crate) claim_candidates_labels: String,
     pub(crate) claim_optimistic: String,
+    pub(crate) claim_optimistic_round: String,
+    pub(crate) claim_optimistic_round_labels: String,
     pub(crate) publish: String,
     /// [`PUBLISH`] for ids that are not stored yet, as nearly all are: a plain insert,
     /// whose unique index still refuses a duplicate (SQLSTATE 23505), and then the caller
@@ -562,6 +593,8 @@ impl Statements {
             claim_candidates: claim(CLAIM_CANDIDATES, "", ""),
             claim_candidates_labels: claim(CLAIM_CANDIDATES, "", "$3"),
             claim_optimistic: claim(CLAIM_OPTIMISTIC, "$7", ""),
+            claim_optimistic_round: claim(CLAIM_OPTIMISTIC_ROUND, "$6", ""),
+            claim_optimistic_round_labels: claim(CLAIM_OPTIMISTIC_ROUND, "$6", "$9"),
             publish: s(&publish(UNKEYED, SKIP_STORED)),
             publish_fresh: s(&publish(UNKEYED, "")),
             publish_keyed: s(&publish(KEYED, SKIP_STORED)),

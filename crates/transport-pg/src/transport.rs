@@ -8,8 +8,8 @@ use chrono::Utc;
 use queue_core::connect::Endpoint;
 use queue_core::sql::{
     labels_column, limit, micros, micros_between, pair_report, row_seq, ClaimBy, ClaimCounters,
-    ClaimedRow, DeadRow, EngineState, HeldRow, KeptConnections, LeaseOp, PairOp, Replayed,
-    SqlBackend, StartMode, StatsRow, StoreSettings,
+    ClaimedRow, DeadRow, EngineState, HeldRow, KeptConnections, LeaseOp, OptimisticSlice, PairOp,
+    Replayed, SqlBackend, StartMode, StatsRow, StoreSettings,
 };
 use queue_core::{
     text, AckReport, ClaimStrategy, DeadLetter, Envelope, LeaseToken, Published, QueueName,
@@ -76,6 +76,9 @@ impl fmt::Debug for PgTransport {
             .finish_non_exhaustive()
     }
 }
+
+/// How many columns a claim returns per row ([`claimed_row`] reads them).
+const CLAIMED_COLUMNS: usize = 8;
 
 /// Reads a claimed row without decoding the envelope.
 fn claimed_row(row: &PgRow) -> std::result::Result<ClaimedRow, sqlx::Error> {
@@ -488,10 +491,7 @@ impl PgTransport {
                 .fetch_all(&self.pool)
                 .await;
             match attempt {
-                Err(err) if is_conflict(&err) && conflicts < CONFLICT_RETRIES => {
-                    conflicts += 1;
-                    self.engine.claims.conflict();
-                }
+                Err(err) if self.retry_conflict(&err, &mut conflicts) => {}
                 other => break other.backend()?,
             }
         };
@@ -499,6 +499,62 @@ impl PgTransport {
             .map(claimed_row)
             .collect::<std::result::Result<Vec<_>, _>>()
             .backend()
+    }
+
+    /// An optimistic round in one statement (see [`crate::sql::CLAIM_OPTIMISTIC_ROUND`]):
+    /// how many candidates the window held, and the rows claimed.
+    async fn round(
+        &self,
+        queue: &QueueName,
+        slice: OptimisticSlice,
+        token: LeaseToken,
+        start: StartMode,
+        by: &ClaimBy<'_>,
+    ) -> Result<(usize, Vec<ClaimedRow>)> {
+        let sql = if by.needles.is_empty() {
+            &self.sql.claim_optimistic_round
+        } else {
+            &self.sql.claim_optimistic_round_labels
+        };
+        let mut conflicts = 0;
+        let rows = loop {
+            let mut query = sqlx::query(sql)
+                .bind(token.0)
+                .bind(micros(self.options.visibility_timeout))
+                .bind(queue.as_str())
+                .bind(limit(slice.want))
+                .bind(start as i32)
+                .bind(by.holder)
+                .bind(limit(slice.window))
+                .bind(limit(slice.slot));
+            if !by.needles.is_empty() {
+                query = query.bind(&by.needles);
+            }
+            match query.fetch_all(&self.pool).await {
+                Err(err) if self.retry_conflict(&err, &mut conflicts) => {}
+                other => break other.backend()?,
+            }
+        };
+        let mut seen = 0;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            seen = row.try_get::<i64, _>(CLAIMED_COLUMNS).backend()?;
+            if row.try_get::<Option<i64>, _>(0).backend()?.is_some() {
+                claimed.push(claimed_row(row).backend()?);
+            }
+        }
+        Ok((usize::try_from(seen).unwrap_or(0), claimed))
+    }
+
+    /// Whether a claim statement that lost a deadlock or a serialisation conflict runs
+    /// again: up to [`CONFLICT_RETRIES`] times, each counted.
+    fn retry_conflict(&self, err: &sqlx::Error, conflicts: &mut usize) -> bool {
+        if !is_conflict(err) || *conflicts >= CONFLICT_RETRIES {
+            return false;
+        }
+        *conflicts += 1;
+        self.engine.claims.conflict();
+        true
     }
 
     /// Moves the row `seq` that this transport holds under `token` to the dead-letter
@@ -530,8 +586,15 @@ impl PgTransport {
         reservations: &[Reservation],
         lease: Option<i64>,
     ) -> Result<AckReport> {
-        let seqs: Vec<i64> = reservations.iter().map(row_seq).collect();
-        let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
+        let mut pairs: Vec<(i64, Uuid)> = reservations
+            .iter()
+            .map(|r| (row_seq(r), r.token().0))
+            .collect();
+        // Rows are locked in seq order, as optimistic claims lock theirs: such a claim
+        // keeps the lock of a row it found claimed by someone else and skipped, so a
+        // batch locking another order could deadlock with it (a second's stall on both).
+        pairs.sort_unstable();
+        let (seqs, tokens): (Vec<i64>, Vec<Uuid>) = pairs.into_iter().unzip();
         let mut query = sqlx::query_as(sql).bind(&seqs).bind(&tokens);
         if let Some(lease) = lease {
             query = query.bind(lease);

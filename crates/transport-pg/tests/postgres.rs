@@ -1,6 +1,7 @@
 //! What only PostgreSQL does: publishing inside the caller's transaction, `NOTIFY`
 //! wake-ups across transports (and after the listening connection is killed), concurrent
-//! migrations, and a claim that stays an index scan at a depth of a million rows.
+//! migrations, a claim that stays an index scan at a depth of a million rows, and the
+//! optimistic claim's rounds of one statement.
 
 mod support;
 
@@ -8,10 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use queue_core::sql::{ClaimBy, OptimisticSlice, SqlBackend, StartMode};
 use queue_core::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use queue_core::{
-    CancellationToken, Claim, ClaimStrategy, Envelope, Error, QueueName, Result, Transport,
-    TransportExt, Unique,
+    CancellationToken, Claim, ClaimStrategy, Envelope, Error, LeaseToken, QueueName, Result,
+    Transport, TransportExt, Unique,
 };
 use support::{with_server, Schema};
 use transport_pg::sqlx::{self, Connection};
@@ -242,6 +244,48 @@ fn stored_ids_are_skipped_and_the_rest_of_the_batch_kept() {
         }
         assert_eq!(ids.len(), 2_402, "every distinct id once");
         assert!(ids.contains(&stored.id) && ids.contains(&outboxed.id));
+        Ok(())
+    });
+}
+
+/// An optimistic round in one statement takes the run of rows its slot names among the
+/// candidates, or the window's last whole run when the slot lies past the window, and
+/// says how many candidates it saw, also when it claims nothing (the SQL and
+/// [`OptimisticSlice::first`] must agree).
+#[test]
+fn an_optimistic_round_takes_its_slot_of_the_window() {
+    with_server(|| async {
+        let schema = Schema::fresh().await?;
+        let t = schema.open(ClaimStrategy::Optimistic).await?;
+        let q = queue();
+        let jobs: Vec<Envelope> = (0..5).map(|n| job(&q, n)).collect();
+        t.publish_batch(jobs.clone()).await?;
+        let by = ClaimBy {
+            holder: "test",
+            needles: Vec::new(),
+        };
+        let ids = |picked: &[usize]| -> Vec<String> {
+            picked.iter().map(|&i| jobs[i].id.to_string()).collect()
+        };
+        // (slot, candidates seen, the jobs taken)
+        let rounds: [(usize, usize, &[usize]); 4] =
+            [(7, 5, &[2, 3]), (0, 3, &[0, 1]), (3, 1, &[4]), (0, 0, &[])];
+        for (slot, seen, taken) in rounds {
+            let slice = OptimisticSlice {
+                window: 64,
+                want: 2,
+                slot,
+            };
+            let (saw, rows) = t
+                .optimistic_round(&q, slice, LeaseToken::generate(), StartMode::All, &by)
+                .await?
+                .expect("PostgreSQL claims in one statement");
+            let mut got: Vec<String> = rows.into_iter().map(|r| r.id).collect();
+            got.sort();
+            let mut want = ids(taken);
+            want.sort();
+            assert_eq!((saw, got), (seen, want), "slot {slot}");
+        }
         Ok(())
     });
 }

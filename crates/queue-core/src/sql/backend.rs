@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use super::claimed::{ClaimBy, ClaimedRow, PromotePacer, StartMode};
+use super::claimed::{ClaimBy, ClaimedRow, OptimisticSlice, PromotePacer, StartMode};
 use super::unique::KeyHold;
 use super::wakers::Wakers;
 use crate::config::ClaimStrategy;
@@ -207,6 +207,22 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
         start: StartMode,
         by: &ClaimBy<'_>,
     ) -> Result<Vec<ClaimedRow>>;
+
+    /// An optimistic round in one statement, for a backend that can read the candidates
+    /// and compare-and-set a slice of them at once: half the round trips, and no gap
+    /// between the read and the take for a competitor to take the rows in. Returns how
+    /// many candidates the window held, and the rows of the slice that were still
+    /// claimable. `None` (the default): the backend reads and takes apart.
+    async fn optimistic_round(
+        &self,
+        _queue: &QueueName,
+        _slice: OptimisticSlice,
+        _token: LeaseToken,
+        _start: StartMode,
+        _by: &ClaimBy<'_>,
+    ) -> Result<Option<(usize, Vec<ClaimedRow>)>> {
+        Ok(None)
+    }
 
     /// Moves waiting rows whose time has come (due delays, lapsed leases) into the claim
     /// order; how many.

@@ -57,6 +57,33 @@ impl<'a> ClaimBy<'a> {
     }
 }
 
+/// Which candidates one optimistic round takes: the `slot`th run of `want` among the
+/// first `window` claimable rows in delivery order, or the window's last whole run when
+/// it holds fewer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptimisticSlice {
+    /// How many claimable rows the round reads.
+    pub window: usize,
+    /// How many rows the round takes at most.
+    pub want: usize,
+    /// Which run of `want` rows it takes (0: the oldest).
+    pub slot: usize,
+}
+
+impl OptimisticSlice {
+    /// The rank (from 0) of the first row the slice takes in a window that held `seen`
+    /// rows.
+    pub fn first(&self, seen: usize) -> usize {
+        let want = self.want.max(1);
+        self.slot.min((seen / want).saturating_sub(1)) * want
+    }
+
+    /// How many rows the slice takes in a window that held `seen` rows.
+    pub fn len(&self, seen: usize) -> usize {
+        self.want.min(seen.saturating_sub(self.first(seen)))
+    }
+}
+
 /// A claimed row, read as plainly as possible so that no stored value can fail a claim.
 #[derive(Debug, Clone)]
 pub struct ClaimedRow {

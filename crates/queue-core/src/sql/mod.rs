@@ -32,7 +32,7 @@ pub mod watch_loop;
 
 pub use backend::{DeadRow, EngineState, HeldRow, LeaseOp, PairOp, Replayed, SqlBackend, StatsRow};
 pub use claim_counters::{ClaimCounters, ClaimTally};
-pub use claimed::{ClaimBy, ClaimedRow, PromotePacer, StartMode};
+pub use claimed::{ClaimBy, ClaimedRow, OptimisticSlice, PromotePacer, StartMode};
 pub use connections::{KeptConnections, KEPT_CONNECTIONS};
 pub use fence::{fenced, pair_report, replay_refused};
 pub use status::{

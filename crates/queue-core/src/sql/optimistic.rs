@@ -8,16 +8,18 @@
 //! backlog), which together are the oldest; and while claims of other processes take
 //! rows from under it (a loss in the last second), a slice at random among the first
 //! few of a wider window. Priority and FIFO order then hold to within those few
-//! batches. One read serves several compare-and-sets, until it runs out or a
+//! batches. Where the backend can, a round reads and compare-and-sets in one statement;
+//! elsewhere one read serves several compare-and-sets, until it runs out or a
 //! compare-and-set finds every row of its slice taken.
 
 use super::backend::SqlBackend;
-use super::claimed::{ClaimBy, ClaimedRow, StartMode};
+use super::claimed::{ClaimBy, ClaimedRow, OptimisticSlice, StartMode};
 use crate::names::QueueName;
 use crate::reservation::LeaseToken;
 use crate::Result;
 
-/// How many compare-and-sets one optimistic claim runs at most.
+/// How many compare-and-sets (or one-statement rounds) one optimistic claim runs at
+/// most.
 const TAKES: usize = 6;
 
 /// How many candidate reads one optimistic claim runs at most.
@@ -26,7 +28,8 @@ const READS: usize = 3;
 /// Slices a contended claim chooses among, at random.
 const SPREAD: usize = 8;
 
-/// Claims up to `max` rows of `queue` optimistically. Each compare-and-set commits on its
+/// Claims up to `max` rows of `queue` optimistically, in rounds of one statement where
+/// the backend has them, else of a read and compare-and-sets. Each round commits on its
 /// own, so rows of earlier rounds are returned even when a later round fails.
 pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
     claims: &B,
@@ -39,6 +42,72 @@ pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
     let tally = &claims.engine().claims;
     let in_flight = tally.enter();
     let mut claimed = Vec::new();
+    for round in 0..TAKES {
+        let want = max.saturating_sub(claimed.len());
+        let contended = tally.lost_lately();
+        let slice = OptimisticSlice {
+            window: window(want, contended, in_flight.rank),
+            want,
+            slot: slot(contended, in_flight.rank),
+        };
+        let (seen, rows) = match claims
+            .optimistic_round(queue, slice, token, start, by)
+            .await
+        {
+            Ok(Some(done)) => done,
+            Ok(None) if round == 0 => {
+                return read_and_take(claims, queue, max, token, start, by, in_flight.rank).await
+            }
+            Ok(None) => break,
+            Err(err) if claimed.is_empty() => return Err(err),
+            // Rows of earlier rounds are committed: return them, never drop them.
+            Err(err) => {
+                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
+                break;
+            }
+        };
+        tally.round(slice.len(seen), rows.len());
+        claimed.extend(rows);
+        // Done when full, or when the slice was the whole window: every claimable row
+        // was tried, and what was lost is another claim's.
+        if claimed.len() >= max || seen <= want {
+            break;
+        }
+    }
+    Ok(claimed)
+}
+
+/// How many candidates a claim reads: its own slice and those of the claims of this
+/// transport ahead of it, or a wide window while other processes take rows from under
+/// it.
+fn window(want: usize, contended: bool, rank: usize) -> usize {
+    let slices = if contended { SPREAD } else { rank + 2 };
+    want.saturating_mul(slices).clamp(64, 4096)
+}
+
+/// Which slice of its candidates a claim takes (see the module's docs).
+fn slot(contended: bool, rank: usize) -> usize {
+    if contended {
+        fastrand::usize(0..SPREAD)
+    } else {
+        rank
+    }
+}
+
+/// The optimistic claim of a backend without one-statement rounds: one read of
+/// candidates serves several compare-and-sets, until it runs out or a compare-and-set
+/// finds every row of its slice taken.
+async fn read_and_take<B: SqlBackend + ?Sized>(
+    claims: &B,
+    queue: &QueueName,
+    max: usize,
+    token: LeaseToken,
+    start: StartMode,
+    by: &ClaimBy<'_>,
+    rank: usize,
+) -> Result<Vec<ClaimedRow>> {
+    let tally = &claims.engine().claims;
+    let mut claimed = Vec::new();
     let mut pool: Vec<i64> = Vec::new();
     // Whether the last read saw every claimable row (fewer than its window).
     let mut seen_all = false;
@@ -50,12 +119,7 @@ pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
             if seen_all || reads == READS {
                 break;
             }
-            let slices = if contended {
-                SPREAD
-            } else {
-                in_flight.rank + 2
-            };
-            let window = want.saturating_mul(slices).clamp(64, 4096);
+            let window = window(want, contended, rank);
             reads += 1;
             pool = match claims.optimistic_candidates(queue, window, by).await {
                 Ok(pool) => pool,
@@ -70,12 +134,7 @@ pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
                 break;
             }
         }
-        let slot = if contended {
-            fastrand::usize(0..SPREAD)
-        } else {
-            in_flight.rank
-        };
-        let slice = pick(&mut pool, want, slot);
+        let slice = pick(&mut pool, want, slot(contended, rank));
         match claims
             .optimistic_take(queue, &slice, token, start, by)
             .await
@@ -106,10 +165,13 @@ pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
 /// Takes up to `want` candidates out of `pool` (in delivery order): the `slot`th run of
 /// `want`, or the last whole one when the pool is shorter.
 fn pick(pool: &mut Vec<i64>, want: usize, slot: usize) -> Vec<i64> {
-    let n = want.min(pool.len());
-    let slots = pool.len() / n.max(1);
-    let from = slot.min(slots.saturating_sub(1)) * n;
-    pool.drain(from..from + n).collect()
+    let slice = OptimisticSlice {
+        window: pool.len(),
+        want,
+        slot,
+    };
+    let from = slice.first(pool.len());
+    pool.drain(from..from + slice.len(pool.len())).collect()
 }
 
 #[cfg(test)]

@@ -105,6 +105,17 @@ impl SqlBackend for PgTransport {
         self.take(queue, seqs, token, start, by).await
     }
 
+    async fn optimistic_round(
+        &self,
+        queue: &QueueName,
+        slice: OptimisticSlice,
+        token: LeaseToken,
+        start: StartMode,
+        by: &ClaimBy<'_>,
+    ) -> Result<Option<(usize, Vec<ClaimedRow>)>> {
+        self.round(queue, slice, token, start, by).await.map(Some)
+    }
+
     async fn promote_due(&self) -> Result<u64> {
         self.promote().await
     }
