@@ -98,7 +98,6 @@ impl StatusWriter {
         )
     }
 
-    /// Queues an update.
     /// Names `worker` (`host:pid`) on every update sent that names none.
     pub fn for_worker(mut self, worker: &str) -> Self {
         self.worker = Some(Arc::from(worker));
