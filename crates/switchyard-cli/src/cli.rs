@@ -674,8 +674,8 @@ pub(crate) struct BenchArgs {
     /// Reserver counts for the optimistic claim's contention measurement (PostgreSQL)
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
     pub(crate) reservers: Vec<usize>,
-    /// Also measure bare SQL on the same server in each run (PostgreSQL, MySQL), and
-    /// report the queue's figures as ratios to it
+    /// Also measure bare SQL (PostgreSQL, MySQL, SQLite) or bare lapin (RabbitMQ) on the
+    /// same server or file in each run, and report the queue's figures as ratios to it
     #[arg(long = "baseline", default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) baseline: bool,
 }

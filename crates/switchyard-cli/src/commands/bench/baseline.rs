@@ -4,27 +4,29 @@
 //! `payload`, `run_at`, `claimed_at`, one index for the claim order), the same envelope
 //! JSON as payload, inserts one by one and in batches of 100, and a drain at the bench's
 //! concurrency that claims 100 rows at a time with `FOR UPDATE SKIP LOCKED` (one commit)
-//! and then deletes them (another).
+//! and then deletes them (another). SQLite has no `SKIP LOCKED`: its drain claims 100
+//! rows with one `UPDATE … RETURNING` (writers take turns), in WAL mode with `FULL`
+//! syncs, as the transport's defaults.
 //!
 //! On RabbitMQ the baseline is bare lapin: persistent messages to a durable quorum queue
 //! through the default exchange, one publish at a time waiting for each confirm, then
 //! batches of 100 with their confirms pipelined, and one consumer with a prefetch of 100
 //! acking each message.
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use std::sync::Arc;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use std::time::Instant;
 
 use serde::Serialize;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use switchyard::Error;
 use switchyard::{Config, Result};
 
 /// Rows per batched insert and per claim, as in the bench.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 const BATCH: usize = 100;
 
 /// Bare-SQL throughput on the bench's server.
@@ -35,13 +37,13 @@ pub(crate) struct Baseline {
     pub(crate) drain_per_s: f64,
 }
 
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn err(e: impl std::fmt::Display) -> Error {
     Error::InvalidInput(format!("bench baseline: {e}"))
 }
 
-/// Measures the baseline on the configured server (PostgreSQL or MySQL/MariaDB; `None`
-/// elsewhere), in a table of its own that is dropped afterwards.
+/// Measures the baseline on the configured server or file (PostgreSQL, MySQL/MariaDB,
+/// SQLite, RabbitMQ), in a table or queue of its own that is dropped afterwards.
 pub(crate) async fn measure(
     config: &Config,
     payloads: &[String],
@@ -76,6 +78,10 @@ pub(crate) async fn measure(
                 .await
                 .map(Some)
         }
+        #[cfg(feature = "sqlite")]
+        "sqlite" => lite::measure(url, &bare_table(), payloads, single, concurrency)
+            .await
+            .map(Some),
         _ => {
             let _ = (url, payloads, single, concurrency);
             Ok(None)
@@ -85,7 +91,7 @@ pub(crate) async fn measure(
 
 /// A fresh table name for one baseline (the caller puts it in the configured schema, a
 /// validated identifier).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn bare_table() -> String {
     format!(
         "bench_bare_{}",
@@ -94,7 +100,7 @@ fn bare_table() -> String {
 }
 
 /// Runs `concurrency` loops of `claim` until each comes back empty; jobs per second.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 async fn drain<F, Fut>(concurrency: usize, total: usize, claim: F) -> Result<f64>
 where
     F: Fn() -> Fut + Clone + Send + 'static,
@@ -373,6 +379,128 @@ mod my {
         }
         q.execute(&mut *conn).await?;
         Ok(ids.len())
+    }
+}
+
+#[cfg(feature = "sqlite")]
+mod lite {
+    use std::str::FromStr;
+
+    use super::*;
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+    use sqlx::SqlitePool;
+
+    pub(super) async fn measure(
+        url: &str,
+        table: &str,
+        payloads: &[String],
+        single: usize,
+        concurrency: usize,
+    ) -> Result<Baseline> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(err)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(std::time::Duration::from_secs(30));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(u32::try_from(concurrency + 1).unwrap_or(u32::MAX))
+            .connect_with(options)
+            .await
+            .map_err(err)?;
+        let measured = run(&pool, table, payloads, single, concurrency).await;
+        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
+            .execute(&pool)
+            .await;
+        pool.close().await;
+        let measured = measured?;
+        dropped.map_err(err)?;
+        Ok(measured)
+    }
+
+    async fn run(
+        pool: &SqlitePool,
+        name: &str,
+        payloads: &[String],
+        single: usize,
+        concurrency: usize,
+    ) -> Result<Baseline> {
+        let table = format!("\"{name}\"");
+        sqlx::query(&format!(
+            "CREATE TABLE {table} (id INTEGER PRIMARY KEY, queue TEXT NOT NULL, \
+             payload TEXT NOT NULL, run_at INTEGER NOT NULL DEFAULT (unixepoch('subsec') * 1000000), \
+             claimed_at INTEGER)"
+        ))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+        sqlx::query(&format!(
+            "CREATE INDEX \"{name}_claim\" ON {table} (queue, run_at, id) WHERE claimed_at IS NULL"
+        ))
+        .execute(pool)
+        .await
+        .map_err(err)?;
+
+        let insert_one = format!("INSERT INTO {table} (queue, payload) VALUES ('single', ?)");
+        let started = Instant::now();
+        for p in payloads.iter().cycle().take(single) {
+            sqlx::query(&insert_one)
+                .bind(p)
+                .execute(pool)
+                .await
+                .map_err(err)?;
+        }
+        let insert_single_per_s = single as f64 / started.elapsed().as_secs_f64();
+
+        let started = Instant::now();
+        for chunk in payloads.chunks(BATCH) {
+            let rows = vec!["('drain', ?)"; chunk.len()].join(", ");
+            let sql = format!("INSERT INTO {table} (queue, payload) VALUES {rows}");
+            let mut q = sqlx::query(&sql);
+            for p in chunk {
+                q = q.bind(p);
+            }
+            q.execute(pool).await.map_err(err)?;
+        }
+        let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
+
+        let claim = Arc::new(format!(
+            "UPDATE {table} SET claimed_at = unixepoch('subsec') * 1000000 WHERE id IN \
+             (SELECT id FROM {table} WHERE queue = 'drain' AND claimed_at IS NULL \
+              ORDER BY run_at, id LIMIT {BATCH}) RETURNING id"
+        ));
+        let delete = Arc::new(format!(
+            "DELETE FROM {table} WHERE id IN (SELECT value FROM json_each(?))"
+        ));
+        let drain_per_s = drain(concurrency, payloads.len(), {
+            let pool = pool.clone();
+            move || {
+                let (pool, claim, delete) = (pool.clone(), claim.clone(), delete.clone());
+                async move {
+                    let ids: Vec<i64> = sqlx::query_scalar(&claim)
+                        .fetch_all(&pool)
+                        .await
+                        .map_err(err)?;
+                    if !ids.is_empty() {
+                        let list = serde_json::to_string(&ids).map_err(err)?;
+                        sqlx::query(&delete)
+                            .bind(list)
+                            .execute(&pool)
+                            .await
+                            .map_err(err)?;
+                    }
+                    Ok(ids.len())
+                }
+            }
+        })
+        .await?;
+        Ok(Baseline {
+            insert_single_per_s,
+            insert_batch_per_s,
+            drain_per_s,
+        })
     }
 }
 
