@@ -1,12 +1,13 @@
-//! The bench's baseline: bare SQL on the same server, in the same run, so that figures
+//! The bench's baseline: bare SQL on the same server (or SQLite file), in the same run, so that figures
 //! from noisy, shared machines can be read as ratios. No queue contract (no leases,
 //! tokens, attempts, dead letters or wake-ups): a minimal job table (`id`, `queue`,
 //! `payload`, `run_at`, `claimed_at`, one index for the claim order), the same envelope
 //! JSON as payload, inserts one by one and in batches of 100, and a drain at the bench's
 //! concurrency that claims 100 rows at a time with `FOR UPDATE SKIP LOCKED` (one commit)
-//! and then deletes them (another). SQLite has no `SKIP LOCKED`: its drain claims 100
-//! rows with one `UPDATE … RETURNING` (writers take turns), in WAL mode with `FULL`
-//! syncs, as the transport's defaults.
+//! and then deletes them (another). SQLite has no `SKIP LOCKED` and one writer at a time:
+//! its baseline writes through one connection, as the transport does, and its drain
+//! claims 100 rows with one `UPDATE … RETURNING`, in WAL mode with `FULL` syncs (the
+//! transport's defaults).
 //!
 //! On RabbitMQ the baseline is bare lapin: persistent messages to a durable quorum queue
 //! through the default exchange, one publish at a time waiting for each confirm, then
@@ -405,8 +406,9 @@ mod lite {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(std::time::Duration::from_secs(30));
+        // One writer: more connections would only wait on SQLite's write lock.
         let pool = SqlitePoolOptions::new()
-            .max_connections(u32::try_from(concurrency + 1).unwrap_or(u32::MAX))
+            .max_connections(1)
             .connect_with(options)
             .await
             .map_err(err)?;
@@ -430,14 +432,15 @@ mod lite {
         let table = format!("\"{name}\"");
         sqlx::query(&format!(
             "CREATE TABLE {table} (id INTEGER PRIMARY KEY, queue TEXT NOT NULL, \
-             payload TEXT NOT NULL, run_at INTEGER NOT NULL DEFAULT (unixepoch('subsec') * 1000000), \
+             payload TEXT NOT NULL, \
+             run_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000000 AS INTEGER)), \
              claimed_at INTEGER)"
         ))
         .execute(pool)
         .await
         .map_err(err)?;
         sqlx::query(&format!(
-            "CREATE INDEX \"{name}_claim\" ON {table} (queue, run_at, id) WHERE claimed_at IS NULL"
+            "CREATE INDEX \"{name}_claim\" ON {table} (queue, run_at, id)"
         ))
         .execute(pool)
         .await
@@ -467,7 +470,7 @@ mod lite {
         let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
 
         let claim = Arc::new(format!(
-            "UPDATE {table} SET claimed_at = unixepoch('subsec') * 1000000 WHERE id IN \
+            "UPDATE {table} SET claimed_at = CAST(unixepoch('subsec') * 1000000 AS INTEGER) WHERE id IN \
              (SELECT id FROM {table} WHERE queue = 'drain' AND claimed_at IS NULL \
               ORDER BY run_at, id LIMIT {BATCH}) RETURNING id"
         ));

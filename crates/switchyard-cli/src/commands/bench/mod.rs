@@ -129,7 +129,10 @@ async fn one_run(
             .map(Envelope::to_json)
             .collect();
         let single = single_count(args.messages);
-        if let Some(b) = baseline::measure(config, &payloads, single, args.concurrency).await? {
+        // On the target's server or file: on SQLite the bench's own temporary file, so
+        // the user's database is never touched.
+        let bare = baseline::measure(target.config(), &payloads, single, args.concurrency);
+        if let Some(b) = bare.await? {
             runs.bare.push(b);
         }
     }

@@ -74,7 +74,7 @@ pub(super) struct Report {
     /// Medians over the runs, per number of reservers (optimistic claims on PostgreSQL).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(super) contention: Vec<Contention>,
-    /// Bare SQL on the same server, measured once in each run (PostgreSQL, MySQL):
+    /// Bare SQL or bare lapin on the same server or file, measured once in each run:
     /// medians, and the medians of each run's ratios of the queue to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) baseline: Option<BaselineReport>,
