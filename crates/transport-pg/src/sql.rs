@@ -162,7 +162,7 @@ WITH w AS MATERIALIZED (
      ORDER BY priority DESC, available_at, seq
      LIMIT $7),
 total AS (SELECT count(*) AS seen FROM w),
-s AS (SELECT LEAST($8::bigint, GREATEST(total.seen / $4 - 1, 0)) * $4 AS first FROM total),
+s AS (SELECT LEAST($8::bigint, GREATEST(total.seen / GREATEST($4, 1) - 1, 0)) * $4 AS first FROM total),
 c AS (
     SELECT j.seq FROM w
       JOIN s ON w.rk >= s.first AND w.rk < s.first + $4

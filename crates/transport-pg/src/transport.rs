@@ -586,15 +586,7 @@ impl PgTransport {
         reservations: &[Reservation],
         lease: Option<i64>,
     ) -> Result<AckReport> {
-        let mut pairs: Vec<(i64, Uuid)> = reservations
-            .iter()
-            .map(|r| (row_seq(r), r.token().0))
-            .collect();
-        // Rows are locked in seq order, as optimistic claims lock theirs: such a claim
-        // keeps the lock of a row it found claimed by someone else and skipped, so a
-        // batch locking another order could deadlock with it (a second's stall on both).
-        pairs.sort_unstable();
-        let (seqs, tokens): (Vec<i64>, Vec<Uuid>) = pairs.into_iter().unzip();
+        let (seqs, tokens) = seq_ordered(reservations);
         let mut query = sqlx::query_as(sql).bind(&seqs).bind(&tokens);
         if let Some(lease) = lease {
             query = query.bind(lease);
@@ -607,6 +599,19 @@ impl PgTransport {
         let touched: HashSet<(String, Uuid)> = touched.into_iter().collect();
         Ok(pair_report(reservations, &touched))
     }
+}
+
+/// The seqs and tokens of a batch as parallel arrays, in seq order, so that the rows are
+/// locked in that order, as optimistic claims lock theirs: such a claim keeps the lock
+/// of a row it found claimed by someone else and skipped, and a batch locking in another
+/// order could deadlock with it (a second's stall on both sides).
+fn seq_ordered(reservations: &[Reservation]) -> (Vec<i64>, Vec<Uuid>) {
+    let mut pairs: Vec<(i64, Uuid)> = reservations
+        .iter()
+        .map(|r| (row_seq(r), r.token().0))
+        .collect();
+    pairs.sort_unstable();
+    pairs.into_iter().unzip()
 }
 
 fn count(n: Option<i64>) -> u64 {

@@ -209,8 +209,8 @@ pub trait SqlBackend: Send + Sync + fmt::Debug {
     ) -> Result<Vec<ClaimedRow>>;
 
     /// An optimistic round in one statement, for a backend that can read the candidates
-    /// and compare-and-set a slice of them at once: half the round trips, and no gap
-    /// between the read and the take for a competitor to take the rows in. Returns how
+    /// and compare-and-set a slice of them at once: half the round trips, and only the
+    /// time within one statement for a competitor to take the rows first. Returns how
     /// many candidates the window held, and the rows of the slice that were still
     /// claimable. `None` (the default): the backend reads and takes apart.
     async fn optimistic_round(

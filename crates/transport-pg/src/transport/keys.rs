@@ -35,8 +35,7 @@ impl PgTransport {
     /// transaction under the keys' locks.
     pub(super) async fn ack_keyed(&self, reservations: &[Reservation]) -> Result<AckReport> {
         let keys = keys_of(reservations);
-        let seqs: Vec<i64> = reservations.iter().map(row_seq).collect();
-        let tokens: Vec<Uuid> = reservations.iter().map(|r| r.token().0).collect();
+        let (seqs, tokens) = super::seq_ordered(reservations);
         let mut tx = self.pool.begin().await.backend()?;
         self.lock_keys(&mut tx, &keys).await.backend()?;
         let touched: Vec<(String, Uuid)> = sqlx::query_as(&self.sql.ack_keyed)
