@@ -16,7 +16,7 @@ use super::backend::SqlBackend;
 use super::claimed::{ClaimBy, ClaimedRow, OptimisticSlice, StartMode};
 use crate::names::QueueName;
 use crate::reservation::LeaseToken;
-use crate::Result;
+use crate::{Error, Result};
 
 /// How many compare-and-sets (or one-statement rounds) one optimistic claim runs at
 /// most.
@@ -59,12 +59,7 @@ pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
                 return read_and_take(claims, queue, max, token, start, by, in_flight.rank).await
             }
             Ok(None) => break,
-            Err(err) if claimed.is_empty() => return Err(err),
-            // Rows of earlier rounds are committed: return them, never drop them.
-            Err(err) => {
-                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                break;
-            }
+            Err(err) => return after_failure(err, claimed),
         };
         tally.round(slice.len(seen), rows.len());
         claimed.extend(rows);
@@ -74,6 +69,16 @@ pub(super) async fn claim_optimistic<B: SqlBackend + ?Sized>(
             break;
         }
     }
+    Ok(claimed)
+}
+
+/// What a claim whose round failed returns: the error when it has claimed nothing yet;
+/// else the rows of its earlier rounds, which are committed and must not be dropped.
+fn after_failure(err: Error, claimed: Vec<ClaimedRow>) -> Result<Vec<ClaimedRow>> {
+    if claimed.is_empty() {
+        return Err(err);
+    }
+    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
     Ok(claimed)
 }
 
@@ -123,11 +128,7 @@ async fn read_and_take<B: SqlBackend + ?Sized>(
             reads += 1;
             pool = match claims.optimistic_candidates(queue, window, by).await {
                 Ok(pool) => pool,
-                Err(err) if claimed.is_empty() => return Err(err),
-                Err(err) => {
-                    tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                    break;
-                }
+                Err(err) => return after_failure(err, claimed),
             };
             seen_all = pool.len() < window;
             if pool.is_empty() {
@@ -148,12 +149,7 @@ async fn read_and_take<B: SqlBackend + ?Sized>(
                 }
                 claimed.extend(rows);
             }
-            Err(err) if claimed.is_empty() => return Err(err),
-            // Rows of earlier rounds are committed: return them, never drop them.
-            Err(err) => {
-                tracing::warn!(error = %err, "a later claim round failed; returning what was claimed");
-                break;
-            }
+            Err(err) => return after_failure(err, claimed),
         }
         if claimed.len() >= max {
             break;
