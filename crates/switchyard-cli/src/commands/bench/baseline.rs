@@ -100,6 +100,48 @@ fn bare_table() -> String {
     )
 }
 
+/// Inserts `single` payloads one at a time, then every payload in multi-row statements
+/// of [`BATCH`] with `?` placeholders (MySQL, SQLite); both rates, per second.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+async fn insert_rates<DB>(
+    pool: &sqlx::Pool<DB>,
+    table: &str,
+    payloads: &[String],
+    single: usize,
+) -> Result<(f64, f64)>
+where
+    DB: sqlx::Database,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    let insert_one = format!("INSERT INTO {table} (queue, payload) VALUES ('single', ?)");
+    let started = Instant::now();
+    for p in payloads.iter().cycle().take(single) {
+        sqlx::query(&insert_one)
+            .bind(p.as_str())
+            .execute(pool)
+            .await
+            .map_err(err)?;
+    }
+    let single_per_s = single as f64 / started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    for chunk in payloads.chunks(BATCH) {
+        let rows = vec!["('drain', ?)"; chunk.len()].join(", ");
+        let sql = format!("INSERT INTO {table} (queue, payload) VALUES {rows}");
+        let mut q = sqlx::query(&sql);
+        for p in chunk {
+            q = q.bind(p.as_str());
+        }
+        q.execute(pool).await.map_err(err)?;
+    }
+    Ok((
+        single_per_s,
+        payloads.len() as f64 / started.elapsed().as_secs_f64(),
+    ))
+}
+
 /// Runs `concurrency` loops of `claim` until each comes back empty; jobs per second.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 async fn drain<F, Fut>(concurrency: usize, total: usize, claim: F) -> Result<f64>
@@ -298,28 +340,8 @@ mod my {
         .await
         .map_err(err)?;
 
-        let insert_one = format!("INSERT INTO {table} (queue, payload) VALUES ('single', ?)");
-        let started = Instant::now();
-        for p in payloads.iter().cycle().take(single) {
-            sqlx::query(&insert_one)
-                .bind(p)
-                .execute(pool)
-                .await
-                .map_err(err)?;
-        }
-        let insert_single_per_s = single as f64 / started.elapsed().as_secs_f64();
-
-        let started = Instant::now();
-        for chunk in payloads.chunks(BATCH) {
-            let rows = vec!["('drain', ?)"; chunk.len()].join(", ");
-            let sql = format!("INSERT INTO {table} (queue, payload) VALUES {rows}");
-            let mut q = sqlx::query(&sql);
-            for p in chunk {
-                q = q.bind(p);
-            }
-            q.execute(pool).await.map_err(err)?;
-        }
-        let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
+        let (insert_single_per_s, insert_batch_per_s) =
+            insert_rates(pool, table, payloads, single).await?;
 
         let lock = Arc::new(format!(
             "SELECT id FROM {table} WHERE queue = 'drain' AND claimed_at IS NULL \
@@ -446,28 +468,8 @@ mod lite {
         .await
         .map_err(err)?;
 
-        let insert_one = format!("INSERT INTO {table} (queue, payload) VALUES ('single', ?)");
-        let started = Instant::now();
-        for p in payloads.iter().cycle().take(single) {
-            sqlx::query(&insert_one)
-                .bind(p)
-                .execute(pool)
-                .await
-                .map_err(err)?;
-        }
-        let insert_single_per_s = single as f64 / started.elapsed().as_secs_f64();
-
-        let started = Instant::now();
-        for chunk in payloads.chunks(BATCH) {
-            let rows = vec!["('drain', ?)"; chunk.len()].join(", ");
-            let sql = format!("INSERT INTO {table} (queue, payload) VALUES {rows}");
-            let mut q = sqlx::query(&sql);
-            for p in chunk {
-                q = q.bind(p);
-            }
-            q.execute(pool).await.map_err(err)?;
-        }
-        let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
+        let (insert_single_per_s, insert_batch_per_s) =
+            insert_rates(pool, &table, payloads, single).await?;
 
         let claim = Arc::new(format!(
             "UPDATE {table} SET claimed_at = CAST(unixepoch('subsec') * 1000000 AS INTEGER) WHERE id IN \
