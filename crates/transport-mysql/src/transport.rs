@@ -53,9 +53,6 @@ mod unique;
 
 /// Rows per publish statement: 13 parameters each, well under MySQL's 65,535.
 const PUBLISH_CHUNK: usize = 500;
-/// What [`MySqlTransport::retrying`] calls an optimistic compare-and-set (its lock
-/// conflicts are counted in [`MySqlTransport::claim_counters`] too).
-const OPTIMISTIC_CLAIM: &str = "optimistic claim";
 /// The most values one `IN` list carries.
 const MAX_LIST: usize = 4_096;
 
@@ -314,7 +311,22 @@ impl MySqlTransport {
 
     /// Runs `op` again while it loses a deadlock or a lock wait (errors 1213, 1205), with
     /// a bounded, jittered backoff; each retry is counted and logged.
-    async fn retrying<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    async fn retrying<T, F, Fut>(&self, what: &str, op: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        self.retrying_and(what, || {}, op).await
+    }
+
+    /// [`retrying`](Self::retrying) that also calls `on_conflict` at each retry (an
+    /// optimistic claim counts its conflicts among the claim counters).
+    async fn retrying_and<T, F, Fut>(
+        &self,
+        what: &str,
+        on_conflict: impl Fn(),
+        mut op: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
@@ -326,9 +338,7 @@ impl MySqlTransport {
                 Err(err) if is_lock_conflict(&err) && attempt < self.options.lock_retries => {
                     attempt += 1;
                     self.lock_retries.fetch_add(1, Ordering::Relaxed);
-                    if what == OPTIMISTIC_CLAIM {
-                        self.engine.claims.conflict();
-                    }
+                    on_conflict();
                     tracing::debug!(what, attempt, error = %err, "lock conflict; running again");
                     let jitter =
                         Duration::from_micros(u64::from(Uuid::new_v4().as_bytes()[0]) * 20);

@@ -134,22 +134,26 @@ impl SqlBackend for MySqlTransport {
         let lease = micros(self.options.visibility_timeout);
         let update = with_list(&self.sql.claim_optimistic, seqs.len());
         let took = self
-            .retrying(OPTIMISTIC_CLAIM, || async {
-                let mut q = sqlx::query(&update)
-                    .bind(start as i64)
-                    .bind(start as i64)
-                    .bind(token.to_string())
-                    .bind(lease)
-                    .bind(by.holder)
-                    .bind(queue.as_str());
-                for s in padded(seqs) {
-                    q = q.bind(s);
-                }
-                Ok(q.bind(limit(seqs.len()))
-                    .execute(&self.pool)
-                    .await?
-                    .rows_affected())
-            })
+            .retrying_and(
+                "optimistic claim",
+                || self.engine.claims.conflict(),
+                || async {
+                    let mut q = sqlx::query(&update)
+                        .bind(start as i64)
+                        .bind(start as i64)
+                        .bind(token.to_string())
+                        .bind(lease)
+                        .bind(by.holder)
+                        .bind(queue.as_str());
+                    for s in padded(seqs) {
+                        q = q.bind(s);
+                    }
+                    Ok(q.bind(limit(seqs.len()))
+                        .execute(&self.pool)
+                        .await?
+                        .rows_affected())
+                },
+            )
             .await?;
         let mut rows = Vec::new();
         if took > 0 {
