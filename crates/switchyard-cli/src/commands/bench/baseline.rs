@@ -142,6 +142,28 @@ where
     ))
 }
 
+/// What a baseline measured, once its table is dropped and its pool closed (both even
+/// when the measurement failed).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+async fn dropped_after<DB>(
+    pool: &sqlx::Pool<DB>,
+    table: &str,
+    measured: Result<Baseline>,
+) -> Result<Baseline>
+where
+    DB: sqlx::Database,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        .execute(pool)
+        .await;
+    pool.close().await;
+    let measured = measured?;
+    dropped.map_err(err)?;
+    Ok(measured)
+}
+
 /// Runs `concurrency` loops of `claim` until each comes back empty; jobs per second.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 async fn drain<F, Fut>(concurrency: usize, total: usize, claim: F) -> Result<f64>
@@ -196,13 +218,7 @@ mod pg {
             .await
             .map_err(err)?;
         let measured = run(&pool, table, payloads, single, concurrency).await;
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-            .execute(&pool)
-            .await;
-        pool.close().await;
-        let measured = measured?;
-        dropped.map_err(err)?;
-        Ok(measured)
+        dropped_after(&pool, table, measured).await
     }
 
     async fn run(
@@ -313,13 +329,7 @@ mod my {
             .await
             .map_err(err)?;
         let measured = run(&pool, table, payloads, single, concurrency).await;
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-            .execute(&pool)
-            .await;
-        pool.close().await;
-        let measured = measured?;
-        dropped.map_err(err)?;
-        Ok(measured)
+        dropped_after(&pool, table, measured).await
     }
 
     async fn run(
@@ -435,13 +445,7 @@ mod lite {
             .await
             .map_err(err)?;
         let measured = run(&pool, table, payloads, single, concurrency).await;
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS \"{table}\""))
-            .execute(&pool)
-            .await;
-        pool.close().await;
-        let measured = measured?;
-        dropped.map_err(err)?;
-        Ok(measured)
+        dropped_after(&pool, &format!("\"{table}\""), measured).await
     }
 
     async fn run(

@@ -3,10 +3,8 @@
 //! queue of the same run.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use switchyard::{Envelope, Limit, Result, StatusStore, Unique};
-use uuid::Uuid;
 
 use super::measure::{Drains, With};
 use super::workload::queue;
@@ -19,8 +17,6 @@ const LIMIT_HEADER: &str = "account";
 pub(super) const LIMIT_KEYS: usize = 100;
 /// How many jobs of a key may run at once in the limited drain.
 pub(super) const LIMIT_CONCURRENCY: u32 = 2;
-/// Messages per batched publish, as the plain drain's.
-const PUBLISH_BATCH: usize = 100;
 
 /// The feature drains of one run (`None` where the backend lacks the feature).
 #[derive(Debug, Default)]
@@ -106,16 +102,6 @@ impl Drains<'_> {
         })?;
         let (ids, publish_per_s) = self.publish(&envs).await?;
         Ok((publish_per_s, self.run(&q, &ids, With::default()).await?))
-    }
-
-    /// Publishes `envs` in batches; their ids and the rate.
-    async fn publish(&self, envs: &[Envelope]) -> Result<(Vec<Uuid>, f64)> {
-        let started = Instant::now();
-        for chunk in envs.chunks(PUBLISH_BATCH) {
-            self.t.publish_batch(chunk.to_vec()).await?;
-        }
-        let per_s = envs.len() as f64 / started.elapsed().as_secs_f64();
-        Ok((envs.iter().map(|e| e.id).collect(), per_s))
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use switchyard::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use switchyard::{
-    CancellationToken, Error, QueueName, Result, StatusStore, Transport, TransportExt,
+    CancellationToken, Envelope, Error, QueueName, Result, StatusStore, Transport, TransportExt,
 };
 use uuid::Uuid;
 
@@ -45,19 +45,13 @@ pub(super) async fn measure(
     // Enqueue in batches; the same jobs are then drained.
     let q = queue("drain")?;
     let envs = jobs(&q, args.messages)?;
-    let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
-    let started = Instant::now();
-    for chunk in envs.chunks(PUBLISH_BATCH) {
-        t.publish_batch(chunk.to_vec()).await?;
-    }
-    let enqueue_batch_per_s = args.messages as f64 / started.elapsed().as_secs_f64();
-
     let mut drains = Drains {
         t,
         concurrency: args.concurrency,
         duplicates: 0,
         missing: 0,
     };
+    let (ids, enqueue_batch_per_s) = drains.publish(&envs).await?;
     let drain_per_s = drains.run(&q, &ids, With::default()).await?;
     let drain_status_per_s = match status {
         Some(store) => Some(drains.with_status(store, args.messages).await?),
@@ -149,6 +143,16 @@ impl With {
 }
 
 impl Drains<'_> {
+    /// Publishes `envs` in batches of [`PUBLISH_BATCH`]; their ids and the rate.
+    pub(super) async fn publish(&self, envs: &[Envelope]) -> Result<(Vec<Uuid>, f64)> {
+        let started = Instant::now();
+        for chunk in envs.chunks(PUBLISH_BATCH) {
+            self.t.publish_batch(chunk.to_vec()).await?;
+        }
+        let per_s = envs.len() as f64 / started.elapsed().as_secs_f64();
+        Ok((envs.iter().map(|e| e.id).collect(), per_s))
+    }
+
     /// Drains `ids` from `q` (see [`drain`]), counting what went wrong.
     pub(super) async fn run(&mut self, q: &QueueName, ids: &[Uuid], with: With) -> Result<f64> {
         let (per_s, duplicates, missing) = drain(self.t, q, ids, self.concurrency, with).await?;

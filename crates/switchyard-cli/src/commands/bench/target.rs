@@ -211,18 +211,12 @@ impl Target {
                     .map_err(|e| Error::InvalidInput(format!("reserver failed: {e}")))??;
             }
             let elapsed = started.elapsed();
-            let after = pg.claim_counters();
-            let requested = after.requested - before.requested;
-            let wasted = after.wasted - before.wasted;
+            let counted = pg.claim_counters().since(&before);
             return Ok(Some(Contention {
                 reservers,
                 jobs_per_s: messages as f64 / elapsed.as_secs_f64(),
-                wasted_claim_ratio: if requested == 0 {
-                    0.0
-                } else {
-                    wasted as f64 / requested as f64
-                },
-                conflicts: after.conflicts - before.conflicts,
+                wasted_claim_ratio: counted.wasted_ratio(),
+                conflicts: counted.conflicts,
             }));
         }
         #[allow(unreachable_code)]
