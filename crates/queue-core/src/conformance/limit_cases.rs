@@ -405,9 +405,16 @@ pub async fn a_batch_books_each_job_its_own_start(h: Arc<dyn Harness>) -> Result
         .collect();
     let began = Instant::now();
     let answers = limits.acquire_batch(&batch).await?;
+    let took = began.elapsed();
     assert_eq!(answers.len(), ids.len(), "an answer per job");
     let granted = answers.iter().filter(|a| **a == Acquired::Granted).count();
-    assert_eq!(granted, 5, "the burst is 5: {answers:?}");
+    // The burst, and one more start for every 20 ms the batch itself took: a slow,
+    // loaded machine may take longer than one start's interval over 40 bookings.
+    let allowed = 5 + usize::try_from(took.as_millis() / 20).unwrap_or(usize::MAX);
+    assert!(
+        (5..=allowed).contains(&granted),
+        "the burst is 5, plus 50/s over the {took:?} the batch took: {granted} started: {answers:?}"
+    );
     // The booked come back, some on time and some early, in a batch with 20 new jobs;
     // then the next job is booked behind all 55, at least 56 × 20 ms after the first
     // batch began (no start given twice, none lost).
