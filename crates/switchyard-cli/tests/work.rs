@@ -431,7 +431,9 @@ fn a_poison_message_that_kills_its_worker_ends_in_the_dead_letter_store_on_maria
 fn poison_message_ends_dead_on(sb: &Sandbox) {
     let good = sb.publish_lines("poison", "fine", &"{}\n".repeat(20));
     let poison = sb.publish_lines("poison", "poison", "{}\n");
-    let cmd = "if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; fi; \
+    // The poison's shell outlives the worker it kills: it exits rather than log itself
+    // handled once its sleep ends, which a slow run would otherwise read.
+    let cmd = "if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; exit 1; fi; \
                echo \"$SWITCHYARD_MESSAGE_ID\" >> handled.log";
     let mut runs = 0;
     loop {
@@ -529,9 +531,10 @@ fn poison_amid_healthy_on(sb: &Sandbox, queue: &str) {
     let before = sb.publish_lines(queue, "fine", &"{}\n".repeat(20));
     let poison = sb.publish_lines(queue, "poison", "{}\n");
     let after = sb.publish_lines(queue, "fine", &"{}\n".repeat(100));
-    // Each run logs its message and attempt; the poison kills its worker.
+    // Each run logs its message and attempt; the poison kills its worker, and its shell,
+    // which outlives the worker, exits without logging itself handled.
     let cmd = "echo \"$SWITCHYARD_MESSAGE_ID $SWITCHYARD_ATTEMPT\" >> starts.log; \
-               if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; fi; \
+               if [ \"$SWITCHYARD_KIND\" = poison ]; then kill -9 $PPID; sleep 5; exit 1; fi; \
                sleep 0.01; echo \"$SWITCHYARD_MESSAGE_ID\" >> handled.log";
     let mut runs = 0;
     loop {
