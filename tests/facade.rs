@@ -13,6 +13,14 @@ fn config(pairs: &[(&str, String)]) -> Config {
     .expect("a valid configuration")
 }
 
+/// A dropped store leaves none of its tables behind (status, keys, limits, schedules and
+/// the rest, not only the jobs and dead letters).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn assert_nothing_left(table: &str, names: Vec<String>) {
+    let left: Vec<String> = names.into_iter().filter(|n| n.starts_with(table)).collect();
+    assert!(left.is_empty(), "drop_store left {left:?}");
+}
+
 #[cfg(not(feature = "amqp"))]
 #[tokio::test]
 async fn rabbitmq_without_its_transport_is_a_configuration_error_naming_the_feature() {
@@ -102,6 +110,13 @@ async fn a_postgres_url_selects_the_postgres_transport() -> switchyard::Result<(
     t.ack(&r).await?;
     let pg = switchyard::PgTransport::connect(switchyard::PgOptions::from_config(&cfg)).await?;
     pg.drop_store().await?;
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema()",
+    )
+    .fetch_all(pg.pool())
+    .await
+    .expect("the table list");
+    assert_nothing_left(&table, names);
     Ok(())
 }
 
@@ -119,7 +134,7 @@ async fn a_mysql_url_selects_the_mysql_transport() -> switchyard::Result<()> {
         "facade_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let cfg = config(&[("DATABASE_URL", url), ("QUEUE_TABLE", table)]);
+    let cfg = config(&[("DATABASE_URL", url), ("QUEUE_TABLE", table.clone())]);
     let t = switchyard::connect(&cfg).await?;
     assert_eq!(t.name(), "mysql");
     let env = Envelope::builder("facade", "ping").build()?;
@@ -133,6 +148,13 @@ async fn a_mysql_url_selects_the_mysql_transport() -> switchyard::Result<()> {
     let my =
         switchyard::MySqlTransport::connect(switchyard::MySqlOptions::from_config(&cfg)).await?;
     my.drop_store().await?;
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE()",
+    )
+    .fetch_all(my.pool())
+    .await
+    .expect("the table list");
+    assert_nothing_left(&table, names);
     Ok(())
 }
 

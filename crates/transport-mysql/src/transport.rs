@@ -242,7 +242,8 @@ impl MySqlTransport {
         self.pool.close().await;
     }
 
-    /// Drops this transport's job and dead-letter tables, messages and all.
+    /// Drops this transport's tables (jobs, dead letters, status and every other table
+    /// its migrations made), messages and all.
     pub async fn drop_store(&self) -> Result<()> {
         uninstall(&self.pool, self.schema.as_deref(), &self.table).await
     }

@@ -1,4 +1,6 @@
-use queue_core::sql::{check_existing_version, check_schema_version, missing_store};
+use queue_core::sql::{
+    check_existing_version, check_schema_version, created_tables, missing_store,
+};
 use queue_core::Result;
 use sqlx::{Executor, PgPool};
 
@@ -201,7 +203,8 @@ pub(crate) async fn check_existing(pool: &PgPool, schema: Option<&str>, table: &
     check_existing_version(table, newest.map(i64::from), i64::from(known))
 }
 
-/// Drops `schema.table` and its dead-letter table, and forgets their migrations.
+/// Drops `schema.table` and every table its migrations created beside it, and forgets
+/// their migrations.
 pub(crate) async fn uninstall(pool: &PgPool, schema: Option<&str>, table: &str) -> Result<()> {
     let ledger = match schema {
         Some(s) => format!("\"{s}\".switchyard_migrations"),
@@ -212,16 +215,10 @@ pub(crate) async fn uninstall(pool: &PgPool, schema: Option<&str>, table: &str) 
         .execute(&mut *tx)
         .await
         .backend()?;
-    tx.execute(
-        specialise(
-            "DROP TABLE IF EXISTS \"switchyard_jobs\", \"switchyard_jobs_dead\", \"switchyard_jobs_status\", \"switchyard_jobs_unique\"",
-            schema,
-            table,
-        )
-        .as_str(),
-    )
-    .await
-    .backend()?;
+    let tables = created_tables(MIGRATIONS.iter().map(|(_, script)| *script)).join(", ");
+    tx.execute(specialise(&format!("DROP TABLE IF EXISTS {tables}"), schema, table).as_str())
+        .await
+        .backend()?;
     sqlx::query(&format!("DELETE FROM {ledger} WHERE target = $1"))
         .bind(table)
         .execute(&mut *tx)

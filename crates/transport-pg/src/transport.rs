@@ -218,8 +218,9 @@ impl PgTransport {
         self.pool.close().await;
     }
 
-    /// Drops this transport's job and dead-letter tables, messages and all. For tests,
-    /// benchmarks and tearing down a tenant; the schema itself is left in place.
+    /// Drops this transport's tables (jobs, dead letters, status and every other table
+    /// its migrations made), messages and all. For tests, benchmarks and tearing down a
+    /// tenant; the schema itself is left in place.
     pub async fn drop_store(&self) -> Result<()> {
         uninstall(&self.pool, self.schema.as_deref(), &self.table).await
     }

@@ -39,7 +39,8 @@ pub use status::{
     BucketRow, CountRow, StatusBackend, StatusBatch, StatusQuery, StatusTable, WorkerRow,
 };
 pub use store::{
-    check_existing_version, check_schema_version, missing_store, sql_capabilities, StoreSettings,
+    check_existing_version, check_schema_version, created_tables, missing_store, sql_capabilities,
+    StoreSettings,
 };
 pub use values::{
     attempts_u32, dead_row, encoded, labels_column, row_seq, selection_parts, Encoded,

@@ -165,9 +165,48 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
     }
 }
 
+/// The tables a store's migration `scripts` create, in order, as the scripts name them
+/// (the default name, quoted: `"switchyard_jobs_dead"`): what dropping the store drops,
+/// read from the scripts so that a table a later migration adds is never left behind.
+pub fn created_tables<'a>(scripts: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    const CREATE: &str = "CREATE TABLE IF NOT EXISTS ";
+    let mut tables: Vec<&str> = Vec::new();
+    for script in scripts {
+        for (at, _) in script.match_indices(CREATE) {
+            let rest = &script[at + CREATE.len()..];
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '(')
+                .unwrap_or(rest.len());
+            let name = &rest[..end];
+            if !name.is_empty() && !tables.contains(&name) {
+                tables.push(name);
+            }
+        }
+    }
+    tables
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_table_the_scripts_create_is_named_once() {
+        let scripts = [
+            "CREATE TABLE IF NOT EXISTS \"switchyard_jobs\" (\n seq bigint);\n\
+             CREATE TABLE IF NOT EXISTS \"switchyard_jobs_dead\"(id text);",
+            "-- a comment\nCREATE TABLE IF NOT EXISTS `switchyard_jobs_keys` (q int);\n\
+             CREATE TABLE IF NOT EXISTS \"switchyard_jobs_dead\" (id text);",
+        ];
+        assert_eq!(
+            created_tables(scripts),
+            [
+                "\"switchyard_jobs\"",
+                "\"switchyard_jobs_dead\"",
+                "`switchyard_jobs_keys`"
+            ]
+        );
+    }
 
     #[test]
     fn schemas_newer_than_the_build_are_refused() {
