@@ -81,8 +81,11 @@ pub(super) async fn reserve_rows<B: SqlBackend + ?Sized>(
 }
 
 /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
-/// few milliseconds; then it runs only when the claim comes back short, so a busy drain
-/// does not pay for it on every batch and an idle queue still sees due rows at once.
+/// few milliseconds, or the last claim came back empty (and promoted on its way out);
+/// after the claim only when that comes back empty. So a busy drain does not pay for it
+/// on every batch, an idle queue still sees due rows at once, and a claim woken by a
+/// publish takes the message that woke it without a round trip first: rows that fell due
+/// meanwhile are promoted by the claim after it, which follows at once.
 async fn claim_rows<B: SqlBackend + ?Sized>(
     claims: &B,
     queue: &QueueName,
@@ -91,27 +94,20 @@ async fn claim_rows<B: SqlBackend + ?Sized>(
     start: StartMode,
     by: &ClaimBy<'_>,
 ) -> Result<Vec<ClaimedRow>> {
-    let recent = claims.engine().pacer.recent();
-    if !recent {
+    let pacer = &claims.engine().pacer;
+    let after_idle = pacer.take_idle();
+    let promoted_first = !pacer.recent() && !after_idle;
+    if promoted_first {
         promote(claims).await?;
     }
     let mut rows = claim_ready(claims, queue, max, token, start, by).await?;
-    if rows.len() < max && recent {
-        // The rows already claimed are committed: a failure from here on must not lose
-        // them, so it only ends this claim early.
-        let more = match promote(claims).await {
-            Ok(0) => Ok(Vec::new()),
-            Ok(_) => claim_ready(claims, queue, max - rows.len(), token, start, by).await,
-            Err(err) => Err(err),
+    if rows.is_empty() && !promoted_first {
+        rows = match promote(claims).await? {
+            0 => Vec::new(),
+            _ => claim_ready(claims, queue, max, token, start, by).await?,
         };
-        match more {
-            Ok(more) => rows.extend(more),
-            Err(err) if rows.is_empty() => return Err(err),
-            Err(err) => {
-                tracing::warn!(error = %err, "a second claim round failed; returning what was claimed")
-            }
-        }
     }
+    pacer.set_idle(rows.is_empty());
     Ok(rows)
 }
 

@@ -1,5 +1,6 @@
 //! A claim's mode and the rows it returns, as plainly as the backends read them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -130,13 +131,17 @@ impl ClaimedRow {
 const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 
 /// Paces the promotion of due rows (delayed messages, lapsed leases) into the claim
-/// order, so that a busy drain does not pay for it on every batch.
+/// order, so that a busy drain does not pay for it on every batch, and notes whether the
+/// last claim came back empty (it promoted on its way out).
 #[derive(Debug, Default)]
-pub struct PromotePacer(Mutex<Option<Instant>>);
+pub struct PromotePacer {
+    last: Mutex<Option<Instant>>,
+    idle: AtomicBool,
+}
 
 impl PromotePacer {
     pub(super) fn recent(&self) -> bool {
-        self.0
+        self.last
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|t| t.elapsed() < PROMOTE_EVERY)
@@ -144,6 +149,16 @@ impl PromotePacer {
 
     /// Notes that a promotion runs now.
     pub fn mark(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// Whether the last claim came back empty, forgetting it.
+    pub(super) fn take_idle(&self) -> bool {
+        self.idle.swap(false, Ordering::Relaxed)
+    }
+
+    /// Notes whether a claim came back empty.
+    pub(super) fn set_idle(&self, empty: bool) {
+        self.idle.store(empty, Ordering::Relaxed);
     }
 }
