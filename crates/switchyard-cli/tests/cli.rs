@@ -255,7 +255,8 @@ fn reading_commands_never_create_a_database() {
 
 /// `bench --json` on a small run: every job checked off (by worker processes too, past a
 /// backlog), the features' drains where the backend has them, and the bare baseline of
-/// the same run (SQL, or lapin) beside the queue's figures.
+/// the same run (SQL, or lapin) beside the queue's figures, with the pickup of a bare
+/// consumer on PostgreSQL and RabbitMQ.
 fn bench_reports_on(sb: &Sandbox) {
     let out = sb.run(&[
         "bench",
@@ -318,6 +319,15 @@ fn bench_reports_on(sb: &Sandbox) {
     ] {
         assert!(
             baseline[field].as_f64().is_some_and(|v| v > 0.0),
+            "{field} in {baseline}"
+        );
+    }
+    // The pickup floor: a bare consumer where the server can wake one.
+    let wakes = matches!(r["backend"].as_str(), Some("postgres" | "amqp"));
+    for field in ["pickup_p50_ms", "pickup_p99_ms", "pickup_ratio"] {
+        assert_eq!(
+            baseline[field].as_f64().is_some_and(|v| v > 0.0),
+            wakes,
             "{field} in {baseline}"
         );
     }

@@ -30,12 +30,17 @@ use switchyard::{Config, Result};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 const BATCH: usize = 100;
 
-/// Bare-SQL throughput on the bench's server.
+/// Bare-SQL throughput on the bench's server, and the pickup of a bare consumer where
+/// the server can wake one (PostgreSQL's `LISTEN`, a RabbitMQ consumer).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Baseline {
     pub(crate) insert_single_per_s: f64,
     pub(crate) insert_batch_per_s: f64,
     pub(crate) drain_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pickup_p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) pickup_p99_ms: Option<f64>,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -293,10 +298,13 @@ mod pg {
             }
         })
         .await?;
+        let (p50, p99) = super::super::floor::postgres(pool, table).await?;
         Ok(Baseline {
             insert_single_per_s,
             insert_batch_per_s,
             drain_per_s,
+            pickup_p50_ms: Some(p50),
+            pickup_p99_ms: Some(p99),
         })
     }
 }
@@ -381,6 +389,8 @@ mod my {
             insert_single_per_s,
             insert_batch_per_s,
             drain_per_s,
+            pickup_p50_ms: None,
+            pickup_p99_ms: None,
         })
     }
 
@@ -509,6 +519,8 @@ mod lite {
             insert_single_per_s,
             insert_batch_per_s,
             drain_per_s,
+            pickup_p50_ms: None,
+            pickup_p99_ms: None,
         })
     }
 }
@@ -617,6 +629,12 @@ mod amqp {
             drained += 1;
         }
         let drain_per_s = total as f64 / started.elapsed().as_secs_f64();
+        drop(consumer);
+        consumer_ch
+            .close(200, "drained".into())
+            .await
+            .map_err(err)?;
+        let (p50, p99) = super::super::floor::amqp(&conn, &queue).await?;
         ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
             .await
             .map_err(err)?;
@@ -625,6 +643,8 @@ mod amqp {
             insert_single_per_s,
             insert_batch_per_s,
             drain_per_s,
+            pickup_p50_ms: Some(p50),
+            pickup_p99_ms: Some(p99),
         })
     }
 }

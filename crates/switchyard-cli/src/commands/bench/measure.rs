@@ -14,15 +14,14 @@ use uuid::Uuid;
 
 use super::report::Sample;
 use super::target::Target;
-use super::workload::{jobs, keyed_jobs, queue, single_count};
+use super::workload::{
+    jobs, keyed_jobs, percentiles, queue, single_count, PICKUP_INTERVAL, PICKUP_MESSAGES,
+};
 use super::{processes, remote};
 use crate::cli::BenchArgs;
 
 /// Messages per batched publish.
 const PUBLISH_BATCH: usize = 100;
-/// Pickup latency: messages published at a fixed rate to an idle consumer.
-const PICKUP_MESSAGES: usize = 200;
-const PICKUP_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Measures one run on `t` (and its status store, where it keeps one); the claim's plan
 /// at depth where `--depth` asked for it (PostgreSQL).
@@ -352,14 +351,9 @@ pub(super) async fn pickup(t: &Arc<dyn Transport>, publisher: Publisher<'_>) -> 
     running
         .await
         .map_err(|e| Error::InvalidInput(format!("pickup worker failed: {e}")))??;
-    let mut latencies = latencies
+    let latencies = latencies
         .lock()
         .map_err(|_| Error::InvalidInput("bench lock poisoned".into()))?
         .clone();
-    latencies.sort();
-    let pct = |p: f64| {
-        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-        latencies.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
-    Ok((pct(0.50), pct(0.99)))
+    Ok(percentiles(latencies))
 }

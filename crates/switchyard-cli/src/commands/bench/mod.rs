@@ -3,11 +3,14 @@
 //! is checked off: the report counts duplicates and missing jobs.
 //!
 //! This module runs the measurements in order; `target` provisions a fresh store per
-//! run, `measure` measures, `report` summarises and prints, and `baseline` measures
-//! bare SQL or bare lapin on the same server for ratios.
+//! run, `measure` measures, `report` summarises and prints, `baseline` measures
+//! bare SQL or bare lapin on the same server for ratios, and `floor` the pickup of a bare
+//! consumer there.
 
 mod baseline;
 mod features;
+#[cfg(any(feature = "postgres", feature = "amqp"))]
+mod floor;
 mod measure;
 mod processes;
 mod remote;

@@ -87,6 +87,10 @@ pub(super) struct BaselineReport {
     pub(super) enqueue_single_ratio: f64,
     pub(super) enqueue_batch_ratio: f64,
     pub(super) drain_ratio: f64,
+    /// The queue's pickup p50 (publisher in the same process, as the bare one) over the
+    /// bare consumer's, where there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pickup_ratio: Option<f64>,
 }
 
 /// Medians of the baseline runs and of each run's ratios (`samples[i]` ran beside
@@ -109,10 +113,29 @@ pub(super) fn baseline_report(samples: &[Sample], bare: &[Baseline]) -> Option<B
             insert_single_per_s: median(bare.iter().map(|b| b.insert_single_per_s).collect()),
             insert_batch_per_s: median(bare.iter().map(|b| b.insert_batch_per_s).collect()),
             drain_per_s: median(bare.iter().map(|b| b.drain_per_s).collect()),
+            pickup_p50_ms: bare
+                .iter()
+                .map(|b| b.pickup_p50_ms)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
+            pickup_p99_ms: bare
+                .iter()
+                .map(|b| b.pickup_p99_ms)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
         },
         enqueue_single_ratio: ratio(|s| s.enqueue_single_per_s, |b| b.insert_single_per_s),
         enqueue_batch_ratio: ratio(|s| s.enqueue_batch_per_s, |b| b.insert_batch_per_s),
         drain_ratio: ratio(|s| s.drain_per_s, |b| b.drain_per_s),
+        pickup_ratio: samples
+            .iter()
+            .zip(bare)
+            .map(|(s, b)| {
+                b.pickup_p50_ms
+                    .map(|p| s.pickup_p50_ms / p.max(f64::MIN_POSITIVE))
+            })
+            .collect::<Option<Vec<f64>>>()
+            .map(median),
     })
 }
 
@@ -396,6 +419,26 @@ fn print_baselines(reports: &[Report]) {
                 b.enqueue_batch_ratio,
                 b.drain_ratio
             );
+            if let (Some(p50), Some(p99), Some(ratio)) = (
+                b.median.pickup_p50_ms,
+                b.median.pickup_p99_ms,
+                b.pickup_ratio,
+            ) {
+                outln!(
+                    "{} {}: pickup of a bare {} in the same runs: p50 {:.1} ms, p99 {:.1} ms; \
+                     the queue's (publisher in the same process) is {:.2} times it",
+                    r.backend,
+                    r.claim,
+                    if r.backend == "amqp" {
+                        "lapin consumer"
+                    } else {
+                        "LISTEN and one claim"
+                    },
+                    p50,
+                    p99,
+                    ratio
+                );
+            }
         }
     }
 }

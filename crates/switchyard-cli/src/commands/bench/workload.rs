@@ -1,7 +1,23 @@
-//! The jobs a run publishes: no-op jobs on fresh queues.
+//! The jobs a run publishes (no-op jobs on fresh queues), and how pickup is sampled.
+
+use std::time::Duration;
 
 use switchyard::{Envelope, QueueName, Result};
 use uuid::Uuid;
+
+/// Pickup latency: messages published at a fixed rate to an idle consumer.
+pub(super) const PICKUP_MESSAGES: usize = 200;
+pub(super) const PICKUP_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The p50 and p99 of `latencies`, in ms.
+pub(super) fn percentiles(mut latencies: Vec<Duration>) -> (f64, f64) {
+    latencies.sort();
+    let pct = |p: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies.get(i).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    (pct(0.50), pct(0.99))
+}
 
 /// Messages published one by one: a tenth of the batch, 100 to 2,000.
 pub(super) fn single_count(messages: usize) -> usize {
