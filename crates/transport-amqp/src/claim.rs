@@ -28,6 +28,9 @@ pub(crate) struct Claimer<'a> {
     pub(crate) connector: &'a Connector,
     pub(crate) publisher: &'a Publisher,
     pub(crate) consumer: &'a QueueConsumer,
+    /// A worker's prefetch: the deliveries waiting are enough (it claims again at once),
+    /// where a reserve asks the broker for the rest of its batch.
+    pub(crate) prefetch: bool,
 }
 
 impl Claimer<'_> {
@@ -49,7 +52,10 @@ impl Claimer<'_> {
         };
         let mut out = gate.map(|g| g.ready(max)).unwrap_or_default();
         if out.len() < max {
-            let mut deliveries = self.consumer.pull(queue, max - out.len()).await?;
+            let mut deliveries = self
+                .consumer
+                .pull(queue, max - out.len(), self.prefetch)
+                .await?;
             loop {
                 let settled_some = !deliveries.is_empty();
                 for d in deliveries {
@@ -66,7 +72,7 @@ impl Claimer<'_> {
                 if !out.is_empty() || !settled_some {
                     break;
                 }
-                deliveries = self.consumer.pull(queue, max).await?;
+                deliveries = self.consumer.pull(queue, max, self.prefetch).await?;
             }
         }
         if let Some(g) = gate {

@@ -173,12 +173,19 @@ impl QueueConsumer {
     /// empty pull waits a moment for them: a reserve right after a confirmed publish
     /// finds the message.
     ///
-    /// Deliveries found waiting are returned without asking for more while the consumer
-    /// holds fewer than its prefetch: the broker pushes whatever else is ready, and a
-    /// worker woken by one delivery starts it without a round trip first.
-    pub(crate) async fn pull(&self, queue: &str, max: usize) -> Result<Vec<Delivery>> {
+    /// A worker's `prefetch` that finds deliveries waiting returns them without asking
+    /// for more while the consumer holds fewer than its prefetch: the broker pushes
+    /// whatever else is ready, and a worker woken by one delivery starts it without a
+    /// round trip first.
+    pub(crate) async fn pull(
+        &self,
+        queue: &str,
+        max: usize,
+        prefetch: bool,
+    ) -> Result<Vec<Delivery>> {
         let mut out = self.take(max);
-        let pushing = !out.is_empty() && lock(&self.held).len() < usize::from(self.prefetch);
+        let pushing =
+            prefetch && !out.is_empty() && lock(&self.held).len() < usize::from(self.prefetch);
         while out.len() < max && self.gate.is_none() && !pushing {
             self.getting.fetch_add(1, Ordering::SeqCst);
             let got = self

@@ -187,12 +187,14 @@ impl AmqpTransport {
 
     /// Up to `max` reservations of `queue`, marked started (a reserve) or not (a
     /// prefetch): from its partitions first, when it has them (at most one message of a
-    /// key at a time), then from the queue itself.
+    /// key at a time), then from the queue itself. A worker's `prefetch` takes the
+    /// deliveries waiting without asking the broker for more (it claims again at once).
     async fn take_deliveries(
         &self,
         queue: &QueueName,
         max: usize,
         started: bool,
+        prefetch: bool,
     ) -> Result<Vec<Reservation>> {
         if max == 0 {
             return Ok(Vec::new());
@@ -209,7 +211,10 @@ impl AmqpTransport {
                     break;
                 }
                 let name = partition_name(q, (first + i) % PARTITIONS);
-                match self.take_from(&name, q, max - out.len(), started).await {
+                match self
+                    .take_from(&name, q, max - out.len(), started, prefetch)
+                    .await
+                {
                     Ok(taken) => out.extend(taken),
                     // What other partitions handed out is held: return it, not the error.
                     Err(err) if !out.is_empty() => {
@@ -221,7 +226,10 @@ impl AmqpTransport {
             }
         }
         if out.len() < max {
-            match self.take_from(q, q, max - out.len(), started).await {
+            match self
+                .take_from(q, q, max - out.len(), started, prefetch)
+                .await
+            {
                 Ok(taken) => out.extend(taken),
                 Err(err) if !out.is_empty() => {
                     tracing::warn!(queue = q, error = %err, "a claim failed");
@@ -240,12 +248,14 @@ impl AmqpTransport {
         queue: &str,
         max: usize,
         started: bool,
+        prefetch: bool,
     ) -> Result<Vec<Reservation>> {
         let c = self.consumer_of(name, queue).await?;
         let claimer = Claimer {
             connector: &self.connector,
             publisher: &self.publisher,
             consumer: &c,
+            prefetch,
         };
         let claimed = claimer.claim(name, queue, max, started).await;
         if claimed.is_err() {
@@ -405,14 +415,14 @@ impl Transport for AmqpTransport {
         // gets what is due, and no claim starts fresh messages by itself.
         let max = claim.max;
         if claim.start != Start::All {
-            return self.take_deliveries(queue, max, false).await;
+            return self.take_deliveries(queue, max, false, true).await;
         }
         if self.options().control_store.is_none() {
-            return self.take_deliveries(queue, max, true).await;
+            return self.take_deliveries(queue, max, true, false).await;
         }
         // A reserve starts what it returns: with a control store, that start is marked
         // like a worker's, so a consumer that dies holding it is charged.
-        let claimed = self.take_deliveries(queue, max, false).await?;
+        let claimed = self.take_deliveries(queue, max, false, false).await?;
         match self.start_batch(&claimed).await {
             Ok(report) => Ok(claimed
                 .into_iter()
