@@ -81,11 +81,12 @@ pub(super) async fn reserve_rows<B: SqlBackend + ?Sized>(
 }
 
 /// Claims up to `max` rows. Promotion runs before the claim unless it ran in the last
-/// few milliseconds, or the last claim came back empty (and promoted on its way out);
-/// after the claim only when that comes back empty. So a busy drain does not pay for it
-/// on every batch, an idle queue still sees due rows at once, and a claim woken by a
-/// publish takes the message that woke it without a round trip first: rows that fell due
-/// meanwhile are promoted by the claim after it, which follows at once.
+/// few milliseconds or the last claim came back empty (every empty claim promotes, before
+/// or after it); after the claim only when that comes back empty. So a busy drain does not
+/// pay for it on every batch, an idle queue still sees due rows at once, and a claim woken
+/// by a publish takes the message that woke it without a round trip first: rows that fell
+/// due while the queue was idle are promoted by the next claim (a worker with room makes
+/// it at once), and may come after that message.
 async fn claim_rows<B: SqlBackend + ?Sized>(
     claims: &B,
     queue: &QueueName,

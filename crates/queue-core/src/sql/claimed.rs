@@ -132,7 +132,7 @@ const PROMOTE_EVERY: Duration = Duration::from_millis(50);
 
 /// Paces the promotion of due rows (delayed messages, lapsed leases) into the claim
 /// order, so that a busy drain does not pay for it on every batch, and notes whether the
-/// last claim came back empty (it promoted on its way out).
+/// last claim came back empty (every empty claim promotes).
 #[derive(Debug, Default)]
 pub struct PromotePacer {
     last: Mutex<Option<Instant>>,
