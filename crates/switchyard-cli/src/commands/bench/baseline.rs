@@ -13,6 +13,9 @@
 //! through the default exchange, one publish at a time waiting for each confirm, then
 //! batches of 100 with their confirms pipelined, and one consumer with a prefetch of 100
 //! acking each message.
+//!
+//! On PostgreSQL and RabbitMQ the baseline ends with the pickup floor of a bare consumer
+//! (`floor`), the one wake-up it has.
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -579,10 +582,27 @@ mod amqp {
         ch.queue_declare(queue.as_str().into(), durable, args)
             .await
             .map_err(err)?;
+        // The queue goes whatever the measurement came to.
+        let measured = run(&conn, &ch, &queue, payloads, single).await;
+        let deleted = ch
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = conn.close(200, "done".into()).await;
+        let measured = measured?;
+        deleted.map_err(err)?;
+        Ok(measured)
+    }
 
+    async fn run(
+        conn: &Connection,
+        ch: &Channel,
+        queue: &str,
+        payloads: &[String],
+        single: usize,
+    ) -> Result<Baseline> {
         let started = Instant::now();
         for body in payloads.iter().take(single) {
-            publish(&ch, &queue, body).await?.await.map_err(err)?;
+            publish(ch, queue, body).await?.await.map_err(err)?;
         }
         let insert_single_per_s =
             single.min(payloads.len()) as f64 / started.elapsed().as_secs_f64();
@@ -591,7 +611,7 @@ mod amqp {
         for chunk in payloads.chunks(BATCH) {
             let mut confirms = Vec::with_capacity(chunk.len());
             for body in chunk {
-                confirms.push(publish(&ch, &queue, body).await?);
+                confirms.push(publish(ch, queue, body).await?);
             }
             for confirm in confirms {
                 confirm.await.map_err(err)?;
@@ -608,7 +628,7 @@ mod amqp {
         let started = Instant::now();
         let mut consumer = consumer_ch
             .basic_consume(
-                queue.as_str().into(),
+                queue.into(),
                 "".into(),
                 BasicConsumeOptions::default(),
                 FieldTable::default(),
@@ -634,11 +654,7 @@ mod amqp {
             .close(200, "drained".into())
             .await
             .map_err(err)?;
-        let (p50, p99) = super::super::floor::amqp(&conn, &queue).await?;
-        ch.queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-            .await
-            .map_err(err)?;
-        let _ = conn.close(200, "done".into()).await;
+        let (p50, p99) = super::super::floor::amqp(conn, queue).await?;
         Ok(Baseline {
             insert_single_per_s,
             insert_batch_per_s,

@@ -62,13 +62,14 @@ pub(super) async fn postgres(pool: &sqlx::PgPool, table: &str) -> Result<(f64, f
     let consumer = tokio::spawn({
         let pool = pool.clone();
         async move {
-            let mut latencies = Vec::with_capacity(PICKUP_MESSAGES);
-            while latencies.len() < PICKUP_MESSAGES {
+            let (mut latencies, mut seen) = (Vec::with_capacity(PICKUP_MESSAGES), 0);
+            while seen < PICKUP_MESSAGES {
                 listener.recv().await.map_err(err)?;
                 let sent: Vec<i64> = sqlx::query_scalar(&claim)
                     .fetch_all(&pool)
                     .await
                     .map_err(err)?;
+                seen += sent.len();
                 latencies.extend(sent.into_iter().filter_map(since));
             }
             Ok(latencies)
@@ -118,7 +119,7 @@ pub(super) async fn amqp(conn: &lapin::Connection, queue: &str) -> Result<(f64, 
         .map_err(err)?;
     let consumer = tokio::spawn(async move {
         let mut latencies = Vec::with_capacity(PICKUP_MESSAGES);
-        while latencies.len() < PICKUP_MESSAGES {
+        for _ in 0..PICKUP_MESSAGES {
             let Some(delivery) = deliveries.next().await else {
                 return Err(err("the consumer ended early"));
             };
