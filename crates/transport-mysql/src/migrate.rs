@@ -264,6 +264,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dropping_the_store_names_every_table_the_scripts_create() {
+        let scripts = || MIGRATIONS.iter().map(|(_, script)| *script);
+        let created: usize = scripts().map(|s| s.matches("CREATE TABLE").count()).sum();
+        assert_eq!(created_tables(scripts()).len(), created);
+    }
+
+    #[test]
     fn the_script_splits_into_its_statements() {
         let all: Vec<String> = statements(MIGRATIONS[0].1).collect();
         assert_eq!(all.len(), 2, "{all:?}");

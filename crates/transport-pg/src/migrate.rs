@@ -226,3 +226,15 @@ pub(crate) async fn uninstall(pool: &PgPool, schema: Option<&str>, table: &str) 
         .backend()?;
     tx.commit().await.backend()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_the_store_names_every_table_the_scripts_create() {
+        let scripts = || MIGRATIONS.iter().map(|(_, script)| *script);
+        let created: usize = scripts().map(|s| s.matches("CREATE TABLE").count()).sum();
+        assert_eq!(created_tables(scripts()).len(), created);
+    }
+}
