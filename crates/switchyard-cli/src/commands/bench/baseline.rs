@@ -534,8 +534,8 @@ mod amqp {
 
     use futures_lite::StreamExt;
     use lapin::options::{
-        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-        ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
+        BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+        QueueDeleteOptions,
     };
     use lapin::types::{AMQPValue, FieldTable};
     use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, PublisherConfirm};
@@ -619,22 +619,9 @@ mod amqp {
         }
         let insert_batch_per_s = payloads.len() as f64 / started.elapsed().as_secs_f64();
 
-        let consumer_ch = conn.create_channel().await.map_err(err)?;
-        consumer_ch
-            .basic_qos(100, BasicQosOptions::default())
-            .await
-            .map_err(err)?;
         let total = single.min(payloads.len()) + payloads.len();
         let started = Instant::now();
-        let mut consumer = consumer_ch
-            .basic_consume(
-                queue.into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(err)?;
+        let (consumer_ch, mut consumer) = super::super::floor::bare_consumer(conn, queue).await?;
         let mut drained = 0;
         while drained < total {
             let Some(delivery) = consumer.next().await else {

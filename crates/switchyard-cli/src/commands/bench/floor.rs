@@ -96,27 +96,10 @@ pub(super) async fn postgres(pool: &sqlx::PgPool, table: &str) -> Result<(f64, f
 #[cfg(feature = "amqp")]
 pub(super) async fn amqp(conn: &lapin::Connection, queue: &str) -> Result<(f64, f64)> {
     use futures_lite::StreamExt;
-    use lapin::options::{
-        BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
-        ConfirmSelectOptions,
-    };
-    use lapin::types::FieldTable;
+    use lapin::options::{BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions};
     use lapin::BasicProperties;
 
-    let consuming = conn.create_channel().await.map_err(err)?;
-    consuming
-        .basic_qos(100, BasicQosOptions::default())
-        .await
-        .map_err(err)?;
-    let mut deliveries = consuming
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(err)?;
+    let (_consuming, mut deliveries) = bare_consumer(conn, queue).await?;
     let consumer = tokio::spawn(async move {
         let mut latencies = Vec::with_capacity(PICKUP_MESSAGES);
         for _ in 0..PICKUP_MESSAGES {
@@ -162,4 +145,31 @@ pub(super) async fn amqp(conn: &lapin::Connection, queue: &str) -> Result<(f64, 
         }
     }
     collected(consumer).await
+}
+
+/// A channel with a prefetch of 100 consuming `queue`: the bare drain's consumer and the
+/// bare pickup's.
+#[cfg(feature = "amqp")]
+pub(super) async fn bare_consumer(
+    conn: &lapin::Connection,
+    queue: &str,
+) -> Result<(lapin::Channel, lapin::Consumer)> {
+    use lapin::options::{BasicConsumeOptions, BasicQosOptions};
+    use lapin::types::FieldTable;
+
+    let channel = conn.create_channel().await.map_err(err)?;
+    channel
+        .basic_qos(100, BasicQosOptions::default())
+        .await
+        .map_err(err)?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(err)?;
+    Ok((channel, consumer))
 }
