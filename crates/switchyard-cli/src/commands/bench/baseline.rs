@@ -636,11 +636,7 @@ mod amqp {
             drained += 1;
         }
         let drain_per_s = total as f64 / started.elapsed().as_secs_f64();
-        drop(consumer);
-        consumer_ch
-            .close(200, "drained".into())
-            .await
-            .map_err(err)?;
+        super::super::floor::cancel(&consumer_ch, consumer).await?;
         let (p50, p99) = super::super::floor::amqp(conn, queue).await?;
         Ok(Baseline {
             insert_single_per_s,

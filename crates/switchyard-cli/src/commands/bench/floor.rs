@@ -33,11 +33,11 @@ fn since(sent: i64) -> Option<Duration> {
         .map(Duration::from_nanos)
 }
 
-/// Waits for the consumer's latencies (aborting it on a timeout): p50 and p99 in ms.
-async fn collected(consumer: tokio::task::JoinHandle<Result<Vec<Duration>>>) -> Result<(f64, f64)> {
+/// Waits for the consumer's outcome, aborting it on a timeout.
+async fn collected<T>(consumer: tokio::task::JoinHandle<Result<T>>) -> Result<T> {
     let abort = consumer.abort_handle();
     match tokio::time::timeout(SETTLE, consumer).await {
-        Ok(joined) => Ok(percentiles(joined.map_err(err)??)),
+        Ok(joined) => joined.map_err(err)?,
         Err(_) => {
             abort.abort();
             Err(err("the consumer did not see every message within 60 s"))
@@ -88,7 +88,7 @@ pub(super) async fn postgres(pool: &sqlx::PgPool, table: &str) -> Result<(f64, f
             return Err(err(e));
         }
     }
-    collected(consumer).await
+    Ok(percentiles(collected(consumer).await?))
 }
 
 /// Pickup p50 and p99 (ms) of a bare lapin consumer on `queue` (an empty quorum queue),
@@ -99,7 +99,7 @@ pub(super) async fn amqp(conn: &lapin::Connection, queue: &str) -> Result<(f64, 
     use lapin::options::{BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions};
     use lapin::BasicProperties;
 
-    let (_consuming, mut deliveries) = bare_consumer(conn, queue).await?;
+    let (consuming, mut deliveries) = bare_consumer(conn, queue).await?;
     let consumer = tokio::spawn(async move {
         let mut latencies = Vec::with_capacity(PICKUP_MESSAGES);
         for _ in 0..PICKUP_MESSAGES {
@@ -117,7 +117,7 @@ pub(super) async fn amqp(conn: &lapin::Connection, queue: &str) -> Result<(f64, 
                 .await
                 .map_err(err)?;
         }
-        Ok(latencies)
+        Ok((latencies, deliveries))
     });
     let publishing = conn.create_channel().await.map_err(err)?;
     publishing
@@ -144,7 +144,23 @@ pub(super) async fn amqp(conn: &lapin::Connection, queue: &str) -> Result<(f64, 
             return Err(err(e));
         }
     }
-    collected(consumer).await
+    let (latencies, deliveries) = collected(consumer).await?;
+    cancel(&consuming, deliveries).await?;
+    Ok(percentiles(latencies))
+}
+
+/// Cancels `consumer` and waits for the broker's answer: a consumer left to its drop is
+/// cancelled in the background, and a channel closed meanwhile receives the answer
+/// unexpectedly, which fails the whole connection.
+#[cfg(feature = "amqp")]
+pub(super) async fn cancel(channel: &lapin::Channel, consumer: lapin::Consumer) -> Result<()> {
+    channel
+        .basic_cancel(
+            consumer.tag(),
+            lapin::options::BasicCancelOptions::default(),
+        )
+        .await
+        .map_err(err)
 }
 
 /// A channel with a prefetch of 100 consuming `queue`: the bare drain's consumer and the
