@@ -357,14 +357,11 @@ impl SqliteTransport {
                     .push_bind(text::kind_column(&env.kind))
                     .push_bind(i64::from(env.priority))
                     .push_bind(i64::from(env.attempts))
-                    .push_bind(i64::from(due == 0));
-                for offset in [Some(due), Some(due), expires] {
-                    b.push(&self.sql.now)
-                        .push_unseparated(" + ")
-                        .push_bind_unseparated(offset);
-                }
-                b.push_bind(env.last_error.as_deref().map(text::error_text))
-                    .push(&self.sql.now)
+                    .push_bind(i64::from(due == 0))
+                    .push_bind(due)
+                    .push_bind(due)
+                    .push_bind(expires)
+                    .push_bind(env.last_error.as_deref().map(text::error_text))
                     .push_bind(json.as_str())
                     .push_bind(labels.as_deref())
                     .push_bind(env.ordering_key.as_deref());
