@@ -100,9 +100,10 @@ UPDATE \"switchyard_jobs\"
 /// Start of a multi-row publish: the rows come as `VALUES (…), (…)` appended by the
 /// caller (id, queue, kind, priority, attempts, ready, due, visible and expiry offsets
 /// in µs, last error, envelope, labels, ordering key), and are filtered so that an id
-/// that is dead stores nothing new either. The clock is read once per statement, in
-/// `n`: the value each row would read (`'now'` is stable within one step of a
-/// statement), without four clock reads per row, which cost 9% of a batched publish.
+/// that is dead stores nothing new either. `{NOW}` is evaluated once per statement, in
+/// `n` (a subquery without `FROM`, never flattened into the rows), instead of four
+/// times per row: the same value, as `'now'` is stable within a statement's step, and
+/// the rows are plain parameters. Batched publishes ran 1.09 times as fast.
 pub(crate) const INSERT_JOBS_HEAD: &str = "INSERT INTO \"switchyard_jobs\" \
     (id, queue, kind, priority, attempts, ready, available_at, visible_at, expires_at, last_error, created_at, envelope, labels, ordering_key) \
     SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, \
