@@ -338,8 +338,8 @@ impl Dispatcher {
             self.shutdown.clone(),
         );
         // The run's future is large (about 5 KB: it holds every step a job can take),
-        // and a task's future is copied as it is spawned: boxed, the task is a pointer
-        // and the run is copied once, into the heap.
+        // and a task's future is copied as it is spawned: boxed, the task holds what it
+        // captures and a pointer, and the run is copied once, into the heap.
         self.tasks.spawn(async move {
             Box::pin(w.run_one(r, permit, stop, down, acker)).await;
             done.notify_one();
