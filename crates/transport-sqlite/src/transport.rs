@@ -359,7 +359,6 @@ impl SqliteTransport {
                     .push_bind(i64::from(env.attempts))
                     .push_bind(i64::from(due == 0))
                     .push_bind(due)
-                    .push_bind(due)
                     .push_bind(expires)
                     .push_bind(env.last_error.as_deref().map(text::error_text))
                     .push_bind(json.as_str())
