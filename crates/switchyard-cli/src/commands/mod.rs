@@ -50,7 +50,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
             // The span whose trace context the published envelopes carry (exported
             // with OTEL_EXPORTER_OTLP_ENDPOINT set).
             let span = tracing::info_span!("publish", queue = %args.queue);
-            tracing::Instrument::instrument(publish::run(&config, args, json), span).await
+            publish::run(&config, args, json, span).await
         }
         Command::Work(args) => work::run(&config, args, json).await,
         Command::Stats(args) => {

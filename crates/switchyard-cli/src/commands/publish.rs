@@ -9,25 +9,20 @@ use crate::cli::PublishArgs;
 /// Messages per batch when publishing stdin lines.
 const BATCH: usize = 500;
 
-pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Result<()> {
+/// Publishes; `span` is the one whose trace context the envelopes carry. It is entered
+/// only while they are built, not around the store's I/O: a span current there is held
+/// by sqlx's SQLite worker threads and lapin's I/O thread, which can let go of it after
+/// the process has sent its spans, so it would never be exported. Held to the end, it
+/// still lasts as long as the publish.
+pub(crate) async fn run(
+    config: &Config,
+    args: PublishArgs,
+    json: bool,
+    span: tracing::Span,
+) -> Result<()> {
     // Everything is validated before the store is opened, so bad input writes nothing.
     let template = Template::new(&args)?;
-    let envelopes = match &args.payload {
-        Some(payload) => vec![template
-            .builder()
-            .raw_payload(payload.clone())
-            .build()
-            .map_err(|e| with_context(e, "--payload"))?],
-        None => {
-            if args.id.is_some() {
-                return Err(Error::InvalidInput(
-                    "--id applies to one message: give --payload too, or drop --id for stdin lines"
-                        .into(),
-                ));
-            }
-            read_stdin(&template)?
-        }
-    };
+    let envelopes = span.in_scope(|| envelopes(&args, &template))?;
     if envelopes.is_empty() {
         return Err(Error::InvalidInput(
             "no payload: give --payload JSON, or one JSON payload per stdin line".into(),
@@ -79,6 +74,27 @@ pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Resul
         }
     }
     Ok(())
+}
+
+/// The messages to publish: the one `--payload`, or one per stdin line.
+fn envelopes(args: &PublishArgs, template: &Template) -> Result<Vec<Envelope>> {
+    let envelopes = match &args.payload {
+        Some(payload) => vec![template
+            .builder()
+            .raw_payload(payload.clone())
+            .build()
+            .map_err(|e| with_context(e, "--payload"))?],
+        None => {
+            if args.id.is_some() {
+                return Err(Error::InvalidInput(
+                    "--id applies to one message: give --payload too, or drop --id for stdin lines"
+                        .into(),
+                ));
+            }
+            read_stdin(template)?
+        }
+    };
+    Ok(envelopes)
 }
 
 /// Publishes one message and prints its result: the handler's JSON as it is (under
