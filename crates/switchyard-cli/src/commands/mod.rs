@@ -46,12 +46,7 @@ pub(crate) async fn run(cli: Cli) -> Result<()> {
     }
     match cli.command {
         Command::Migrate => migrate::run(&config, json).await,
-        Command::Publish(args) => {
-            // The span whose trace context the published envelopes carry (exported
-            // with OTEL_EXPORTER_OTLP_ENDPOINT set).
-            let span = tracing::info_span!("publish", queue = %args.queue);
-            publish::run(&config, args, json, span).await
-        }
+        Command::Publish(args) => publish::run(&config, args, json).await,
         Command::Work(args) => work::run(&config, args, json).await,
         Command::Stats(args) => {
             each_tenant(&config, json, async |c| {

@@ -9,20 +9,18 @@ use crate::cli::PublishArgs;
 /// Messages per batch when publishing stdin lines.
 const BATCH: usize = 500;
 
-/// Publishes; `span` is the one whose trace context the envelopes carry. It is entered
-/// only while they are built, not around the store's I/O: a span current there is held
-/// by sqlx's SQLite worker threads and lapin's I/O thread, which can let go of it after
-/// the process has sent its spans, so it would never be exported. Held to the end, it
-/// still lasts as long as the publish.
-pub(crate) async fn run(
-    config: &Config,
-    args: PublishArgs,
-    json: bool,
-    span: tracing::Span,
-) -> Result<()> {
+/// Publishes the `--payload`, or one message per stdin line, and prints their ids.
+pub(crate) async fn run(config: &Config, args: PublishArgs, json: bool) -> Result<()> {
     // Everything is validated before the store is opened, so bad input writes nothing.
     let template = Template::new(&args)?;
-    let envelopes = span.in_scope(|| envelopes(&args, &template))?;
+    // The span whose trace context the envelopes carry (exported with
+    // OTEL_EXPORTER_OTLP_ENDPOINT set). It is entered only while they are built: a span
+    // current around SQLite I/O is held by sqlx's connection thread until it has sent
+    // the answer back, and under load that thread let go of it only after this process
+    // had sent its spans, so the span was never exported. Held to the end, it still
+    // lasts as long as the publish.
+    let span = tracing::info_span!("publish", queue = %args.queue);
+    let envelopes = span.in_scope(|| build_envelopes(&args, &template))?;
     if envelopes.is_empty() {
         return Err(Error::InvalidInput(
             "no payload: give --payload JSON, or one JSON payload per stdin line".into(),
@@ -77,8 +75,8 @@ pub(crate) async fn run(
 }
 
 /// The messages to publish: the one `--payload`, or one per stdin line.
-fn envelopes(args: &PublishArgs, template: &Template) -> Result<Vec<Envelope>> {
-    let envelopes = match &args.payload {
+fn build_envelopes(args: &PublishArgs, template: &Template) -> Result<Vec<Envelope>> {
+    Ok(match &args.payload {
         Some(payload) => vec![template
             .builder()
             .raw_payload(payload.clone())
@@ -93,8 +91,7 @@ fn envelopes(args: &PublishArgs, template: &Template) -> Result<Vec<Envelope>> {
             }
             read_stdin(template)?
         }
-    };
-    Ok(envelopes)
+    })
 }
 
 /// Publishes one message and prints its result: the handler's JSON as it is (under
