@@ -5,20 +5,35 @@
 
 #[cfg(feature = "otlp")]
 mod enabled {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use tracing::span::{Attributes, Id};
     use tracing::Level;
     use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::layer::Context;
     use tracing_subscriber::registry::LookupSpan;
     use tracing_subscriber::Layer;
 
-    /// The exporter.
-    pub(crate) type Exporter = switchyard::otlp::Otlp;
+    /// How long the exporter waits, at exit, for spans still open to close.
+    const CLOSE_WAIT: Duration = Duration::from_millis(500);
+
+    /// The exporter, and how many of the spans it exports are still open.
+    pub(crate) struct Exporter {
+        otlp: switchyard::otlp::Otlp,
+        open: Arc<AtomicUsize>,
+    }
 
     /// The exporter the environment asks for, if any. A setting it cannot use (say an
     /// agent's `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) is reported and exports nothing: it
     /// must not stop a command that has nothing to do with traces.
     pub(crate) fn start() -> Option<Exporter> {
         match switchyard::otlp::Otlp::from_env("switchyard") {
-            Ok(otlp) => otlp,
+            Ok(otlp) => otlp.map(|otlp| Exporter {
+                otlp,
+                open: Arc::default(),
+            }),
             Err(e) => {
                 errln!(
                     "switchyard: warning: not exporting traces: {}",
@@ -30,7 +45,7 @@ mod enabled {
     }
 
     /// Its layer, for Switchyard's spans only.
-    pub(crate) fn layer<S>(otlp: &Exporter) -> impl Layer<S>
+    pub(crate) fn layer<S>(exporter: &Exporter) -> impl Layer<S>
     where
         S: tracing::Subscriber + for<'span> LookupSpan<'span>,
     {
@@ -41,13 +56,38 @@ mod enabled {
             .with_target("transport_pg", Level::INFO)
             .with_target("transport_mysql", Level::INFO)
             .with_target("transport_amqp", Level::INFO);
-        otlp.layer().with_filter(ours)
+        exporter
+            .otlp
+            .layer()
+            .and_then(Open(exporter.open.clone()))
+            .with_filter(ours)
     }
 
-    /// Sends what is buffered.
-    pub(crate) fn stop(otlp: Option<Exporter>) {
-        if let Some(otlp) = otlp {
-            otlp.shutdown();
+    /// Counts the exported spans not yet closed.
+    struct Open(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> Layer<S> for Open {
+        fn on_new_span(&self, _: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::AcqRel);
+        }
+
+        fn on_close(&self, _: Id, _: Context<'_, S>) {
+            self.0.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Sends what is buffered once the spans still open have closed, or after
+    /// [`CLOSE_WAIT`]: a span is exported only when closed, and one can outlive the
+    /// code that made it in a connection's thread (sqlx's SQLite thread holds the span
+    /// of the statement it runs until it has sent the answer back), which a busy machine
+    /// may not run again before the process would exit.
+    pub(crate) fn stop(exporter: Option<Exporter>) {
+        if let Some(exporter) = exporter {
+            let deadline = Instant::now() + CLOSE_WAIT;
+            while exporter.open.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            exporter.otlp.shutdown();
         }
     }
 }

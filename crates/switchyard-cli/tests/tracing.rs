@@ -192,6 +192,46 @@ fn traces_cross_the_queue(mut sb: Sandbox) {
     }
 }
 
+/// A job stopped by shutdown is released inside its span, on SQLite without a status
+/// store the process's last write: the span still reaches the collector.
+#[test]
+fn a_job_stopped_at_shutdown_exports_its_span() {
+    let mut sb = Sandbox::new();
+    let collector = Collector::default();
+    let url = collector.start();
+    sb.set_env("OTEL_EXPORTER_OTLP_ENDPOINT", &url);
+    sb.set_env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
+    sb.set_env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    sb.set_env("QUEUE_STATUS", "off");
+    let q = format!("stopped-{:08x}", fastrand::u32(..));
+    sb.publish_lines(&q, "charge", "{}\n");
+    let worker = sb
+        .cmd(&[
+            "work",
+            "--queue",
+            &q,
+            "--exec",
+            "touch started; sleep 30",
+            "--grace",
+            "100ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a worker");
+    let workers = Workers(vec![worker]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sb.path("started").exists() {
+        assert!(Instant::now() < deadline, "the job started within 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    workers.stop();
+
+    let spans = collector.spans();
+    assert_eq!(named(&spans, "publish").len(), 1, "{spans:#?}");
+    assert_eq!(named(&spans, "job").len(), 1, "{spans:#?}");
+}
+
 #[test]
 fn traces_cross_the_queue_on_sqlite() {
     traces_cross_the_queue(Sandbox::new());
