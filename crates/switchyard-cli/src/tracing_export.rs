@@ -16,10 +16,14 @@ mod enabled {
     use tracing_subscriber::registry::LookupSpan;
     use tracing_subscriber::Layer;
 
-    /// How long the exporter waits, at exit, for spans still open to close.
+    /// How long the exporter waits, at exit, for spans still open to close: long enough
+    /// for a descheduled connection thread to run again on a busy machine, short enough
+    /// not to hold up an exit; a span held longer (a statement stuck behind SQLite's busy
+    /// timeout, say) is lost.
     const CLOSE_WAIT: Duration = Duration::from_millis(500);
 
     /// The exporter, and how many of the spans it exports are still open.
+    #[derive(Debug)]
     pub(crate) struct Exporter {
         otlp: switchyard::otlp::Otlp,
         open: Arc<AtomicUsize>,
@@ -63,24 +67,27 @@ mod enabled {
             .with_filter(ours)
     }
 
-    /// Counts the exported spans not yet closed.
+    /// Counts the exported spans not yet closed. It sits under the OTLP layer's filter,
+    /// so that it counts exactly the spans the exporter sees.
     struct Open(Arc<AtomicUsize>);
 
     impl<S: tracing::Subscriber> Layer<S> for Open {
         fn on_new_span(&self, _: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
-            self.0.fetch_add(1, Ordering::AcqRel);
+            self.0.fetch_add(1, Ordering::Relaxed);
         }
 
+        // Runs after the OTLP layer has queued the span: the release makes it visible
+        // to the exit's acquiring read, and so to the exporter's last send.
         fn on_close(&self, _: Id, _: Context<'_, S>) {
-            self.0.fetch_sub(1, Ordering::AcqRel);
+            self.0.fetch_sub(1, Ordering::Release);
         }
     }
 
     /// Sends what is buffered once the spans still open have closed, or after
     /// [`CLOSE_WAIT`]: a span is exported only when closed, and one can outlive the
     /// code that made it in a connection's thread (sqlx's SQLite thread holds the span
-    /// of the statement it runs until it has sent the answer back), which a busy machine
-    /// may not run again before the process would exit.
+    /// that was current when a statement was sent until just after it has answered), which
+    /// a busy machine may not run again before the process would exit.
     pub(crate) fn stop(exporter: Option<Exporter>) {
         if let Some(exporter) = exporter {
             let deadline = Instant::now() + CLOSE_WAIT;
