@@ -109,33 +109,38 @@ fn named<'a>(spans: &'a [Value], name: &str) -> Vec<&'a Value> {
     spans.iter().filter(|s| s["name"] == name).collect()
 }
 
-fn traces_cross_the_queue(mut sb: Sandbox) {
+/// A collector stub that the sandbox's commands export to, sending every 100 ms.
+fn exporting(sb: &mut Sandbox) -> Collector {
     let collector = Collector::default();
     let url = collector.start();
     sb.set_env("OTEL_EXPORTER_OTLP_ENDPOINT", &url);
     sb.set_env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
-    sb.set_env("OTEL_SERVICE_NAME", "checkout");
     sb.set_env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    collector
+}
+
+/// `switchyard work --queue q --exec command`, with `extra` flags and its output dropped.
+fn worker(sb: &Sandbox, q: &str, command: &str, extra: &[&str]) -> Workers {
+    let mut args = vec!["work", "--queue", q, "--exec", command];
+    args.extend_from_slice(extra);
+    let child = sb
+        .cmd(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start a worker");
+    Workers(vec![child])
+}
+
+fn traces_cross_the_queue(mut sb: Sandbox) {
+    let collector = exporting(&mut sb);
+    sb.set_env("OTEL_SERVICE_NAME", "checkout");
     let q = format!("traced-{:08x}", fastrand::u32(..));
     sb.publish_lines(&q, "charge", "{}\n");
 
     let command =
         "echo \"$SWITCHYARD_ATTEMPT $TRACEPARENT\" >> seen; [ \"$SWITCHYARD_ATTEMPT\" -ge 2 ]";
-    let worker = sb
-        .cmd(&[
-            "work",
-            "--queue",
-            &q,
-            "--exec",
-            command,
-            "--backoff-base",
-            "100ms",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a worker");
-    let workers = Workers(vec![worker]);
+    let workers = worker(&sb, &q, command, &["--backoff-base", "100ms"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::fs::read_to_string(sb.path("seen"))
         .unwrap_or_default()
@@ -199,29 +204,11 @@ fn traces_cross_the_queue(mut sb: Sandbox) {
 #[test]
 fn a_job_stopped_at_shutdown_exports_its_span() {
     let mut sb = Sandbox::new();
-    let collector = Collector::default();
-    let url = collector.start();
-    sb.set_env("OTEL_EXPORTER_OTLP_ENDPOINT", &url);
-    sb.set_env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
-    sb.set_env("OTEL_BSP_SCHEDULE_DELAY", "100");
+    let collector = exporting(&mut sb);
     sb.set_env("QUEUE_STATUS", "off");
     let q = format!("stopped-{:08x}", fastrand::u32(..));
     sb.publish_lines(&q, "charge", "{}\n");
-    let worker = sb
-        .cmd(&[
-            "work",
-            "--queue",
-            &q,
-            "--exec",
-            "touch started; sleep 30",
-            "--grace",
-            "100ms",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start a worker");
-    let workers = Workers(vec![worker]);
+    let workers = worker(&sb, &q, "touch started; sleep 30", &["--grace", "100ms"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sb.path("started").exists() {
         assert!(Instant::now() < deadline, "the job started within 30 s");
