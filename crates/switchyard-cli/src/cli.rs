@@ -675,8 +675,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
     pub(crate) reservers: Vec<usize>,
     /// Also measure bare SQL (PostgreSQL, MySQL, SQLite) or bare lapin (RabbitMQ) on the
-    /// same server or file in each run, with the pickup of a bare consumer (LISTEN and one
-    /// claim, a lapin consumer), and report the queue's figures as ratios to it
+    /// same server or file in each run (its batched inserts taking turns with the queue's
+    /// batched publish, of the same rows), with the pickup of a bare consumer (LISTEN and
+    /// one claim, a lapin consumer), and report the queue's figures as ratios to it
     #[arg(long = "baseline", default_value_t = true, action = clap::ArgAction::Set)]
     pub(crate) baseline: bool,
 }

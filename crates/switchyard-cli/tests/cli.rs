@@ -343,6 +343,12 @@ fn bench_reports_a_bare_sql_baseline_on_sqlite() {
 fn bench_reports_a_bare_sql_baseline_on_postgres() {
     if let Some(sb) = Sandbox::postgres() {
         bench_reports_on(&sb);
+        // The queue's tables and the baseline's, open across the run, are dropped (the
+        // migrations ledger, shared by every table of the schema, stays).
+        let schema = sb.pg_schema.as_deref().expect("a schema");
+        let sql = "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 \
+                   AND tablename <> 'switchyard_migrations')";
+        assert!(!server_says(&support::pg_url(), sql, schema));
     }
 }
 
@@ -351,6 +357,10 @@ fn bench_reports_a_bare_sql_baseline_on_postgres() {
 fn bench_reports_a_bare_sql_baseline_on_mariadb() {
     if let Some(sb) = Sandbox::mysql() {
         bench_reports_on(&sb);
+        let db = sb.mysql_db.as_deref().expect("a database");
+        let sql = "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ? \
+                   AND table_name <> 'switchyard_migrations'";
+        assert!(!server_says(&support::mysql_url(), sql, db));
     }
 }
 

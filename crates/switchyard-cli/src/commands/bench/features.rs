@@ -63,7 +63,7 @@ impl Drains<'_> {
                 .label(LABEL)
                 .build()
         })?;
-        let ids = self.publish(&envs).await?.0;
+        let ids = self.publish(&q, envs, None).await?.0;
         let with = With {
             labels: vec![LABEL.to_owned()],
             ..With::default()
@@ -81,7 +81,7 @@ impl Drains<'_> {
                 .header(LIMIT_HEADER, format!("a{}", i % LIMIT_KEYS))
                 .build()
         })?;
-        let ids = self.publish(&envs).await?.0;
+        let ids = self.publish(&q, envs, None).await?.0;
         let with = With {
             limits: vec![Limit::per_header(LIMIT_HEADER).concurrency(LIMIT_CONCURRENCY)],
             limit_store: Some(store),
@@ -100,7 +100,7 @@ impl Drains<'_> {
                 .unique(Unique::new(format!("k{i}")))
                 .build()
         })?;
-        let (ids, publish_per_s) = self.publish(&envs).await?;
+        let (ids, publish_per_s) = self.publish(&q, envs, None).await?;
         Ok((publish_per_s, self.run(&q, &ids, With::default()).await?))
     }
 }

@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use switchyard::worker::{handler_fn, JobContext, Worker, WorkerOptions};
 use switchyard::{
-    CancellationToken, Envelope, Error, QueueName, Result, StatusStore, Transport, TransportExt,
+    CancellationToken, Envelope, Error, Jobs, QueueName, Result, StatusStore, Transport,
+    TransportExt,
 };
 use uuid::Uuid;
 
+use super::baseline::Bare;
 use super::report::Sample;
 use super::target::Target;
 use super::workload::{
@@ -27,10 +29,11 @@ const PUBLISH_BATCH: usize = 100;
 /// at depth where `--depth` asked for it (PostgreSQL).
 pub(super) async fn measure(
     target: &Target,
-    t: &Arc<dyn Transport>,
-    status: Option<&Arc<dyn StatusStore>>,
+    opened: &Jobs,
     args: &BenchArgs,
+    bare: Option<&mut Bare>,
 ) -> Result<(Sample, Option<String>)> {
+    let (t, status) = (opened.transport(), opened.store());
     // Enqueue one by one: one commit each.
     let single_n = single_count(args.messages);
     let q = queue("single")?;
@@ -50,7 +53,7 @@ pub(super) async fn measure(
         duplicates: 0,
         missing: 0,
     };
-    let (ids, enqueue_batch_per_s) = drains.publish(&envs).await?;
+    let (ids, enqueue_batch_per_s) = drains.publish(&q, envs, bare).await?;
     let drain_per_s = drains.run(&q, &ids, With::default()).await?;
     let drain_status_per_s = match status {
         Some(store) => Some(drains.with_status(store, args.messages).await?),
@@ -142,14 +145,41 @@ impl With {
 }
 
 impl Drains<'_> {
-    /// Publishes `envs` in batches of [`PUBLISH_BATCH`]; their ids and the rate.
-    pub(super) async fn publish(&self, envs: &[Envelope]) -> Result<(Vec<Uuid>, f64)> {
-        let started = Instant::now();
-        for chunk in envs.chunks(PUBLISH_BATCH) {
-            self.t.publish_batch(chunk.to_vec()).await?;
+    /// Publishes `envs` on `q` in batches of [`PUBLISH_BATCH`], taking turns with the
+    /// bare baseline's inserts of the same rows where there is one (which goes first
+    /// alternates); their ids and the publish's rate.
+    pub(super) async fn publish(
+        &self,
+        q: &QueueName,
+        envs: Vec<Envelope>,
+        mut bare: Option<&mut Bare>,
+    ) -> Result<(Vec<Uuid>, f64)> {
+        let ids = envs.iter().map(|e| e.id).collect();
+        let rows: Vec<String> = match bare {
+            Some(_) => envs.iter().map(Envelope::to_json).collect(),
+            None => Vec::new(),
+        };
+        let mut batches = Vec::with_capacity(envs.len().div_ceil(PUBLISH_BATCH));
+        let mut envs = envs.into_iter().peekable();
+        while envs.peek().is_some() {
+            batches.push(envs.by_ref().take(PUBLISH_BATCH).collect::<Vec<_>>());
         }
-        let per_s = envs.len() as f64 / started.elapsed().as_secs_f64();
-        Ok((envs.iter().map(|e| e.id).collect(), per_s))
+        let (mut published, mut took) = (0, Duration::ZERO);
+        for (i, batch) in batches.into_iter().enumerate() {
+            let bare_rows = rows.get(published..published + batch.len());
+            published += batch.len();
+            let bare_first = i % 2 == 1;
+            if let (true, Some(bare), Some(rows)) = (bare_first, bare.as_deref_mut(), bare_rows) {
+                bare.insert_batch(q.as_str(), rows).await?;
+            }
+            let started = Instant::now();
+            self.t.publish_batch(batch).await?;
+            took += started.elapsed();
+            if let (false, Some(bare), Some(rows)) = (bare_first, bare.as_deref_mut(), bare_rows) {
+                bare.insert_batch(q.as_str(), rows).await?;
+            }
+        }
+        Ok((ids, published as f64 / took.as_secs_f64()))
     }
 
     /// Drains `ids` from `q` (see [`drain`]), counting what went wrong.

@@ -18,10 +18,12 @@ mod report;
 mod target;
 mod workload;
 
-use switchyard::{BackendKind, ClaimStrategy, Config, Envelope, QueueName, Result, Transport};
+use switchyard::{
+    BackendKind, ClaimStrategy, Config, Envelope, Jobs, QueueName, Result, Transport,
+};
 
 use crate::cli::BenchArgs;
-use baseline::Baseline;
+use baseline::{Bare, Baseline};
 use report::{baseline_report, median_contention, summarise, Contention, Report, Sample};
 use target::Target;
 use workload::{jobs, queue, single_count};
@@ -107,37 +109,62 @@ async fn one_run(
             args.runs.max(1)
         );
     }
-    let measured = match measure::measure(&target, &t, opened.store(), args).await {
-        Ok((sample, plan)) => {
-            runs.claim_plan = plan.or(runs.claim_plan.take());
-            runs.samples.push(sample);
-            if claim == ClaimStrategy::Optimistic {
-                let mut per_run = Vec::new();
-                for &n in &args.reservers {
-                    if let Some(c) = target.contention(n, args.messages).await? {
-                        per_run.push(c);
-                    }
-                }
-                runs.contention.push(per_run);
-            }
-            Ok(())
-        }
-        Err(err) => Err(err),
-    };
-    target.cleanup().await;
-    measured?;
-    if args.baseline {
-        let payloads: Vec<String> = jobs(&queue("bare")?, args.messages)?
+    let singles: Vec<String> = match args.baseline {
+        true => jobs(&queue("bare")?, single_count(args.messages))?
             .iter()
             .map(Envelope::to_json)
-            .collect();
-        let single = single_count(args.messages);
-        // On the target's server or file: on SQLite the bench's own temporary file, so
-        // the user's database is never touched.
-        let bare = baseline::measure(target.config(), &payloads, single, args.concurrency);
-        if let Some(b) = bare.await? {
-            runs.bare.push(b);
+            .collect(),
+        false => Vec::new(),
+    };
+    // On the target's server or file (on SQLite the bench's own temporary file, so the
+    // user's database is never touched), open before the queue's batched publish, whose
+    // batches its inserts take turns with.
+    let bare = match args.baseline {
+        true => Bare::open(target.config(), args.concurrency).await,
+        false => Ok(None),
+    };
+    let mut bare = match bare {
+        Ok(bare) => bare,
+        Err(err) => {
+            target.cleanup().await;
+            return Err(err);
         }
+    };
+    let measured = measure_run(&target, &opened, args, claim, bare.as_mut(), runs).await;
+    target.cleanup().await;
+    if let Err(err) = measured {
+        if let Some(bare) = bare {
+            bare.discard().await;
+        }
+        return Err(err);
+    }
+    if let Some(bare) = bare {
+        runs.bare
+            .push(bare.measure(&singles, args.concurrency).await?);
+    }
+    Ok(())
+}
+
+/// The queue's measurements of one run, and the optimistic claims' contention.
+async fn measure_run(
+    target: &Target,
+    opened: &Jobs,
+    args: &BenchArgs,
+    claim: ClaimStrategy,
+    bare: Option<&mut Bare>,
+    runs: &mut Runs,
+) -> Result<()> {
+    let (sample, plan) = measure::measure(target, opened, args, bare).await?;
+    runs.claim_plan = plan.or(runs.claim_plan.take());
+    runs.samples.push(sample);
+    if claim == ClaimStrategy::Optimistic {
+        let mut per_run = Vec::new();
+        for &n in &args.reservers {
+            if let Some(c) = target.contention(n, args.messages).await? {
+                per_run.push(c);
+            }
+        }
+        runs.contention.push(per_run);
     }
     Ok(())
 }

@@ -1,0 +1,137 @@
+//! The bare baseline on RabbitMQ: bare lapin, persistent messages to a durable quorum
+//! queue of its own through the default exchange, and one consumer with a prefetch of
+//! 100 acking each message.
+
+use std::time::Instant;
+
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, PublisherConfirm};
+use switchyard::{Error, Result};
+
+use super::Rest;
+
+fn err(e: impl std::fmt::Display) -> Error {
+    Error::InvalidInput(format!("bench baseline (bare lapin): {e}"))
+}
+
+/// The baseline's connection, confirming channel and queue.
+pub(super) struct Bare {
+    conn: Connection,
+    ch: Channel,
+    queue: String,
+}
+
+async fn publish(ch: &Channel, queue: &str, body: &str) -> Result<PublisherConfirm> {
+    ch.basic_publish(
+        "".into(),
+        queue.into(),
+        BasicPublishOptions::default(),
+        body.as_bytes(),
+        BasicProperties::default().with_delivery_mode(2),
+    )
+    .await
+    .map_err(err)
+}
+
+impl Bare {
+    pub(super) async fn open(url: &str) -> Result<Self> {
+        let conn = Connection::connect(url, ConnectionProperties::default())
+            .await
+            .map_err(err)?;
+        let ch = conn.create_channel().await.map_err(err)?;
+        let bare = Bare {
+            conn,
+            ch,
+            queue: format!("bench.bare.{}", uuid::Uuid::new_v4().simple()),
+        };
+        if let Err(e) = bare.declare().await {
+            let _ = bare.close().await;
+            return Err(e);
+        }
+        Ok(bare)
+    }
+
+    async fn declare(&self) -> Result<()> {
+        self.ch
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(err)?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        let durable = QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        };
+        self.ch
+            .queue_declare(self.queue.as_str().into(), durable, args)
+            .await
+            .map_err(err)?;
+        Ok(())
+    }
+
+    /// Publishes one batch with its confirms pipelined.
+    pub(super) async fn insert_batch(&self, payloads: &[String]) -> Result<()> {
+        let mut confirms = Vec::with_capacity(payloads.len());
+        for body in payloads {
+            confirms.push(publish(&self.ch, &self.queue, body).await?);
+        }
+        for confirm in confirms {
+            confirm.await.map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes `singles` one by one, each waiting for its confirm, drains them and the
+    /// `rows` published in batches, and measures the pickup floor.
+    pub(super) async fn measure(&self, rows: usize, singles: &[String]) -> Result<Rest> {
+        let (conn, ch, queue) = (&self.conn, &self.ch, self.queue.as_str());
+        let started = Instant::now();
+        for body in singles {
+            publish(ch, queue, body).await?.await.map_err(err)?;
+        }
+        let insert_single_per_s = singles.len() as f64 / started.elapsed().as_secs_f64();
+
+        let total = singles.len() + rows;
+        let started = Instant::now();
+        let (consumer_ch, mut consumer) = super::super::floor::bare_consumer(conn, queue).await?;
+        let mut drained = 0;
+        while drained < total {
+            let Some(delivery) = consumer.next().await else {
+                return Err(err("the consumer ended early"));
+            };
+            delivery
+                .map_err(err)?
+                .acker
+                .ack(BasicAckOptions::default())
+                .await
+                .map_err(err)?;
+            drained += 1;
+        }
+        let drain_per_s = total as f64 / started.elapsed().as_secs_f64();
+        super::super::floor::cancel(&consumer_ch, consumer).await?;
+        let pickup = super::super::floor::amqp(conn, queue).await?;
+        Ok(Rest {
+            insert_single_per_s,
+            drain_per_s,
+            pickup: Some(pickup),
+        })
+    }
+
+    /// Deletes the queue and closes the connection.
+    pub(super) async fn close(self) -> Result<()> {
+        let deleted = self
+            .ch
+            .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        let _ = self.conn.close(200, "done".into()).await;
+        deleted.map(|_| ()).map_err(err)
+    }
+}
