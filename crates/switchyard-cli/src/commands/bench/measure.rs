@@ -17,7 +17,7 @@ use super::baseline::Bare;
 use super::report::Sample;
 use super::target::Target;
 use super::workload::{
-    jobs, keyed_jobs, percentiles, queue, single_count, PICKUP_INTERVAL, PICKUP_MESSAGES,
+    jobs, keyed_jobs, percentiles, queue, rate, single_count, PICKUP_INTERVAL, PICKUP_MESSAGES,
 };
 use super::{processes, remote};
 use crate::cli::BenchArgs;
@@ -179,7 +179,7 @@ impl Drains<'_> {
                 bare.insert_batch(q.as_str(), rows).await?;
             }
         }
-        Ok((ids, published as f64 / took.as_secs_f64()))
+        Ok((ids, rate(published, took)))
     }
 
     /// Drains `ids` from `q` (see [`drain`]), counting what went wrong.

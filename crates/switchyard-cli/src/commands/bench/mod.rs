@@ -91,6 +91,14 @@ async fn one_run(
     run: usize,
     runs: &mut Runs,
 ) -> Result<()> {
+    // Made before the run's store, whose tables an error would leave behind.
+    let singles: Vec<String> = match args.baseline {
+        true => jobs(&queue("bare")?, single_count(args.messages))?
+            .iter()
+            .map(Envelope::to_json)
+            .collect(),
+        false => Vec::new(),
+    };
     let target = Target::new(config, claim)?;
     let opened = target.open_jobs(None).await?;
     let t = opened.transport().clone();
@@ -109,13 +117,6 @@ async fn one_run(
             args.runs.max(1)
         );
     }
-    let singles: Vec<String> = match args.baseline {
-        true => jobs(&queue("bare")?, single_count(args.messages))?
-            .iter()
-            .map(Envelope::to_json)
-            .collect(),
-        false => Vec::new(),
-    };
     // On the target's server or file (on SQLite the bench's own temporary file, so the
     // user's database is never touched), open before the queue's batched publish, whose
     // batches its inserts take turns with.
@@ -130,7 +131,7 @@ async fn one_run(
             return Err(err);
         }
     };
-    let measured = measure_run(&target, &opened, args, claim, bare.as_mut(), runs).await;
+    let measured = measure_run(&target, &opened, args, claim, bare.as_mut(), &singles, runs).await;
     target.cleanup().await;
     if let Err(err) = measured {
         if let Some(bare) = bare {
@@ -139,21 +140,26 @@ async fn one_run(
         return Err(err);
     }
     if let Some(bare) = bare {
-        runs.bare
-            .push(bare.measure(&singles, args.concurrency).await?);
+        runs.bare.push(bare.measure(args.concurrency).await?);
     }
     Ok(())
 }
 
-/// The queue's measurements of one run, and the optimistic claims' contention.
+/// The queue's measurements of one run, and the optimistic claims' contention; the
+/// baseline's inserts beside them, of `singles` one by one and then in turns.
 async fn measure_run(
     target: &Target,
     opened: &Jobs,
     args: &BenchArgs,
     claim: ClaimStrategy,
-    bare: Option<&mut Bare>,
+    mut bare: Option<&mut Bare>,
+    singles: &[String],
     runs: &mut Runs,
 ) -> Result<()> {
+    // Just before the queue's single publishes, both into empty tables.
+    if let Some(b) = bare.as_deref_mut() {
+        b.insert_singles(singles).await?;
+    }
     let (sample, plan) = measure::measure(target, opened, args, bare).await?;
     runs.claim_plan = plan.or(runs.claim_plan.take());
     runs.samples.push(sample);

@@ -57,3 +57,11 @@ pub(super) fn keyed_jobs(queue: &QueueName, n: usize) -> Result<Vec<Envelope>> {
         })
         .collect()
 }
+
+/// `n` per `elapsed`, or 0 when there was nothing to time (`--messages 0`).
+pub(super) fn rate(n: usize, elapsed: Duration) -> f64 {
+    match n {
+        0 => 0.0,
+        n => n as f64 / elapsed.as_secs_f64(),
+    }
+}

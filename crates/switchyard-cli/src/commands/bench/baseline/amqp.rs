@@ -24,6 +24,8 @@ pub(super) struct Bare {
     conn: Connection,
     ch: Channel,
     queue: String,
+    /// Messages published one at a time, which the drain also takes.
+    singles: usize,
 }
 
 async fn publish(ch: &Channel, queue: &str, body: &str) -> Result<PublisherConfirm> {
@@ -48,6 +50,7 @@ impl Bare {
             conn,
             ch,
             queue: format!("bench.bare.{}", uuid::Uuid::new_v4().simple()),
+            singles: 0,
         };
         if let Err(e) = bare.declare().await {
             let _ = bare.close().await;
@@ -89,17 +92,23 @@ impl Bare {
         Ok(())
     }
 
-    /// Publishes `singles` one by one, each waiting for its confirm, drains them and the
-    /// `rows` published in batches, and measures the pickup floor.
-    pub(super) async fn measure(&self, rows: usize, singles: &[String]) -> Result<Rest> {
-        let (conn, ch, queue) = (&self.conn, &self.ch, self.queue.as_str());
-        let started = Instant::now();
+    /// Publishes `singles` one at a time, each waiting for its confirm.
+    pub(super) async fn insert_singles(&mut self, singles: &[String]) -> Result<()> {
         for body in singles {
-            publish(ch, queue, body).await?.await.map_err(err)?;
+            publish(&self.ch, &self.queue, body)
+                .await?
+                .await
+                .map_err(err)?;
         }
-        let insert_single_per_s = singles.len() as f64 / started.elapsed().as_secs_f64();
+        self.singles += singles.len();
+        Ok(())
+    }
 
-        let total = singles.len() + rows;
+    /// Drains the single publishes and the `rows` published in batches, and measures the
+    /// pickup floor.
+    pub(super) async fn measure(&self, rows: usize) -> Result<Rest> {
+        let (conn, queue) = (&self.conn, self.queue.as_str());
+        let total = self.singles + rows;
         let started = Instant::now();
         let (consumer_ch, mut consumer) = super::super::floor::bare_consumer(conn, queue).await?;
         let mut drained = 0;
@@ -115,11 +124,10 @@ impl Bare {
                 .map_err(err)?;
             drained += 1;
         }
-        let drain_per_s = total as f64 / started.elapsed().as_secs_f64();
+        let drain_per_s = super::super::workload::rate(total, started.elapsed());
         super::super::floor::cancel(&consumer_ch, consumer).await?;
         let pickup = super::super::floor::amqp(conn, queue).await?;
         Ok(Rest {
-            insert_single_per_s,
             drain_per_s,
             pickup: Some(pickup),
         })

@@ -9,7 +9,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::Sqlite;
 use switchyard::Result;
 
-use super::{drain, err, insert_singles, Rest, Table, BATCH};
+use super::table::{drain, Table, BATCH};
+use super::{err, Rest};
 
 impl Table<Sqlite> {
     pub(super) async fn open_sqlite(url: &str, name: &str) -> Result<Self> {
@@ -38,16 +39,14 @@ impl Table<Sqlite> {
         Table { pool, table }.created(&create).await
     }
 
-    /// Inserts `singles` one by one and drains the `rows` rows of `queue`.
-    pub(super) async fn measure(
+    /// Drains the `rows` rows of `queue`.
+    pub(super) async fn measure_sqlite(
         &self,
         queue: &str,
         rows: usize,
-        singles: &[String],
         concurrency: usize,
     ) -> Result<Rest> {
         let (pool, table) = (&self.pool, &self.table);
-        let insert_single_per_s = insert_singles(pool, table, singles).await?;
         let claim = Arc::new(format!(
             "UPDATE {table} SET claimed_at = CAST(unixepoch('subsec') * 1000000 AS INTEGER) WHERE id IN \
              (SELECT id FROM {table} WHERE queue = ? AND claimed_at IS NULL \
@@ -82,7 +81,6 @@ impl Table<Sqlite> {
         })
         .await?;
         Ok(Rest {
-            insert_single_per_s,
             drain_per_s,
             pickup: None,
         })

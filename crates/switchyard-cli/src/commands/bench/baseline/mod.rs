@@ -8,16 +8,19 @@
 //! connection, as the transport does, and its drain claims 100 rows with one
 //! `UPDATE … RETURNING`, in WAL mode with `FULL` syncs (the transport's defaults).
 //!
-//! The batched inserts take turns with the queue's batched publish, batch by batch (the
-//! first of each pair alternating), and insert the same rows: each published batch's
-//! envelope JSON as payload and its queue name. Measured minutes apart, as they once
+//! The baseline is opened at the start of a run. Its single inserts run just before the
+//! queue's single publishes, both into empty tables. Its batched inserts take turns with
+//! the queue's batched publish, batch by batch (the first of each pair alternating), and
+//! insert the same rows: each published batch's envelope JSON as payload, serialised
+//! before either clock starts, and its queue name. Measured minutes apart, as they once
 //! were, the two rates met different loads on a shared machine, and their ratio moved by
-//! a third between runs.
+//! a third between runs. The drain of the rows inserted in turns, and the pickup floor,
+//! come after the queue's run.
 //!
 //! On RabbitMQ the baseline is bare lapin: persistent messages to a durable quorum queue
-//! through the default exchange, one publish at a time waiting for each confirm, then
-//! batches of 100 with their confirms pipelined, and one consumer with a prefetch of 100
-//! acking each message.
+//! through the default exchange, one publish at a time waiting for each confirm, batches
+//! of 100 with their confirms pipelined, and one consumer with a prefetch of 100 acking
+//! each message.
 //!
 //! On PostgreSQL and RabbitMQ the baseline ends with the pickup floor of a bare consumer
 //! (`floor`), the one wake-up it has.
@@ -30,11 +33,9 @@ mod lite;
 mod my;
 #[cfg(feature = "postgres")]
 mod pg;
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+mod table;
 
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use std::sync::atomic::{AtomicUsize, Ordering};
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -42,9 +43,9 @@ use serde::Serialize;
 use switchyard::Error;
 use switchyard::{Config, Result};
 
-/// Rows per batched insert and per claim, as in the bench.
+use super::workload::rate;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-const BATCH: usize = 100;
+use table::Table;
 
 /// Bare-SQL throughput on the bench's server, and the pickup of a bare consumer where
 /// the server can wake one (PostgreSQL's `LISTEN`, a RabbitMQ consumer).
@@ -59,22 +60,22 @@ pub(crate) struct Baseline {
     pub(crate) pickup_p99_ms: Option<f64>,
 }
 
-/// What a backend's baseline measures after the batched inserts.
+/// What a backend's baseline measures after the queue's run.
 struct Rest {
-    insert_single_per_s: f64,
     drain_per_s: f64,
     pickup: Option<(f64, f64)>,
 }
 
-/// The baseline of one run, open from before the queue's batched publish (whose
-/// batches its inserts take turns with) until its other figures are measured.
+/// The baseline of one run, open from before the queue's publishes (which its inserts
+/// sit beside) until its other figures are measured.
 pub(crate) struct Bare {
     backend: Backend,
+    insert_single_per_s: f64,
     /// Time spent in batched inserts, and the rows they stored.
     batched: Duration,
     rows: usize,
-    /// The queue name of those rows, which the drain claims.
-    queue: String,
+    /// The one queue name of those rows, which the drain claims.
+    queue: Option<String>,
 }
 
 enum Backend {
@@ -104,9 +105,10 @@ impl Bare {
         };
         Ok(Some(Bare {
             backend,
+            insert_single_per_s: 0.0,
             batched: Duration::ZERO,
             rows: 0,
-            queue: String::new(),
+            queue: None,
         }))
     }
 
@@ -120,18 +122,20 @@ impl Bare {
         Ok(match config.database_url.scheme().as_str() {
             #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
-                let table = bare_table_in(config, '"');
+                let table = table::name_in(config, '"');
                 Some(Backend::Pg(Table::open_pg(url, table, concurrency).await?))
             }
             #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => {
-                let table = bare_table_in(config, '`');
+                let table = table::name_in(config, '`');
                 Some(Backend::My(
                     Table::open_mysql(url, table, concurrency).await?,
                 ))
             }
             #[cfg(feature = "sqlite")]
-            "sqlite" => Some(Backend::Lite(Table::open_sqlite(url, &bare_table()).await?)),
+            "sqlite" => Some(Backend::Lite(
+                Table::open_sqlite(url, &table::name()).await?,
+            )),
             _ => {
                 let _ = (url, concurrency);
                 None
@@ -139,17 +143,43 @@ impl Bare {
         })
     }
 
-    /// Inserts one batch: `payloads` on `queue`, timed.
+    /// Inserts `singles` one at a time (each its own commit, or confirm), timed.
+    pub(crate) async fn insert_singles(&mut self, singles: &[String]) -> Result<()> {
+        let started = Instant::now();
+        match &mut self.backend {
+            #[cfg(feature = "postgres")]
+            Backend::Pg(b) => b.insert_singles_pg(singles).await?,
+            #[cfg(feature = "mysql")]
+            Backend::My(b) => b.insert_singles(singles).await?,
+            #[cfg(feature = "sqlite")]
+            Backend::Lite(b) => b.insert_singles(singles).await?,
+            #[cfg(feature = "amqp")]
+            Backend::Amqp(b) => b.insert_singles(singles).await?,
+        }
+        self.insert_single_per_s = rate(singles.len(), started.elapsed());
+        Ok(())
+    }
+
+    /// Inserts one batch: `payloads` on `queue`, timed. Every batch of a run is of one
+    /// queue, whose rows the drain then counts.
     pub(crate) async fn insert_batch(&mut self, queue: &str, payloads: &[String]) -> Result<()> {
-        queue.clone_into(&mut self.queue);
+        match &self.queue {
+            Some(q) if q != queue => {
+                return Err(switchyard::Error::InvalidInput(format!(
+                    "bench baseline: a batch of queue {queue} after batches of {q}"
+                )))
+            }
+            Some(_) => {}
+            None => self.queue = Some(queue.to_owned()),
+        }
         let started = Instant::now();
         match &self.backend {
             #[cfg(feature = "postgres")]
-            Backend::Pg(b) => b.insert_batch(queue, payloads).await?,
+            Backend::Pg(b) => b.insert_batch_pg(queue, payloads).await?,
             #[cfg(feature = "mysql")]
-            Backend::My(b) => insert_rows(b, queue, payloads).await?,
+            Backend::My(b) => b.insert_batch(queue, payloads).await?,
             #[cfg(feature = "sqlite")]
-            Backend::Lite(b) => insert_rows(b, queue, payloads).await?,
+            Backend::Lite(b) => b.insert_batch(queue, payloads).await?,
             #[cfg(feature = "amqp")]
             Backend::Amqp(b) => b.insert_batch(payloads).await?,
         }
@@ -158,42 +188,44 @@ impl Bare {
         Ok(())
     }
 
-    /// Measures the rest (`singles` inserted one by one, the drain of the batched rows,
-    /// the pickup floor), then drops the table or queue, whatever the measurement came
-    /// to.
-    pub(crate) async fn measure(self, singles: &[String], concurrency: usize) -> Result<Baseline> {
+    /// Measures the rest (the drain of the batched rows, the pickup floor), then drops
+    /// the table or queue, whatever the measurement came to.
+    pub(crate) async fn measure(self, concurrency: usize) -> Result<Baseline> {
         let Bare {
             backend,
+            insert_single_per_s,
             batched,
             rows,
             queue,
         } = self;
+        let queue = queue.unwrap_or_default();
+        // Unused in a build with only the `amqp` feature.
         let _ = (&queue, concurrency);
         let rest = match backend {
             #[cfg(feature = "postgres")]
             Backend::Pg(b) => {
-                let rest = b.measure(&queue, rows, singles, concurrency).await;
-                b.close().await.and(rest)
+                let rest = b.measure_pg(&queue, rows, concurrency).await;
+                first_error(rest, b.close().await)
             }
             #[cfg(feature = "mysql")]
             Backend::My(b) => {
-                let rest = b.measure(&queue, rows, singles, concurrency).await;
-                b.close().await.and(rest)
+                let rest = b.measure_mysql(&queue, rows, concurrency).await;
+                first_error(rest, b.close().await)
             }
             #[cfg(feature = "sqlite")]
             Backend::Lite(b) => {
-                let rest = b.measure(&queue, rows, singles, concurrency).await;
-                b.close().await.and(rest)
+                let rest = b.measure_sqlite(&queue, rows, concurrency).await;
+                first_error(rest, b.close().await)
             }
             #[cfg(feature = "amqp")]
             Backend::Amqp(b) => {
-                let rest = b.measure(rows, singles).await;
-                b.close().await.and(rest)
+                let rest = b.measure(rows).await;
+                first_error(rest, b.close().await)
             }
         }?;
         Ok(Baseline {
-            insert_single_per_s: rest.insert_single_per_s,
-            insert_batch_per_s: rows as f64 / batched.as_secs_f64(),
+            insert_single_per_s,
+            insert_batch_per_s: rate(rows, batched),
             drain_per_s: rest.drain_per_s,
             pickup_p50_ms: rest.pickup.map(|p| p.0),
             pickup_p99_ms: rest.pickup.map(|p| p.1),
@@ -213,141 +245,25 @@ impl Bare {
             Backend::Amqp(b) => b.close().await,
         };
         if let Err(e) = closed {
-            errln!("bench: could not drop the baseline's table or queue: {e}");
+            not_dropped(&e);
         }
     }
 }
 
-/// A fresh table name for one baseline (the caller puts it in the configured schema, a
-/// validated identifier).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn bare_table() -> String {
-    format!(
-        "bench_bare_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..12]
-    )
-}
-
-/// A fresh table name for one baseline in the configured schema (a validated
-/// identifier), each part between `quote`s.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-fn bare_table_in(config: &Config, quote: char) -> String {
-    let table = bare_table();
-    match &config.schema {
-        Some(schema) => format!("{quote}{}{quote}.{quote}{table}{quote}", schema.as_str()),
-        None => format!("{quote}{table}{quote}"),
-    }
-}
-
-/// A SQL baseline's pool and table (quoted, maybe schema-qualified).
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-struct Table<DB: sqlx::Database> {
-    pool: sqlx::Pool<DB>,
-    table: String,
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-impl<DB> Table<DB>
-where
-    DB: sqlx::Database,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
-{
-    /// Runs `create` (the statements that make the table); on an error drops what
-    /// was made and closes the pool.
-    async fn created(self, create: &[String]) -> Result<Self> {
-        for sql in create {
-            if let Err(e) = sqlx::query(sql).execute(&self.pool).await {
-                let _ = self.close().await;
-                return Err(err(e));
+/// What a measurement came to once its table or queue is dropped: the measurement's own
+/// error first, the drop's said on stderr.
+fn first_error(rest: Result<Rest>, closed: Result<()>) -> Result<Rest> {
+    match (rest, closed) {
+        (Ok(rest), closed) => closed.map(|()| rest),
+        (Err(e), closed) => {
+            if let Err(c) = closed {
+                not_dropped(&c);
             }
+            Err(e)
         }
-        Ok(self)
-    }
-
-    /// Drops the table and closes the pool.
-    async fn close(self) -> Result<()> {
-        let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {}", self.table))
-            .execute(&self.pool)
-            .await;
-        self.pool.close().await;
-        dropped.map(|_| ()).map_err(err)
     }
 }
 
-/// Inserts `singles` one at a time on the queue `single`, with `?` placeholders (MySQL,
-/// SQLite); the rate, per second.
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-async fn insert_singles<DB>(pool: &sqlx::Pool<DB>, table: &str, singles: &[String]) -> Result<f64>
-where
-    DB: sqlx::Database,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    let insert_one = format!("INSERT INTO {table} (queue, payload) VALUES ('single', ?)");
-    let started = Instant::now();
-    for p in singles {
-        sqlx::query(&insert_one)
-            .bind(p.as_str())
-            .execute(pool)
-            .await
-            .map_err(err)?;
-    }
-    Ok(singles.len() as f64 / started.elapsed().as_secs_f64())
-}
-
-/// Inserts `payloads` on `queue` in one multi-row statement with `?` placeholders
-/// (MySQL, SQLite).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-async fn insert_rows<DB>(bare: &Table<DB>, queue: &str, payloads: &[String]) -> Result<()>
-where
-    DB: sqlx::Database,
-    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
-    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    let rows = vec!["(?, ?)"; payloads.len()].join(", ");
-    let sql = format!("INSERT INTO {} (queue, payload) VALUES {rows}", bare.table);
-    let mut q = sqlx::query(&sql);
-    for p in payloads {
-        q = q.bind(queue).bind(p.as_str());
-    }
-    q.execute(&bare.pool).await.map_err(err)?;
-    Ok(())
-}
-
-/// Runs `concurrency` loops of `claim` until each comes back empty; jobs per second.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-async fn drain<F, Fut>(concurrency: usize, total: usize, claim: F) -> Result<f64>
-where
-    F: Fn() -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<usize>> + Send,
-{
-    let done = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    // A JoinSet: on an error the other loops are aborted with it (on return), before
-    // the table is dropped under them.
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (claim, done) = (claim.clone(), done.clone());
-        tasks.spawn(async move {
-            loop {
-                let n = claim().await?;
-                if n == 0 {
-                    return Ok::<(), Error>(());
-                }
-                done.fetch_add(n, Ordering::Relaxed);
-            }
-        });
-    }
-    while let Some(task) = tasks.join_next().await {
-        task.map_err(err)??;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let drained = done.load(Ordering::Relaxed);
-    if drained != total {
-        return Err(err(format!("drained {drained} rows of {total}")));
-    }
-    Ok(total as f64 / elapsed)
+fn not_dropped(e: &switchyard::Error) {
+    errln!("bench: could not drop the baseline's table or queue: {e}");
 }

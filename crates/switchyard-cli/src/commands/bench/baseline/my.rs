@@ -7,7 +7,8 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::{Connection, MySql, MySqlPool};
 use switchyard::Result;
 
-use super::{drain, err, insert_singles, Rest, Table, BATCH};
+use super::table::{drain, Table, BATCH};
+use super::{err, Rest};
 
 impl Table<MySql> {
     pub(super) async fn open_mysql(url: &str, table: String, concurrency: usize) -> Result<Self> {
@@ -35,15 +36,13 @@ impl Table<MySql> {
         Table { pool, table }.created(&create).await
     }
 
-    /// Inserts `singles` one by one and drains the `rows` rows of `queue`.
-    pub(super) async fn measure(
+    /// Drains the `rows` rows of `queue`.
+    pub(super) async fn measure_mysql(
         &self,
         queue: &str,
         rows: usize,
-        singles: &[String],
         concurrency: usize,
     ) -> Result<Rest> {
-        let insert_single_per_s = insert_singles(&self.pool, &self.table, singles).await?;
         let lock = Arc::new(format!(
             "SELECT id FROM {} WHERE queue = ? AND claimed_at IS NULL \
              ORDER BY run_at, id LIMIT {BATCH} FOR UPDATE SKIP LOCKED",
@@ -72,7 +71,6 @@ impl Table<MySql> {
         })
         .await?;
         Ok(Rest {
-            insert_single_per_s,
             drain_per_s,
             pickup: None,
         })

@@ -2,13 +2,13 @@
 //! `text[]` parameter.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use sqlx::postgres::PgPoolOptions;
 use sqlx::Postgres;
 use switchyard::Result;
 
-use super::{drain, err, Rest, Table, BATCH};
+use super::table::{drain, Table, BATCH};
+use super::{err, Rest};
 
 impl Table<Postgres> {
     pub(super) async fn open_pg(url: &str, table: String, concurrency: usize) -> Result<Self> {
@@ -28,7 +28,7 @@ impl Table<Postgres> {
         Table { pool, table }.created(&create).await
     }
 
-    pub(super) async fn insert_batch(&self, queue: &str, payloads: &[String]) -> Result<()> {
+    pub(super) async fn insert_batch_pg(&self, queue: &str, payloads: &[String]) -> Result<()> {
         let table = &self.table;
         sqlx::query(&format!(
             "INSERT INTO {table} (queue, payload) SELECT $1, p::jsonb FROM UNNEST($2::text[]) AS p"
@@ -41,28 +41,30 @@ impl Table<Postgres> {
         Ok(())
     }
 
-    /// Inserts `singles` one by one, drains the `rows` rows of `queue`, and measures the
-    /// pickup floor.
-    pub(super) async fn measure(
-        &self,
-        queue: &str,
-        rows: usize,
-        singles: &[String],
-        concurrency: usize,
-    ) -> Result<Rest> {
-        let (pool, table) = (&self.pool, &self.table);
-        let insert_one =
-            format!("INSERT INTO {table} (queue, payload) VALUES ('single', $1::jsonb)");
-        let started = Instant::now();
+    /// Inserts `singles` one at a time on the queue `single`.
+    pub(super) async fn insert_singles_pg(&self, singles: &[String]) -> Result<()> {
+        let insert_one = format!(
+            "INSERT INTO {} (queue, payload) VALUES ('single', $1::jsonb)",
+            self.table
+        );
         for p in singles {
             sqlx::query(&insert_one)
                 .bind(p)
-                .execute(pool)
+                .execute(&self.pool)
                 .await
                 .map_err(err)?;
         }
-        let insert_single_per_s = singles.len() as f64 / started.elapsed().as_secs_f64();
+        Ok(())
+    }
 
+    /// Drains the `rows` rows of `queue` and measures the pickup floor.
+    pub(super) async fn measure_pg(
+        &self,
+        queue: &str,
+        rows: usize,
+        concurrency: usize,
+    ) -> Result<Rest> {
+        let (pool, table) = (&self.pool, &self.table);
         let claim = Arc::new(format!(
             "UPDATE {table} SET claimed_at = now() WHERE id IN (SELECT id FROM {table} \
              WHERE queue = $1 AND claimed_at IS NULL ORDER BY run_at, id \
@@ -95,7 +97,6 @@ impl Table<Postgres> {
         .await?;
         let pickup = super::super::floor::postgres(pool, table).await?;
         Ok(Rest {
-            insert_single_per_s,
             drain_per_s,
             pickup: Some(pickup),
         })
