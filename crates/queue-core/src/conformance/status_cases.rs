@@ -420,6 +420,11 @@ pub async fn followers_see_changes_in_order(h: Arc<dyn Harness>) -> Result<()> {
     let e = job(&q, "steps");
     let id = e.id;
     jobs.publish(e).await?;
+    // What the follower saw last. The handler takes its next step only once the follower
+    // has seen the last: the status writer folds changes that reach it together into one
+    // row write (by design), so on a loaded machine fixed sleeps let two steps fold and
+    // the follower rightly see one.
+    let (saw, seen_last) = tokio::sync::watch::channel((JobState::Pending, 0u8));
     let follower = {
         let status = o.status.clone();
         tokio::spawn(async move {
@@ -429,6 +434,7 @@ pub async fn followers_see_changes_in_order(h: Arc<dyn Harness>) -> Result<()> {
             while let Some(s) = next_change(status.as_ref(), id, version, deadline).await? {
                 version = s.version;
                 let done = s.state.is_final();
+                let _ = saw.send((s.state, s.progress));
                 seen.push(s);
                 if done {
                     break;
@@ -441,14 +447,17 @@ pub async fn followers_see_changes_in_order(h: Arc<dyn Harness>) -> Result<()> {
         .with_status(o.status.clone())
         .handle(
             "steps",
-            handler_fn(|ctx: JobContext| async move {
-                for p in [25, 50, 75] {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    ctx.progress(p, format!("step {p}"));
+            handler_fn(move |ctx: JobContext| {
+                let mut seen_last = seen_last.clone();
+                async move {
+                    seen_step(&mut seen_last, 0).await;
+                    for p in [25, 50, 75] {
+                        ctx.progress(p, format!("step {p}"));
+                        seen_step(&mut seen_last, p).await;
+                    }
+                    ctx.set_result(&"done")?;
+                    Ok(())
                 }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                ctx.set_result(&"done")?;
-                Ok(())
             }),
         );
     let stop = CancellationToken::new();
@@ -476,6 +485,13 @@ pub async fn followers_see_changes_in_order(h: Arc<dyn Harness>) -> Result<()> {
         ]
     );
     Ok(())
+}
+
+/// Waits (up to 20 s, then goes on and lets the assertion say what was missed) until the
+/// follower has seen the job running at `progress`.
+async fn seen_step(last: &mut tokio::sync::watch::Receiver<(JobState, u8)>, progress: u8) {
+    let seen = last.wait_for(|&last| last == (JobState::Running, progress));
+    let _ = tokio::time::timeout(Duration::from_secs(20), seen).await;
 }
 
 /// Pruning removes finished records older than the cut, and nothing unfinished; the
