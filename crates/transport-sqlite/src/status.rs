@@ -9,7 +9,7 @@ use queue_core::sql::{
 use queue_core::status::{JobState, RawAttempt, RawStatus, StatusUpdate, WorkerInfo};
 use queue_core::Result;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use uuid::Uuid;
 
 use crate::broker_keys::SqliteBrokerKeys;
@@ -24,27 +24,31 @@ use queue_core::sql::job_logs::{JobLogStatements, SqlJobLogs};
 use queue_core::sql::limits::Dialect as SqlDialect;
 use queue_core::sql::schedules::{ScheduleStatements, SqlSchedules};
 
-/// Rows come as one JSON array of arrays: `[id, queue, kind, state, attempts, progress,
-/// note, result, error, final, starts_run, payload, worker, started_ago]`, so that a
-/// batch is one statement.
-const CREATE: &str = "
+/// Rows come bound, as `VALUES (id, queue, kind, state, attempts, payload), …` between
+/// head and tail (see [`bind_rows`]), so that a batch is one statement. They came as one
+/// JSON array read with `json_each`, whose extraction of every field of every row made
+/// the drain recording status the slowest of the SQL backends' (0.47 of the plain drain).
+const CREATE_HEAD: &str = "
 INSERT INTO \"switchyard_jobs_status\"
     (id, queue, kind, state, attempts, progress, payload, created_at, updated_at)
-SELECT value->>0, value->>1, value->>2, value->>3, value->>4, 0, value->>11, {NOW}, {NOW}
-  FROM json_each(?1) WHERE true
-ON CONFLICT (id) DO NOTHING";
+SELECT v.column1, v.column2, v.column3, v.column4, v.column5, 0, v.column6, n.now, n.now
+  FROM (SELECT {NOW} AS now) AS n, (";
+const CREATE_TAIL: &str = ") AS v WHERE true ON CONFLICT (id) DO NOTHING";
 
-/// The rule of `queue_core::status::supersedes`: a later attempt; the same attempt while
-/// unfinished; or the first start of a job that had ended (replayed, or its id
-/// published again).
-const CHANGE: &str = "
+/// Rows as for [`CREATE_HEAD`]: `(id, queue, kind, state, attempts, progress, note,
+/// result, error, final, starts_run, payload, worker, started_ago)`.
+const CHANGE_HEAD: &str = "
 INSERT INTO \"switchyard_jobs_status\"
     (id, queue, kind, state, attempts, progress, progress_message, result, last_error,
      runs, created_at, updated_at, finished_at, payload, worker, started_at)
-SELECT value->>0, value->>1, value->>2, value->>3, value->>4, value->>5, value->>6,
-       value->>7, value->>8, value->>10, {NOW}, {NOW}, CASE WHEN value->>9 THEN {NOW} END,
-       value->>11, value->>12, {NOW} - value->>13
-  FROM json_each(?1) WHERE true
+SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, v.column7,
+       v.column8, v.column9, v.column11, n.now, n.now, CASE WHEN v.column10 THEN n.now END,
+       v.column12, v.column13, n.now - v.column14
+  FROM (SELECT {NOW} AS now) AS n, (";
+/// The rule of `queue_core::status::supersedes`: a later attempt; the same attempt while
+/// unfinished; or the first start of a job that had ended (replayed, or its id
+/// published again).
+const CHANGE_TAIL: &str = ") AS v WHERE true
 ON CONFLICT (id) DO UPDATE SET
     state = excluded.state,
     attempts = excluded.attempts,
@@ -143,8 +147,8 @@ SELECT queue, (finished_at / ?2) * ?2 AS bucket,
 pub struct SqliteStatusStore {
     writer: SqlitePool,
     reader: SqlitePool,
-    create: String,
-    change: String,
+    create: (String, String),
+    change: (String, String),
     reset: String,
     get: String,
     recent: String,
@@ -199,8 +203,8 @@ impl SqliteStatusStore {
             limits: Arc::new(SqliteLimits::new(writer.clone(), table)),
             writer,
             reader,
-            create: s(CREATE),
-            change: s(CHANGE),
+            create: (s(CREATE_HEAD), s(CREATE_TAIL)),
+            change: (s(CHANGE_HEAD), s(CHANGE_TAIL)),
             reset: s(RESET),
             get: s(&format!(
                 "SELECT {COLUMNS} FROM \"switchyard_jobs_status\" WHERE id = ?1"
@@ -247,30 +251,24 @@ fn raw(row: &SqliteRow) -> std::result::Result<RawStatus, sqlx::Error> {
     })
 }
 
-/// A batch of records as one JSON array of arrays (see [`CREATE`]).
-fn record_rows(of: &[StatusUpdate]) -> String {
-    let rows: Vec<serde_json::Value> = of
-        .iter()
-        .map(|u| {
-            serde_json::json!([
-                u.id.to_string(),
-                u.queue,
-                u.kind,
-                u.state.as_str(),
-                u.attempts,
-                u.progress_percent(),
-                u.progress_note(),
-                u.result_text(),
-                u.error,
-                u.state.is_final(),
-                i64::from(u.starts_run),
-                u.payload,
-                u.worker,
-                u.started_ago_micros(),
-            ])
-        })
-        .collect();
-    serde_json::Value::Array(rows).to_string()
+/// Rows per statement: 14 parameters each, well under SQLite's 32,766.
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// Runs `head VALUES (…), (…) tail` for each chunk of `rows`, binding each row's
+/// parameters with `bind`.
+async fn bind_rows<'a>(
+    conn: &mut sqlx::SqliteConnection,
+    (head, tail): &(String, String),
+    rows: &'a [StatusUpdate],
+    bind: impl Fn(sqlx::query_builder::Separated<'_, 'a, Sqlite, &'static str>, &'a StatusUpdate),
+) -> Result<()> {
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let mut qb: QueryBuilder<'a, Sqlite> = QueryBuilder::new(head);
+        qb.push_values(chunk, &bind);
+        qb.push(tail);
+        qb.build().execute(&mut *conn).await.backend()?;
+    }
+    Ok(())
 }
 
 /// Failed attempts as one JSON array of arrays (see [`TRIES`]).
@@ -323,15 +321,32 @@ impl StatusBackend for SqliteStatusStore {
     /// One transaction, so that the single writer takes its lock once.
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
         let mut tx = self.writer.begin().await.backend()?;
-        for (sql, rows) in [(&self.create, batch.creates), (&self.change, batch.changes)] {
-            if !rows.is_empty() {
-                sqlx::query(sql)
-                    .bind(record_rows(rows))
-                    .execute(&mut *tx)
-                    .await
-                    .backend()?;
-            }
-        }
+        bind_rows(&mut tx, &self.create, batch.creates, |mut b, u| {
+            b.push_bind(u.id.to_string())
+                .push_bind(u.queue.as_str())
+                .push_bind(u.kind.as_str())
+                .push_bind(u.state.as_str())
+                .push_bind(i64::from(u.attempts))
+                .push_bind(u.payload.as_deref());
+        })
+        .await?;
+        bind_rows(&mut tx, &self.change, batch.changes, |mut b, u| {
+            b.push_bind(u.id.to_string())
+                .push_bind(u.queue.as_str())
+                .push_bind(u.kind.as_str())
+                .push_bind(u.state.as_str())
+                .push_bind(i64::from(u.attempts))
+                .push_bind(u.progress_percent())
+                .push_bind(u.progress_note())
+                .push_bind(u.result_text())
+                .push_bind(u.error.as_deref())
+                .push_bind(u.state.is_final())
+                .push_bind(i64::from(u.starts_run))
+                .push_bind(u.payload.as_deref())
+                .push_bind(u.worker.as_deref())
+                .push_bind(u.started_ago_micros());
+        })
+        .await?;
         if !batch.tries.is_empty() {
             sqlx::query(&self.tries)
                 .bind(try_rows(batch.tries))

@@ -69,6 +69,35 @@ pub async fn status_walks_pending_running_completed(h: Arc<dyn Harness>) -> Resu
     Ok(())
 }
 
+/// A batch of more updates than one statement holds is written whole: 1,200 records
+/// created in one `record`, then each completed with its own result in another (SQLite
+/// binds 14 parameters a row, 500 rows a statement).
+pub async fn status_batches_larger_than_a_statement_are_written_whole(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let envs: Vec<Envelope> = (0..1_200).map(|_| job(&q, "bulk")).collect();
+    let created: Vec<StatusUpdate> = envs.iter().map(StatusUpdate::published).collect();
+    o.status.record(&created).await?;
+    let done: Vec<StatusUpdate> = envs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| StatusUpdate::completed(e, 1, Some(json!({ "i": i }))))
+        .collect();
+    o.status.record(&done).await?;
+    for (i, e) in envs.iter().enumerate() {
+        let s = o.status.get(e.id).await?;
+        let s = s.unwrap_or_else(|| panic!("no status for update {i} of 1,200"));
+        assert_eq!(
+            (s.state, s.attempts, s.result),
+            (JobState::Completed, 1, Some(json!({ "i": i }))),
+            "update {i} of 1,200"
+        );
+    }
+    Ok(())
+}
+
 /// running → retrying (with the error) → running → dead once the attempts run out; and a
 /// handler that gives up is `failed` at once.
 pub async fn status_records_retrying_dead_and_failed(h: Arc<dyn Harness>) -> Result<()> {
@@ -537,6 +566,7 @@ macro_rules! status_tests {
     ($harness:expr) => {
         $crate::status_tests!(@cases $harness;
             status_walks_pending_running_completed,
+            status_batches_larger_than_a_statement_are_written_whole,
             status_records_retrying_dead_and_failed,
             status_of_a_replayed_dead_letter_starts_over,
             status_of_unhandled_and_released_jobs,
