@@ -95,8 +95,10 @@ fn a_cancelled_exec_job_is_stopped_and_a_waiting_one_never_runs(sb: Sandbox) {
     let cmd = "echo \"started $SWITCHYARD_MESSAGE_ID\" >> runs; \
                trap 'echo term >> runs; sleep 60' TERM; sleep 60 & wait; echo done >> runs";
     let w = Workers(vec![worker(&sb, &q, cmd)]);
+    // Started, and recorded as running (a start's record waits up to 100 ms for its
+    // ending), which `cancel` reports.
     wait_for(Duration::from_secs(20), "the long job started", || {
-        lines(&sb, "runs").contains(&format!("started {long}"))
+        lines(&sb, "runs").contains(&format!("started {long}")) && state(&sb, &long) == "running"
     });
     let out = sb.run(&["cancel", &waiting]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -47,7 +47,8 @@ pub struct StatusUpdate {
     /// Its attempt starts with this update (`running`).
     pub started: bool,
     /// How long its attempt's handler ran, with an ending: the attempt started that
-    /// long before the update.
+    /// long before the update. With a start the writer held back, how long before the
+    /// write it began.
     pub ran_for: Option<Duration>,
 }
 
