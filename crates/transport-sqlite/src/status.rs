@@ -266,7 +266,13 @@ async fn bind_rows<'a>(
         let mut qb: QueryBuilder<'a, Sqlite> = QueryBuilder::new(head);
         qb.push_values(chunk, &bind);
         qb.push(tail);
-        qb.build().execute(&mut *conn).await.backend()?;
+        // Not kept prepared: batch sizes vary, so each size would be one more large
+        // statement in the writer connection's cache, seldom used again.
+        qb.build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+            .backend()?;
     }
     Ok(())
 }
