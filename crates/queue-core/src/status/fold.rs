@@ -47,11 +47,15 @@ pub fn fold_updates(updates: &[StatusUpdate]) -> (Vec<StatusUpdate>, Vec<StatusU
                 let starts_run = old.starts_run || u.starts_run;
                 let payload = u.payload.clone().or_else(|| old.payload.take());
                 let worker = u.worker.clone().or_else(|| old.worker.take());
-                // The same attempt's start folded with its ending: the ending's run time
-                // dates the start, or else the start itself (written now).
+                // The same attempt's start folded with its ending: the start's own stamp
+                // (how long before the write it was sent) dates it; without one, the
+                // ending's run time; or else the start itself (written now).
                 let same = u.attempts == old.attempts;
                 let started = u.started || (same && old.started);
-                let ran_for = u.ran_for.or(if same { old.ran_for } else { None });
+                let ran_for = match (same && old.started, old.ran_for) {
+                    (true, Some(stamp)) => Some(stamp),
+                    _ => u.ran_for.or(if same { old.ran_for } else { None }),
+                };
                 *old = StatusUpdate {
                     progress,
                     error,
@@ -111,5 +115,25 @@ mod tests {
         assert_eq!(c.attempts, 2);
         assert_eq!(c.progress, Some((40, Some("half".into()))));
         assert_eq!(c.error.as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn a_start_folded_with_its_ending_is_dated_by_its_own_stamp() {
+        let e = env();
+        let mut start = StatusUpdate::running(&e, 1);
+        start.ran_for = Some(std::time::Duration::from_millis(90));
+        let end = StatusUpdate::completed(&e, 1, None).after(std::time::Duration::from_millis(5));
+        let (_, changes) = fold_updates(&[start, end.clone()]);
+        assert_eq!(
+            changes[0].ran_for,
+            Some(std::time::Duration::from_millis(90))
+        );
+        assert!(changes[0].started);
+        // Without the writer's stamp, the ending's run time dates the start.
+        let (_, changes) = fold_updates(&[StatusUpdate::running(&e, 1), end]);
+        assert_eq!(
+            changes[0].ran_for,
+            Some(std::time::Duration::from_millis(5))
+        );
     }
 }

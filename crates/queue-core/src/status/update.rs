@@ -174,8 +174,9 @@ impl StatusUpdate {
     }
 
     /// How long before the write its attempt started, in microseconds, for binding:
-    /// 0 for a start, the handler's run time for an ending that knows it; `None` keeps
-    /// the recorded start.
+    /// for a start, how long before the write it was sent (the status writer's stamp) or
+    /// else 0; the handler's run time for an ending that knows it; `None` keeps the
+    /// recorded start.
     pub fn started_ago_micros(&self) -> Option<i64> {
         match (self.ran_for, self.started) {
             (Some(d), _) => Some(micros(d)),

@@ -18,15 +18,15 @@ use crate::job_state::JobState;
 const WRITE_RETRIES: u32 = 5;
 /// The most updates written at once.
 const WRITE_BATCH: usize = 512;
-/// How long the writer gathers updates after the first of a batch arrives: a quick
-/// job's `running` and `completed` then fold into one row write, which halves the
-/// status writes of a busy queue. Followers see changes that much later.
+/// How long the writer gathers updates after the first of a batch arrives, so that a
+/// batch carries more than one update. Followers see changes that much later.
 const LINGER: Duration = Duration::from_millis(20);
 /// How long a job's start (`running`) waits for its ending before it is written alone.
 /// The ending comes once the job's ack commits, which under load is often after the
 /// writer's next batch has gone: held back, most quick jobs' starts fold with their
 /// endings, where two of every three were written on their own (measured on SQLite).
-/// Followers see a job running that much later; its start time stays exact.
+/// Followers see a job running up to that much later (plus the linger and the write),
+/// and a job that ends within it never shows as running; its start time is kept.
 const START_HOLD: Duration = Duration::from_millis(100);
 
 /// An update and when it was sent.
