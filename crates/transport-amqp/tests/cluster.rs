@@ -430,12 +430,13 @@ async fn drain_across(cluster: &Cluster, loss: Loss) {
     let duplicates: usize = seen.jobs.values().map(|at| at.len() - 1).sum();
     // At-least-once: when a consumer's channel closes (its connection lost, or the
     // broker closing it), the queue gives back everything it had delivered on it and not
-    // seen settled, once. That is up to the consumer's prefetch (`basic.qos`) of pushed
-    // deliveries, whichever the worker had handled, acked even (an ack the queue had not
-    // applied yet), plus its `basic.get`s, which the prefetch does not count and which
-    // are at most what the worker holds: claimed ahead (still run after their lease
-    // died), running, and handled awaiting their coalesced ack. Plus a batch per publish
-    // that failed but may have landed before it was sent again. Usually nothing closes
+    // seen settled, handled or not, acked even (an ack the queue had not applied yet).
+    // Pushed deliveries are at most the consumer's prefetch (`basic.qos`); `basic.get`s,
+    // which the prefetch does not count, are taken only while the worker's window
+    // (claimed ahead, running, awaiting their coalesced ack) has room. So the bound is
+    // the two together per worker, for one close each: loose (it counts buffered
+    // deliveries never handled), but it still catches a redelivery loop. Plus a batch
+    // per publish that failed but may have landed before it was sent again. Usually nothing closes
     // in a leader's loss and no message comes twice (nine runs in a row here); once in
     // CI 1,569 did, more than the worker's window alone. The likely cause, not seen
     // directly: RabbitMQ 3.10.8 (Debian's) fetches deliveries a channel missed across a
