@@ -185,11 +185,9 @@ impl Drains<'_> {
         Ok((ids, rate(published, took)))
     }
 
-    /// Drains some jobs untimed (at most [`WARM_UP`]), so that every timed drain meets a
-    /// warm transport. On PostgreSQL the plain drain, timed first on the run's fresh
-    /// transport, ran at about 0.8 of its rate once another drain had gone before it, so
-    /// every drain measured after it looked faster beside it than it was. What a first
-    /// drain pays for was not measured apart.
+    /// Drains up to [`WARM_UP`] jobs untimed before the plain drain, which is timed first:
+    /// on PostgreSQL a transport's first drain ran slower than later ones, and every drain
+    /// after it looked faster beside it (`docs/benchmarks.md`, 2026-11-28).
     async fn warm_up(&mut self, n: usize) -> Result<()> {
         let q = queue("warm")?;
         let envs = jobs(&q, WARM_UP.min(n))?;
