@@ -190,13 +190,18 @@ impl Drains<'_> {
     /// after it looked faster beside it (`docs/benchmarks.md`, 2026-11-28).
     async fn warm_up(&mut self, n: usize) -> Result<()> {
         let q = queue("warm")?;
-        let envs = jobs(&q, WARM_UP.min(n))?;
+        self.publish_and_drain(&q, jobs(&q, WARM_UP.min(n))?)
+            .await?;
+        Ok(())
+    }
+
+    /// Publishes `envs` on `q` untimed, 1,000 at a time, then drains them plainly.
+    async fn publish_and_drain(&mut self, q: &QueueName, envs: Vec<Envelope>) -> Result<f64> {
         let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
         for chunk in envs.chunks(1_000) {
             self.t.publish_batch(chunk.to_vec()).await?;
         }
-        self.run(&q, &ids, With::default()).await?;
-        Ok(())
+        self.run(q, &ids, With::default()).await
     }
 
     /// Drains `ids` from `q` (see [`drain`]), counting what went wrong.
@@ -223,12 +228,7 @@ impl Drains<'_> {
     /// The same with ordering keys: one message of each key at a time.
     async fn keyed(&mut self, n: usize) -> Result<f64> {
         let q = queue("keyed")?;
-        let envs = keyed_jobs(&q, n)?;
-        let ids: Vec<Uuid> = envs.iter().map(|e| e.id).collect();
-        for chunk in envs.chunks(1_000) {
-            self.t.publish_batch(chunk.to_vec()).await?;
-        }
-        self.run(&q, &ids, With::default()).await
+        self.publish_and_drain(&q, keyed_jobs(&q, n)?).await
     }
 
     /// The same with `depth` more messages queued behind the measured ones; the claim's
