@@ -220,6 +220,8 @@ impl Transport for Router {
         caps.delayed_stats = a.delayed_stats && b.delayed_stats;
         caps.charges_only_started = a.charges_only_started && b.charges_only_started;
         caps.start_marks_in_status = a.start_marks_in_status || b.start_marks_in_status;
+        // Each side keeps its own upkeep, called through the router.
+        caps.upkeep = a.upkeep || b.upkeep;
         caps.label_claims = a.label_claims && b.label_claims;
         // A key's messages all go to one side that keeps their order (see `to_other`).
         caps.ordering_keys = a.ordering_keys || b.ordering_keys;
@@ -366,6 +368,12 @@ impl Transport for Router {
             }
         }
         Ok(by_queue.into_values().collect())
+    }
+
+    /// Both sides' upkeep: one failing does not keep the other from its own.
+    async fn maintain(&self) -> Result<()> {
+        let (a, b) = tokio::join!(self.primary.maintain(), self.other.maintain());
+        a.and(b)
     }
 }
 

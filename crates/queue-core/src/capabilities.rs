@@ -89,6 +89,11 @@ pub struct Capabilities {
     /// backends), or by the start mark of its attempt (RabbitMQ with its control store).
     /// Not through the migration router, whose two sides fence their runs differently.
     pub checkpoints: bool,
+    /// The transport keeps upkeep of its own (expired messages to the dead-letter store,
+    /// ordering keys whose head left), which [`Transport::maintain`](crate::Transport::maintain)
+    /// runs: a worker calls it in the background so that its claims never wait for it.
+    /// Elsewhere the broker keeps its queues itself.
+    pub upkeep: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,
 }
@@ -123,6 +128,7 @@ impl Default for Capabilities {
             limits: false,
             limit_parking: false,
             checkpoints: false,
+            upkeep: false,
             wake_signal: false,
             delayed_stats: false,
             charges_only_started: false,

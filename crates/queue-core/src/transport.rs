@@ -247,4 +247,12 @@ pub trait Transport: DeadLetters + Holdings + Send + Sync + fmt::Debug {
 
     /// Counts per queue (one queue when given).
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>>;
+
+    /// Does the transport's upkeep where it is due ([`Capabilities::upkeep`]). A worker
+    /// calls it about once a second, in the background; while one does, the transport's
+    /// claims leave the upkeep to it instead of running it first. By default there is
+    /// none.
+    async fn maintain(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -265,6 +265,41 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
     Ok(())
 }
 
+/// While a worker runs, its upkeep moves what expires to the dead-letter store, in any
+/// queue: its claims leave that to the upkeep (so none waits for it), and nothing else
+/// claims here.
+pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h, Duration::from_secs(30)).await?;
+    if !applies(t.as_ref(), "upkeep", t.capabilities().upkeep) {
+        return Ok(());
+    }
+    let (q, elsewhere) = (fresh_queue(), fresh_queue());
+    let soon = Envelope::builder(elsewhere.as_str(), "soon")
+        .expires_in(Duration::from_millis(300))
+        .build()?;
+    t.publish(soon.clone()).await?;
+    let stop = CancellationToken::new();
+    let worker = Worker::new(t.clone(), q, fast().with_drain(false))
+        .handle("job", handler_fn(|_ctx: JobContext| async { Ok(()) }));
+    let running = tokio::spawn(worker.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let dead = loop {
+        let dead = t.dead_list(Some(&elsewhere), 10).await?;
+        if !dead.is_empty() || Instant::now() > deadline {
+            break dead;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    stop.cancel();
+    running
+        .await
+        .map_err(|e| Error::InvalidInput(format!("the worker panicked: {e}")))??;
+    assert_eq!(dead.len(), 1, "the expired message was not dead-lettered");
+    assert_eq!(dead[0].id, soon.id.to_string());
+    assert_eq!(dead[0].reason, reason::EXPIRED);
+    Ok(())
+}
+
 /// Where the backend does not enforce expiry, the worker does: a message that expires
 /// after it was claimed and before a handler starts is dead-lettered as `expired`.
 pub async fn worker_checks_expiry_where_the_backend_does_not(h: Arc<dyn Harness>) -> Result<()> {
@@ -621,6 +656,9 @@ impl Transport for Faulty {
     }
     async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
         self.inner.stats(queue).await
+    }
+    async fn maintain(&self) -> Result<()> {
+        self.inner.maintain().await
     }
 }
 

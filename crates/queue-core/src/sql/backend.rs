@@ -29,6 +29,9 @@ pub struct EngineState {
     pub(super) last_sweep: Mutex<Option<Instant>>,
     /// When the key repair last ran, and whether an expiry sweep since asked for it.
     pub(super) key_repair: Mutex<(Option<Instant>, bool)>,
+    /// When a worker last called for the upkeep: until [`super::engine`]'s hand-over
+    /// window passes, claims leave it to that worker.
+    pub(super) upkeep_called: Mutex<Option<Instant>>,
     /// What optimistic claims lost to competitors.
     pub claims: super::ClaimTally,
 }

@@ -39,6 +39,11 @@ const KEY_REPAIR_EVERY: Duration = Duration::from_secs(60);
 /// sweep read every parked message.
 const KEY_REPAIR_AFTER_EXPIRY: Duration = Duration::from_secs(5);
 
+/// How long after a worker's last call for the upkeep ([`Transport::maintain`]) claims
+/// leave it to that worker: a few of its one-second calls, so that one slow upkeep (a key
+/// repair over a large table) does not hand it back to the claims.
+const UPKEEP_HANDED_OVER: Duration = Duration::from_secs(5);
+
 #[async_trait]
 impl<B: SqlBackend> Transport for B {
     fn name(&self) -> &'static str {
@@ -86,14 +91,26 @@ impl<B: SqlBackend> Transport for B {
         if claim.max == 0 {
             return Ok(Vec::new());
         }
-        if let Err(err) = sweep(self).await {
-            tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+        // Without a worker's upkeep (a process that only claims), the claim does it.
+        if !upkeep_handed_over(self) {
+            if let Err(err) = sweep(self).await {
+                tracing::warn!(error = %err, "moving expired messages to the dead-letter store failed; retrying later");
+            }
         }
         let rows = reserve_rows(self, queue, claim, self.lease()).await?;
         self.engine()
             .wakers
             .claimed(queue.as_str(), !rows.is_empty());
         Ok(rows)
+    }
+
+    async fn maintain(&self) -> Result<()> {
+        *self
+            .engine()
+            .upkeep_called
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        sweep(self).await
     }
 
     async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
@@ -203,6 +220,16 @@ impl<B: SqlBackend> Transport for B {
         }
         Ok(by_queue.into_values().collect())
     }
+}
+
+/// Whether a worker called for the upkeep lately, so that claims leave it to that worker.
+fn upkeep_handed_over<B: SqlBackend + ?Sized>(backend: &B) -> bool {
+    backend
+        .engine()
+        .upkeep_called
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_some_and(|at| at.elapsed() < UPKEEP_HANDED_OVER)
 }
 
 /// Moves unleased expired rows to the dead-letter store, at most once per second.

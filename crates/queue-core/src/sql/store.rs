@@ -135,8 +135,8 @@ impl StoreSettings<'_> {
 
 /// What every SQL transport promises: exact FIFO, priorities, exact delays, lease
 /// extension, idempotent publish, expiry, table isolation, transactional publish,
-/// crashes that charge only started messages, label claims, recorded holders and
-/// ordering keys.
+/// crashes that charge only started messages, label claims, recorded holders, ordering
+/// keys, and upkeep off the claim path.
 pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
     Capabilities {
         exact_fifo: true,
@@ -159,6 +159,7 @@ pub fn sql_capabilities(max_payload_bytes: usize) -> Capabilities {
         limits: true,
         limit_parking: true,
         checkpoints: true,
+        upkeep: true,
         unique_replace: true,
         max_payload_bytes,
         ..Capabilities::default()

@@ -25,6 +25,7 @@ mod registration;
 mod retry;
 mod run;
 mod schedules;
+mod upkeep;
 
 pub use builder::Worker;
 pub use counters::{WorkerCounters, WorkerReport};
