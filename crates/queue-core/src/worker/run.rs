@@ -88,9 +88,7 @@ impl Worker {
         }
         upkeep_stop.cancel();
         if let Some(upkeep) = upkeep {
-            if upkeep.await.is_err() {
-                tracing::error!("the worker's upkeep task panicked");
-            }
+            super::upkeep::finish(upkeep).await;
         }
         services.finish().await;
         let report = worker.counters.snapshot();
