@@ -370,10 +370,18 @@ impl Transport for Router {
         Ok(by_queue.into_values().collect())
     }
 
-    /// Both sides' upkeep: one failing does not keep the other from its own.
+    /// Both sides' upkeep: one failing does not keep the other from its own. Each
+    /// failure is logged with its side; the first is returned.
     async fn maintain(&self) -> Result<()> {
         let (a, b) = tokio::join!(self.primary.maintain(), self.other.maintain());
-        a.and(b)
+        let mut first = None;
+        for (side, done) in [(&self.primary, a), (&self.other, b)] {
+            if let Err(err) = done {
+                tracing::warn!(backend = side.name(), error = %err, "router: a backend's upkeep failed");
+                first.get_or_insert(err);
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 }
 

@@ -90,9 +90,10 @@ pub struct Capabilities {
     /// Not through the migration router, whose two sides fence their runs differently.
     pub checkpoints: bool,
     /// The transport keeps upkeep of its own (expired messages to the dead-letter store,
-    /// ordering keys whose head left), which [`Transport::maintain`](crate::Transport::maintain)
-    /// runs: a worker calls it in the background so that its claims never wait for it.
-    /// Elsewhere the broker keeps its queues itself.
+    /// ordering keys whose head left, unique keys that hold nothing), which
+    /// [`Transport::maintain`](crate::Transport::maintain) runs: a worker calls it in the
+    /// background so that it is not done inside its claims. Elsewhere the broker keeps
+    /// its queues itself. A wrapper that passes this on must pass `maintain` on too.
     pub upkeep: bool,
     /// The largest serialized envelope accepted, in bytes.
     pub max_payload_bytes: usize,

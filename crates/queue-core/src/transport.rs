@@ -251,7 +251,7 @@ pub trait Transport: DeadLetters + Holdings + Send + Sync + fmt::Debug {
     /// Does the transport's upkeep where it is due ([`Capabilities::upkeep`]). A worker
     /// calls it about once a second, in the background; while one does, the transport's
     /// claims leave the upkeep to it instead of running it first. By default there is
-    /// none.
+    /// none: a wrapper around another transport forwards it.
     async fn maintain(&self) -> Result<()> {
         Ok(())
     }

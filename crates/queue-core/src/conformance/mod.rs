@@ -142,6 +142,7 @@ macro_rules! conformance_tests {
             worker_dead_letters_or_releases_unknown_kinds,
             worker_never_handles_expired_messages,
             a_workers_upkeep_dead_letters_what_expires,
+            claims_leave_the_upkeep_to_a_worker_calling_for_it,
             worker_checks_expiry_where_the_backend_does_not,
             heartbeat_keeps_a_long_job_from_being_reclaimed,
             lost_lease_cancels_the_handler_at_once,

@@ -265,19 +265,49 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
     Ok(())
 }
 
-/// While a worker runs, its upkeep moves what expires to the dead-letter store, in any
-/// queue: its claims leave that to the upkeep (so none waits for it), and nothing else
-/// claims here.
-pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> Result<()> {
-    let (_store, t) = open(&h, Duration::from_secs(30)).await?;
+/// A transport that keeps upkeep, with a message published in a queue of its own that
+/// expires in 300 ms, and another queue to claim from.
+struct Expiring {
+    _store: Box<dyn super::harness::Store>,
+    t: Arc<dyn Transport>,
+    q: QueueName,
+    elsewhere: QueueName,
+    soon: Envelope,
+}
+
+/// See [`Expiring`]; `None` (saying why) where the transport keeps no upkeep.
+async fn expiring_elsewhere(h: &Arc<dyn Harness>) -> Result<Option<Expiring>> {
+    let (store, t) = open(h, Duration::from_secs(30)).await?;
     if !applies(t.as_ref(), "upkeep", t.capabilities().upkeep) {
-        return Ok(());
+        return Ok(None);
     }
     let (q, elsewhere) = (fresh_queue(), fresh_queue());
     let soon = Envelope::builder(elsewhere.as_str(), "soon")
         .expires_in(Duration::from_millis(300))
         .build()?;
     t.publish(soon.clone()).await?;
+    Ok(Some(Expiring {
+        _store: store,
+        t,
+        q,
+        elsewhere,
+        soon,
+    }))
+}
+
+/// While a worker runs, what expires is moved to the dead-letter store, in any queue,
+/// though the worker's claims leave that to its upkeep.
+pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> Result<()> {
+    let Some(Expiring {
+        _store,
+        t,
+        q,
+        elsewhere,
+        soon,
+    }) = expiring_elsewhere(&h).await?
+    else {
+        return Ok(());
+    };
     let stop = CancellationToken::new();
     let worker = Worker::new(t.clone(), q, fast().with_drain(false))
         .handle("job", handler_fn(|_ctx: JobContext| async { Ok(()) }));
@@ -298,6 +328,50 @@ pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> 
     assert_eq!(dead[0].id, soon.id.to_string());
     assert_eq!(dead[0].reason, reason::EXPIRED);
     Ok(())
+}
+
+/// Once a worker calls for the upkeep, claims leave it to the workers, so that none waits
+/// for it; a few seconds after the calls stop, claims do it again.
+pub async fn claims_leave_the_upkeep_to_a_worker_calling_for_it(h: Arc<dyn Harness>) -> Result<()> {
+    let Some(Expiring {
+        _store,
+        t,
+        q,
+        elsewhere,
+        ..
+    }) = expiring_elsewhere(&h).await?
+    else {
+        return Ok(());
+    };
+    t.maintain().await?;
+    let called = Instant::now();
+    // Past the expiry and the sweep's one-second pace: only the hand-over keeps this
+    // claim from sweeping.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(t.reserve(&q).await?.is_none());
+    assert!(
+        t.dead_list(Some(&elsewhere), 10).await?.is_empty(),
+        "a claim swept although a worker had taken the upkeep over"
+    );
+    // Past the hand-over (5 s after the call), claims sweep again.
+    tokio::time::sleep(
+        (called + Duration::from_millis(5500)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let _ = t.reserve(&q).await?;
+        let dead = t.dead_list(Some(&elsewhere), 10).await?;
+        if let Some(d) = dead.first() {
+            assert_eq!(d.reason, reason::EXPIRED);
+            return Ok(());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "claims did not take the upkeep back once the calls stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Where the backend does not enforce expiry, the worker does: a message that expires

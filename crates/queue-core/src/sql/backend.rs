@@ -20,7 +20,8 @@ use crate::published::Published;
 use crate::reservation::{AckReport, LeaseToken, Reservation};
 
 /// The engine's state inside a backend's transport: the idle workers' wake-up signals,
-/// the pacing of promotion and of the expiry sweep, and the optimistic claims' counts.
+/// the pacing of promotion and of the upkeep (and whether a worker has taken the upkeep
+/// over from the claims), and the optimistic claims' counts.
 #[derive(Debug, Default)]
 pub struct EngineState {
     /// The idle workers' wake-up signals.
@@ -29,9 +30,9 @@ pub struct EngineState {
     pub(super) last_sweep: Mutex<Option<Instant>>,
     /// When the key repair last ran, and whether an expiry sweep since asked for it.
     pub(super) key_repair: Mutex<(Option<Instant>, bool)>,
-    /// When a worker last called for the upkeep: until [`super::engine`]'s hand-over
-    /// window passes, claims leave it to that worker.
-    pub(super) upkeep_called: Mutex<Option<Instant>>,
+    /// When a worker last called for the upkeep, and since when an upkeep call has been
+    /// under way: while either is recent, claims leave the upkeep to the workers.
+    pub(super) upkeep: Mutex<Upkeep>,
     /// What optimistic claims lost to competitors.
     pub claims: super::ClaimTally,
 }
@@ -44,6 +45,15 @@ impl EngineState {
             ..EngineState::default()
         }
     }
+}
+
+/// Who does the upkeep: see [`EngineState::upkeep`].
+#[derive(Debug, Default)]
+pub(super) struct Upkeep {
+    /// When a worker last called for it.
+    pub(super) called: Option<Instant>,
+    /// Since when a call has been doing it, if one is.
+    pub(super) busy_since: Option<Instant>,
 }
 
 /// A batch statement over the (row, token) pairs of reservations.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::backend::{LeaseOp, PairOp, SqlBackend};
+use super::backend::{EngineState, LeaseOp, PairOp, SqlBackend};
 use super::claim::reserve_rows;
 use super::fence::{fenced, replay_refused};
 use super::store::sql_capabilities;
@@ -25,10 +25,11 @@ use crate::reservation::{AckReport, Reservation};
 use crate::time_units::{micros, time_from_micros};
 use crate::transport::{Claim, GiveBack, QueueStats, Transport};
 
-/// How often a claim may sweep expired messages to the dead-letter store.
+/// How often the upkeep (a worker's, or else a claim's) may sweep expired messages to the
+/// dead-letter store.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
-/// How often a claim looks for ordering keys whose head left without handing them on,
+/// How often the upkeep looks for ordering keys whose head left without handing them on,
 /// besides right after a sweep that moved expired messages (the usual cause). The look
 /// reads every parked message, so it is a backstop (a quarantined head, a mover that
 /// died), not a pace.
@@ -40,9 +41,12 @@ const KEY_REPAIR_EVERY: Duration = Duration::from_secs(60);
 const KEY_REPAIR_AFTER_EXPIRY: Duration = Duration::from_secs(5);
 
 /// How long after a worker's last call for the upkeep ([`Transport::maintain`]) claims
-/// leave it to that worker: a few of its one-second calls, so that one slow upkeep (a key
-/// repair over a large table) does not hand it back to the claims.
+/// leave it to the workers: a few of their one-second calls.
 const UPKEEP_HANDED_OVER: Duration = Duration::from_secs(5);
+
+/// How long one upkeep call keeps it from claims and from other calls while it runs (a
+/// key repair over a large table, lock waits): past that, a call is taken for stuck.
+const UPKEEP_BUSY_AT_MOST: Duration = Duration::from_secs(120);
 
 #[async_trait]
 impl<B: SqlBackend> Transport for B {
@@ -105,11 +109,10 @@ impl<B: SqlBackend> Transport for B {
     }
 
     async fn maintain(&self) -> Result<()> {
-        *self
-            .engine()
-            .upkeep_called
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let Some(_busy) = UpkeepCall::start(self.engine()) else {
+            // Another call (another worker on this transport) is doing it.
+            return Ok(());
+        };
         sweep(self).await
     }
 
@@ -222,14 +225,50 @@ impl<B: SqlBackend> Transport for B {
     }
 }
 
-/// Whether a worker called for the upkeep lately, so that claims leave it to that worker.
+/// Whether a worker called for the upkeep lately, or a call is still doing it, so that
+/// claims leave it to the workers.
 fn upkeep_handed_over<B: SqlBackend + ?Sized>(backend: &B) -> bool {
-    backend
+    let upkeep = backend
         .engine()
-        .upkeep_called
+        .upkeep
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(|e| e.into_inner());
+    upkeep
+        .called
         .is_some_and(|at| at.elapsed() < UPKEEP_HANDED_OVER)
+        || upkeep
+            .busy_since
+            .is_some_and(|at| at.elapsed() < UPKEEP_BUSY_AT_MOST)
+}
+
+/// One worker's call doing the upkeep; it ends when dropped, also when the call is.
+struct UpkeepCall<'a>(&'a EngineState);
+
+impl<'a> UpkeepCall<'a> {
+    /// Records the call, and starts the upkeep unless another call is doing it.
+    fn start(engine: &'a EngineState) -> Option<Self> {
+        let mut upkeep = engine.upkeep.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        upkeep.called = Some(now);
+        if upkeep
+            .busy_since
+            .is_some_and(|at| at.elapsed() < UPKEEP_BUSY_AT_MOST)
+        {
+            return None;
+        }
+        upkeep.busy_since = Some(now);
+        Some(UpkeepCall(engine))
+    }
+}
+
+impl Drop for UpkeepCall<'_> {
+    fn drop(&mut self) {
+        self.0
+            .upkeep
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .busy_since = None;
+    }
 }
 
 /// Moves unleased expired rows to the dead-letter store, at most once per second.
@@ -280,6 +319,8 @@ async fn sweep<B: SqlBackend + ?Sized>(backend: &B) -> Result<()> {
         }
         let handed = backend.repair_keys().await?;
         if handed > 0 {
+            // Done off the claim path, nothing claims what was handed on until told.
+            backend.engine().wakers.wake_all();
             tracing::info!(
                 count = handed,
                 "ordering keys whose head had left were handed to their next message"

@@ -1,5 +1,6 @@
 //! A worker's run from start to stop: the services it starts (registration, status
-//! writer, acker, fetcher, the transport's upkeep), the dispatcher, and the order in which they wind down.
+//! writer, acker, fetcher, upkeep), the dispatcher, and the order in which they wind
+//! down.
 
 use std::sync::Arc;
 
@@ -57,9 +58,7 @@ impl Worker {
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);
         let waking = worker.spawn_wake_parked(shutdown.child_token());
-        // Its own token: a draining worker stops without `shutdown`.
-        let upkeep_stop = CancellationToken::new();
-        let upkeep = worker.spawn_upkeep(upkeep_stop.clone());
+        let upkeep = worker.spawn_upkeep(shutdown.child_token());
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
         // so a handler that finishes finds its next message waiting and one commit
         // claims many messages.
@@ -83,12 +82,12 @@ impl Worker {
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
         dispatcher.run().await;
         dispatcher.finish(abort).await;
-        for task in [refreshing, waking, scheduling].into_iter().flatten() {
+        // An upkeep cut short rolls back what it had not committed; the next does it.
+        for task in [refreshing, waking, scheduling, upkeep]
+            .into_iter()
+            .flatten()
+        {
             task.abort();
-        }
-        upkeep_stop.cancel();
-        if let Some(upkeep) = upkeep {
-            super::upkeep::finish(upkeep).await;
         }
         services.finish().await;
         let report = worker.counters.snapshot();
