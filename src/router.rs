@@ -375,9 +375,9 @@ impl Transport for Router {
     async fn maintain(&self) -> Result<()> {
         let (a, b) = tokio::join!(self.primary.maintain(), self.other.maintain());
         let mut first = None;
-        for (side, done) in [(&self.primary, a), (&self.other, b)] {
+        for (which, side, done) in [("primary", &self.primary, a), ("other", &self.other, b)] {
             if let Err(err) = done {
-                tracing::warn!(backend = side.name(), error = %err, "router: a backend's upkeep failed");
+                tracing::warn!(side = which, backend = side.name(), error = %err, "router: a backend's upkeep failed");
                 first.get_or_insert(err);
             }
         }

@@ -265,8 +265,8 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
     Ok(())
 }
 
-/// A transport that keeps upkeep, with a message published in a queue of its own that
-/// expires in 300 ms, and another queue to claim from.
+/// A transport that keeps upkeep, a message for a queue of its own that expires 300 ms
+/// after it is built, and another queue to claim from.
 struct Expiring {
     _store: Box<dyn super::harness::Store>,
     t: Arc<dyn Transport>,
@@ -285,7 +285,6 @@ async fn expiring_elsewhere(h: &Arc<dyn Harness>) -> Result<Option<Expiring>> {
     let soon = Envelope::builder(elsewhere.as_str(), "soon")
         .expires_in(Duration::from_millis(300))
         .build()?;
-    t.publish(soon.clone()).await?;
     Ok(Some(Expiring {
         _store: store,
         t,
@@ -308,6 +307,7 @@ pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> 
     else {
         return Ok(());
     };
+    t.publish(soon.clone()).await?;
     let stop = CancellationToken::new();
     let worker = Worker::new(t.clone(), q, fast().with_drain(false))
         .handle("job", handler_fn(|_ctx: JobContext| async { Ok(()) }));
@@ -338,13 +338,15 @@ pub async fn claims_leave_the_upkeep_to_a_worker_calling_for_it(h: Arc<dyn Harne
         t,
         q,
         elsewhere,
-        ..
+        soon,
     }) = expiring_elsewhere(&h).await?
     else {
         return Ok(());
     };
+    // The call first, so that it cannot sweep the message itself.
     t.maintain().await?;
     let called = Instant::now();
+    t.publish(soon).await?;
     // Past the expiry and the sweep's one-second pace: only the hand-over keeps this
     // claim from sweeping.
     tokio::time::sleep(Duration::from_millis(1500)).await;

@@ -241,8 +241,9 @@ fn upkeep_handed_over<B: SqlBackend + ?Sized>(backend: &B) -> bool {
             .is_some_and(|at| at.elapsed() < UPKEEP_BUSY_AT_MOST)
 }
 
-/// One worker's call doing the upkeep; it ends when dropped, also when the call is.
-struct UpkeepCall<'a>(&'a EngineState);
+/// One worker's call doing the upkeep, since when; it ends when dropped, also when the
+/// call is.
+struct UpkeepCall<'a>(&'a EngineState, Instant);
 
 impl<'a> UpkeepCall<'a> {
     /// Records the call, and starts the upkeep unless another call is doing it.
@@ -257,17 +258,17 @@ impl<'a> UpkeepCall<'a> {
             return None;
         }
         upkeep.busy_since = Some(now);
-        Some(UpkeepCall(engine))
+        Some(UpkeepCall(engine, now))
     }
 }
 
 impl Drop for UpkeepCall<'_> {
     fn drop(&mut self) {
-        self.0
-            .upkeep
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .busy_since = None;
+        let mut upkeep = self.0.upkeep.lock().unwrap_or_else(|e| e.into_inner());
+        // A call taken for stuck may end after another took over: that one's stays.
+        if upkeep.busy_since == Some(self.1) {
+            upkeep.busy_since = None;
+        }
     }
 }
 
@@ -319,7 +320,8 @@ async fn sweep<B: SqlBackend + ?Sized>(backend: &B) -> Result<()> {
         }
         let handed = backend.repair_keys().await?;
         if handed > 0 {
-            // Done off the claim path, nothing claims what was handed on until told.
+            // Idle workers of those keys' queues claim what was handed on at once,
+            // not at their next poll.
             backend.engine().wakers.wake_all();
             tracing::info!(
                 count = handed,

@@ -58,7 +58,10 @@ impl Worker {
         let concurrency = worker.options.concurrency.max(1);
         let services = Services::start(&worker, concurrency);
         let waking = worker.spawn_wake_parked(shutdown.child_token());
-        let upkeep = worker.spawn_upkeep(shutdown.child_token());
+        // Its own token, cancelled as the worker winds down: a draining worker stops
+        // without `shutdown`.
+        let upkeep_stop = shutdown.child_token();
+        let upkeep = worker.spawn_upkeep(upkeep_stop.clone());
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
         // so a handler that finishes finds its next message waiting and one commit
         // claims many messages.
@@ -81,13 +84,13 @@ impl Worker {
         let mut dispatcher = Dispatcher::new(links, rx, fetcher);
         tracing::info!(queue = %worker.queue, transport = worker.transport.name(), concurrency, "worker started");
         dispatcher.run().await;
+        upkeep_stop.cancel();
         dispatcher.finish(abort).await;
-        // An upkeep cut short rolls back what it had not committed; the next does it.
-        for task in [refreshing, waking, scheduling, upkeep]
-            .into_iter()
-            .flatten()
-        {
+        for task in [refreshing, waking, scheduling].into_iter().flatten() {
             task.abort();
+        }
+        if let Some(upkeep) = upkeep {
+            super::upkeep::finish(upkeep).await;
         }
         services.finish().await;
         let report = worker.counters.snapshot();
