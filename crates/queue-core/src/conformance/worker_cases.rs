@@ -265,15 +265,15 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
     Ok(())
 }
 
-/// A transport that keeps upkeep, a message for a queue of its own that expires 300 ms
-/// after it is built, and another queue to claim from.
-struct Expiring {
-    _store: Box<dyn super::harness::Store>,
-    t: Arc<dyn Transport>,
-    q: QueueName,
-    elsewhere: QueueName,
-    soon: Envelope,
-}
+/// A store and its transport, which keeps upkeep; a queue to claim from; another queue,
+/// and a message for it that expires 300 ms after it is built.
+type Expiring = (
+    Box<dyn super::harness::Store>,
+    Arc<dyn Transport>,
+    QueueName,
+    QueueName,
+    Envelope,
+);
 
 /// See [`Expiring`]; `None` (saying why) where the transport keeps no upkeep.
 async fn expiring_elsewhere(h: &Arc<dyn Harness>) -> Result<Option<Expiring>> {
@@ -285,26 +285,13 @@ async fn expiring_elsewhere(h: &Arc<dyn Harness>) -> Result<Option<Expiring>> {
     let soon = Envelope::builder(elsewhere.as_str(), "soon")
         .expires_in(Duration::from_millis(300))
         .build()?;
-    Ok(Some(Expiring {
-        _store: store,
-        t,
-        q,
-        elsewhere,
-        soon,
-    }))
+    Ok(Some((store, t, q, elsewhere, soon)))
 }
 
 /// While a worker runs, what expires is moved to the dead-letter store, in any queue,
 /// though the worker's claims leave that to its upkeep.
 pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> Result<()> {
-    let Some(Expiring {
-        _store,
-        t,
-        q,
-        elsewhere,
-        soon,
-    }) = expiring_elsewhere(&h).await?
-    else {
+    let Some((_store, t, q, elsewhere, soon)) = expiring_elsewhere(&h).await? else {
         return Ok(());
     };
     t.publish(soon.clone()).await?;
@@ -333,14 +320,7 @@ pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> 
 /// Once a worker calls for the upkeep, claims leave it to the workers, so that none waits
 /// for it; a few seconds after the calls stop, claims do it again.
 pub async fn claims_leave_the_upkeep_to_a_worker_calling_for_it(h: Arc<dyn Harness>) -> Result<()> {
-    let Some(Expiring {
-        _store,
-        t,
-        q,
-        elsewhere,
-        soon,
-    }) = expiring_elsewhere(&h).await?
-    else {
+    let Some((_store, t, q, elsewhere, soon)) = expiring_elsewhere(&h).await? else {
         return Ok(());
     };
     // The call first, so that it cannot sweep the message itself.
