@@ -13,6 +13,7 @@ mod case_support;
 pub mod cases;
 pub mod checkpoint_cases;
 pub mod control_cases;
+mod faulty;
 mod harness;
 mod holder_cases;
 mod label_cases;
@@ -29,6 +30,7 @@ mod status_view_cases;
 mod suspect_cases;
 mod unique_cases;
 pub mod unreachable;
+mod upkeep_cases;
 pub mod worker_cases;
 mod worker_support;
 

@@ -5,23 +5,21 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::case_support::applies;
+use super::faulty::Faulty;
 use super::harness::{Harness, OpenOptions};
 pub use super::shutdown_cases::*;
 pub use super::suspect_cases::*;
+pub use super::upkeep_cases::*;
 use super::worker_support::{
     assert_nothing_left, drain, drain_counting, fast, fresh_queue, job, only_dead, open, record,
     stats_of, Calls,
 };
 use crate::worker::{handler_fn, JobContext, JobError, RetryPolicy, UnknownKind, Worker};
-use crate::{
-    reason, AckReport, Capabilities, Claim, DeadLetter, DeadLetters, DeadSelection, Envelope,
-    Error, GiveBack, QueueName, QueueStats, Reservation, Result, Start, Transport, TransportExt,
-};
+use crate::{reason, Envelope, Error, Result, Transport, TransportExt};
 
 /// The worker handles every message once and acks them in batches.
 pub async fn worker_handles_every_message_once_and_coalesces_acks(
@@ -263,97 +261,6 @@ pub async fn worker_never_handles_expired_messages(h: Arc<dyn Harness>) -> Resul
     );
     assert_eq!(only_dead(t.as_ref(), &q).await?.reason, reason::EXPIRED);
     Ok(())
-}
-
-/// A store and its transport, which keeps upkeep; a queue to claim from; another queue,
-/// and a message for it that expires 300 ms after it is built.
-type Expiring = (
-    Box<dyn super::harness::Store>,
-    Arc<dyn Transport>,
-    QueueName,
-    QueueName,
-    Envelope,
-);
-
-/// See [`Expiring`]; `None` (saying why) where the transport keeps no upkeep.
-async fn expiring_elsewhere(h: &Arc<dyn Harness>) -> Result<Option<Expiring>> {
-    let (store, t) = open(h, Duration::from_secs(30)).await?;
-    if !applies(t.as_ref(), "upkeep", t.capabilities().upkeep) {
-        return Ok(None);
-    }
-    let (q, elsewhere) = (fresh_queue(), fresh_queue());
-    let soon = Envelope::builder(elsewhere.as_str(), "soon")
-        .expires_in(Duration::from_millis(300))
-        .build()?;
-    Ok(Some((store, t, q, elsewhere, soon)))
-}
-
-/// While a worker runs, what expires is moved to the dead-letter store, in any queue,
-/// though the worker's claims leave that to its upkeep.
-pub async fn a_workers_upkeep_dead_letters_what_expires(h: Arc<dyn Harness>) -> Result<()> {
-    let Some((_store, t, q, elsewhere, soon)) = expiring_elsewhere(&h).await? else {
-        return Ok(());
-    };
-    t.publish(soon.clone()).await?;
-    let stop = CancellationToken::new();
-    let worker = Worker::new(t.clone(), q, fast().with_drain(false))
-        .handle("job", handler_fn(|_ctx: JobContext| async { Ok(()) }));
-    let running = tokio::spawn(worker.run(stop.clone()));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let dead = loop {
-        let dead = t.dead_list(Some(&elsewhere), 10).await?;
-        if !dead.is_empty() || Instant::now() > deadline {
-            break dead;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    stop.cancel();
-    running
-        .await
-        .map_err(|e| Error::InvalidInput(format!("the worker panicked: {e}")))??;
-    assert_eq!(dead.len(), 1, "the expired message was not dead-lettered");
-    assert_eq!(dead[0].id, soon.id.to_string());
-    assert_eq!(dead[0].reason, reason::EXPIRED);
-    Ok(())
-}
-
-/// Once a worker calls for the upkeep, claims leave it to the workers, so that none waits
-/// for it; a few seconds after the calls stop, claims do it again.
-pub async fn claims_leave_the_upkeep_to_a_worker_calling_for_it(h: Arc<dyn Harness>) -> Result<()> {
-    let Some((_store, t, q, elsewhere, soon)) = expiring_elsewhere(&h).await? else {
-        return Ok(());
-    };
-    // The call first, so that it cannot sweep the message itself.
-    t.maintain().await?;
-    let called = Instant::now();
-    t.publish(soon).await?;
-    // Past the expiry and the sweep's one-second pace: only the hand-over keeps this
-    // claim from sweeping.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(t.reserve(&q).await?.is_none());
-    assert!(
-        t.dead_list(Some(&elsewhere), 10).await?.is_empty(),
-        "a claim swept although a worker had taken the upkeep over"
-    );
-    // Past the hand-over (5 s after the call), claims sweep again.
-    tokio::time::sleep(
-        (called + Duration::from_millis(5500)).saturating_duration_since(Instant::now()),
-    )
-    .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let _ = t.reserve(&q).await?;
-        let dead = t.dead_list(Some(&elsewhere), 10).await?;
-        if let Some(d) = dead.first() {
-            assert_eq!(d.reason, reason::EXPIRED);
-            return Ok(());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "claims did not take the upkeep back once the calls stopped"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Where the backend does not enforce expiry, the worker does: a message that expires
@@ -618,131 +525,6 @@ struct DropCounter(Arc<AtomicUsize>);
 impl Drop for DropCounter {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// Delegates to a real transport, counting ack round trips and, on demand, answering
-/// every `extend` with `LeaseLost` (as if another worker had taken the message).
-#[derive(Debug)]
-struct Faulty {
-    inner: Arc<dyn Transport>,
-    extend_lost: AtomicBool,
-    ack_calls: AtomicUsize,
-    /// Pretend the backend does not enforce expiry, and hold claims this long before
-    /// handing them over, so that they expire in the worker's buffer.
-    no_expiry_with_slow_claims: Option<Duration>,
-    /// Every ack call takes at least this long, as one that waits for a server does: an
-    /// AMQP ack waits for no answer, and would often end before the next handler.
-    slowest_ack: Option<Duration>,
-}
-
-impl Faulty {
-    fn new(inner: Arc<dyn Transport>) -> Self {
-        Faulty {
-            inner,
-            extend_lost: AtomicBool::new(false),
-            ack_calls: AtomicUsize::new(0),
-            no_expiry_with_slow_claims: None,
-            slowest_ack: None,
-        }
-    }
-}
-
-// A forwarding impl: every method is written out, so no default is used by mistake.
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl Transport for Faulty {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn capabilities(&self) -> Capabilities {
-        let mut caps = self.inner.capabilities();
-        if self.no_expiry_with_slow_claims.is_some() {
-            caps.expiry = false;
-        }
-        caps
-    }
-    fn wake_signal(&self, queue: &QueueName) -> Option<Arc<tokio::sync::Notify>> {
-        self.inner.wake_signal(queue)
-    }
-    async fn publish_batch(&self, envelopes: Vec<Envelope>) -> Result<crate::Published> {
-        self.inner.publish_batch(envelopes).await
-    }
-    async fn claim(&self, queue: &QueueName, claim: Claim<'_>) -> Result<Vec<Reservation>> {
-        if claim.start == Start::All {
-            return self.inner.claim(queue, claim).await;
-        }
-        // Starts nothing in its claims, as a backend without that shortcut: the worker
-        // then starts each message itself.
-        let claimed = self
-            .inner
-            .claim(
-                queue,
-                Claim {
-                    start: Start::None,
-                    ..claim
-                },
-            )
-            .await?;
-        if let (Some(hold), false) = (self.no_expiry_with_slow_claims, claimed.is_empty()) {
-            tokio::time::sleep(hold).await;
-        }
-        Ok(claimed)
-    }
-    async fn start_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        self.inner.start_batch(reservations).await
-    }
-    async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
-        self.ack_calls.fetch_add(1, Ordering::SeqCst);
-        let floor = tokio::time::sleep(self.slowest_ack.unwrap_or_default());
-        let (acked, ()) = tokio::join!(self.inner.ack_batch(reservations), floor);
-        acked
-    }
-    async fn give_back(&self, r: &Reservation, how: GiveBack<'_>) -> Result<()> {
-        self.inner.give_back(r, how).await
-    }
-    async fn dead_letter(&self, r: &Reservation, why: &str, error: Option<&str>) -> Result<()> {
-        self.inner.dead_letter(r, why, error).await
-    }
-    async fn extend(&self, r: &Reservation, lease: Duration) -> Result<()> {
-        if self.extend_lost.load(Ordering::SeqCst) {
-            return Err(Error::LeaseLost { message_id: r.id() });
-        }
-        self.inner.extend(r, lease).await
-    }
-    async fn stats(&self, queue: Option<&QueueName>) -> Result<Vec<QueueStats>> {
-        self.inner.stats(queue).await
-    }
-    async fn maintain(&self) -> Result<()> {
-        self.inner.maintain().await
-    }
-}
-
-#[async_trait]
-impl crate::Holdings for Faulty {
-    async fn held(
-        &self,
-        which: crate::HeldSelection<'_>,
-        limit: usize,
-    ) -> Result<Vec<crate::Holding>> {
-        self.inner.held(which, limit).await
-    }
-}
-
-#[async_trait]
-#[deny(clippy::missing_trait_methods)]
-impl DeadLetters for Faulty {
-    async fn dead_list(&self, queue: Option<&QueueName>, limit: usize) -> Result<Vec<DeadLetter>> {
-        self.inner.dead_list(queue, limit).await
-    }
-    async fn dead_replay(&self, queue: Option<&QueueName>, s: &DeadSelection) -> Result<u64> {
-        self.inner.dead_replay(queue, s).await
-    }
-    async fn dead_purge(&self, queue: Option<&QueueName>, s: &DeadSelection) -> Result<u64> {
-        self.inner.dead_purge(queue, s).await
-    }
-    async fn dead_insert(&self, letters: &[DeadLetter]) -> Result<u64> {
-        self.inner.dead_insert(letters).await
     }
 }
 
