@@ -29,6 +29,7 @@ mod published;
 mod redact;
 mod registry;
 mod reservation;
+mod rfc3339;
 pub mod schedule;
 pub mod sql;
 pub mod stable_hash;
