@@ -399,4 +399,43 @@ impl Statements {
             repair_keys: s(REPAIR_KEYS),
         }
     }
+
+    /// The multi-row publish of `rows` rows: [`INSERT_JOBS_HEAD`]'s 12 values a row.
+    pub(crate) fn insert_jobs(&self, rows: usize) -> String {
+        const ROW: &str = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        let (head, tail) = (&self.insert_jobs_head, &self.insert_jobs_tail);
+        let mut sql = String::with_capacity(head.len() + tail.len() + rows * (ROW.len() + 2));
+        sql.push_str(head);
+        sql.push_str("VALUES ");
+        for n in 0..rows {
+            if n > 0 {
+                sql.push_str(", ");
+            }
+            sql.push_str(ROW);
+        }
+        sql.push_str(tail);
+        sql
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_publish_has_a_placeholder_for_each_value_its_head_reads() {
+        let sql = Statements::new("jobs");
+        let per_row = (1..)
+            .take_while(|n| {
+                INSERT_JOBS_HEAD.contains(&format!("v.column{n},"))
+                    || INSERT_JOBS_HEAD.contains(&format!("v.column{n} "))
+            })
+            .count();
+        assert_eq!(per_row, 12);
+        for rows in [1, 2, 100] {
+            let text = sql.insert_jobs(rows);
+            assert_eq!(text.matches('?').count(), rows * per_row, "{rows} rows");
+            assert!(text.contains(") AS v"), "{text}");
+        }
+    }
 }
