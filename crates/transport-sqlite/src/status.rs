@@ -228,6 +228,48 @@ impl SqliteStatusStore {
             keys: Arc::new(KeySql::new(table)),
         }
     }
+
+    /// Writes a batch's rows on `conn`, creations first.
+    async fn write_rows(
+        &self,
+        conn: &mut sqlx::SqliteConnection,
+        batch: StatusBatch<'_>,
+    ) -> Result<()> {
+        bind_rows(&mut *conn, &self.create, batch.creates, |mut b, u| {
+            b.push_bind(u.id.to_string())
+                .push_bind(u.queue.as_str())
+                .push_bind(u.kind.as_str())
+                .push_bind(u.state.as_str())
+                .push_bind(i64::from(u.attempts))
+                .push_bind(u.payload.as_deref());
+        })
+        .await?;
+        bind_rows(&mut *conn, &self.change, batch.changes, |mut b, u| {
+            b.push_bind(u.id.to_string())
+                .push_bind(u.queue.as_str())
+                .push_bind(u.kind.as_str())
+                .push_bind(u.state.as_str())
+                .push_bind(i64::from(u.attempts))
+                .push_bind(u.progress_percent())
+                .push_bind(u.progress_note())
+                .push_bind(u.result_text())
+                .push_bind(u.error.as_deref())
+                .push_bind(u.state.is_final())
+                .push_bind(i64::from(u.starts_run))
+                .push_bind(u.payload.as_deref())
+                .push_bind(u.worker.as_deref())
+                .push_bind(u.started_ago_micros());
+        })
+        .await?;
+        if !batch.tries.is_empty() {
+            sqlx::query(&self.tries)
+                .bind(try_rows(batch.tries))
+                .execute(&mut *conn)
+                .await
+                .backend()?;
+        }
+        Ok(())
+    }
 }
 
 fn raw(row: &SqliteRow) -> std::result::Result<RawStatus, sqlx::Error> {
@@ -324,42 +366,20 @@ impl StatusBackend for SqliteStatusStore {
         )))
     }
 
-    /// One transaction, so that the single writer takes its lock once.
+    /// One statement on its own, or one transaction, so that the single writer takes its
+    /// lock once. Without BEGIN and COMMIT, a batch of changes alone (most of them while
+    /// jobs run) holds the writer connection, which claims and acks wait for, for one
+    /// call instead of three.
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
-        let mut tx = self.writer.begin().await.backend()?;
-        bind_rows(&mut tx, &self.create, batch.creates, |mut b, u| {
-            b.push_bind(u.id.to_string())
-                .push_bind(u.queue.as_str())
-                .push_bind(u.kind.as_str())
-                .push_bind(u.state.as_str())
-                .push_bind(i64::from(u.attempts))
-                .push_bind(u.payload.as_deref());
-        })
-        .await?;
-        bind_rows(&mut tx, &self.change, batch.changes, |mut b, u| {
-            b.push_bind(u.id.to_string())
-                .push_bind(u.queue.as_str())
-                .push_bind(u.kind.as_str())
-                .push_bind(u.state.as_str())
-                .push_bind(i64::from(u.attempts))
-                .push_bind(u.progress_percent())
-                .push_bind(u.progress_note())
-                .push_bind(u.result_text())
-                .push_bind(u.error.as_deref())
-                .push_bind(u.state.is_final())
-                .push_bind(i64::from(u.starts_run))
-                .push_bind(u.payload.as_deref())
-                .push_bind(u.worker.as_deref())
-                .push_bind(u.started_ago_micros());
-        })
-        .await?;
-        if !batch.tries.is_empty() {
-            sqlx::query(&self.tries)
-                .bind(try_rows(batch.tries))
-                .execute(&mut *tx)
-                .await
-                .backend()?;
+        let statements = batch.creates.len().div_ceil(ROWS_PER_STATEMENT)
+            + batch.changes.len().div_ceil(ROWS_PER_STATEMENT)
+            + usize::from(!batch.tries.is_empty());
+        if statements == 1 {
+            let mut conn = self.writer.acquire().await.backend()?;
+            return self.write_rows(&mut conn, batch).await;
         }
+        let mut tx = self.writer.begin().await.backend()?;
+        self.write_rows(&mut tx, batch).await?;
         tx.commit().await.backend()
     }
 
