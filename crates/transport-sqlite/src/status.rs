@@ -229,7 +229,8 @@ impl SqliteStatusStore {
         }
     }
 
-    /// Writes a batch's rows on `conn`, creations first.
+    /// Writes a batch's rows on `conn` in [`statements`] statements: all or nothing only
+    /// in a transaction, or when that is one (see `write`).
     async fn write_rows(
         &self,
         conn: &mut sqlx::SqliteConnection,
@@ -319,6 +320,15 @@ async fn bind_rows<'a>(
     Ok(())
 }
 
+/// How many statements [`SqliteStatusStore::write_rows`] runs for `batch`: one per chunk
+/// of creations and of changes, one for all failed attempts. `write` leaves out its
+/// transaction when this is one, so it must count as [`bind_rows`] cuts.
+fn statements(batch: &StatusBatch<'_>) -> usize {
+    batch.creates.len().div_ceil(ROWS_PER_STATEMENT)
+        + batch.changes.len().div_ceil(ROWS_PER_STATEMENT)
+        + usize::from(!batch.tries.is_empty())
+}
+
 /// Failed attempts as one JSON array of arrays (see [`TRIES`]).
 fn try_rows(of: &[StatusUpdate]) -> String {
     let rows: Vec<serde_json::Value> = of
@@ -367,16 +377,17 @@ impl StatusBackend for SqliteStatusStore {
     }
 
     /// One statement on its own, or one transaction, so that the single writer takes its
-    /// lock once. Without BEGIN and COMMIT, a batch of changes alone (most of them while
-    /// jobs run) holds the writer connection, which claims and acks wait for, for one
-    /// call instead of three.
+    /// lock once. Without BEGIN and COMMIT, a batch that takes one statement (changes
+    /// alone, as most are while jobs run) holds the writer connection, which claims and
+    /// acks wait for, for one call instead of three.
     async fn write(&self, batch: StatusBatch<'_>) -> Result<()> {
-        let statements = batch.creates.len().div_ceil(ROWS_PER_STATEMENT)
-            + batch.changes.len().div_ceil(ROWS_PER_STATEMENT)
-            + usize::from(!batch.tries.is_empty());
-        if statements == 1 {
-            let mut conn = self.writer.acquire().await.backend()?;
-            return self.write_rows(&mut conn, batch).await;
+        match statements(&batch) {
+            0 => return Ok(()),
+            1 => {
+                let mut conn = self.writer.acquire().await.backend()?;
+                return self.write_rows(&mut conn, batch).await;
+            }
+            _ => {}
         }
         let mut tx = self.writer.begin().await.backend()?;
         self.write_rows(&mut tx, batch).await?;
