@@ -1,7 +1,7 @@
 //! Envelope times written as chrono's serde writes them (RFC 3339, `Z`, as many fraction
 //! digits as the time needs), but formatted into a string first: chrono's own serializer
 //! hands serde_json its text a character at a time, each through the escaper: a quarter
-//! of `Envelope::to_json`'s instructions (`docs/benchmarks.md`, 2026-11-28, last).
+//! of `Envelope::to_json`'s instructions (`docs/benchmarks.md`, 2026-11-28, late).
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Serialize, Serializer};

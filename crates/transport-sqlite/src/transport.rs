@@ -345,7 +345,7 @@ impl SqliteTransport {
         for chunk in rows.chunks(INSERT_CHUNK) {
             // The text is made in one go and the values bound to it: sqlx's QueryBuilder,
             // formatting each placeholder as it bound its value, took 270 instructions a
-            // value against 150 (callgrind, `docs/benchmarks.md`, 2026-11-28, last).
+            // value against 150 (callgrind, `docs/benchmarks.md`, 2026-11-28, late).
             let sql = self.sql.insert_jobs(chunk.len());
             let mut query = sqlx::query(&sql);
             for Encoded { env, json, labels } in chunk {
