@@ -84,7 +84,8 @@ macro_rules! conformance_tests {
             racing_schedulers_fire_each_slot_once,
             missed_slots_follow_the_catch_up_policy,
             schedules_are_applied_paused_triggered_and_removed,
-            a_pruning_schedule_prunes_at_its_slot_and_publishes_nothing
+            a_pruning_schedule_prunes_at_its_slot_and_publishes_nothing,
+            a_dropped_worker_run_fires_no_more_slots
         );
         $crate::conformance_tests!(@checkpoints $harness;
             a_checkpoint_is_fenced_by_the_run_that_holds_the_job,

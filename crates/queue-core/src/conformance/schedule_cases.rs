@@ -1,17 +1,21 @@
 //! Cases of schedules, on a clock the case moves: racing schedulers fire each slot
 //! once; missed slots follow the catch-up policy; a slot fired again after its job ran
 //! (a worker that died before moving the cursor) stores nothing; schedules are stored,
-//! paused, resumed, triggered and removed as documented.
+//! paused, resumed, triggered and removed as documented; a worker's run that is dropped
+//! stops firing them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio_util::sync::CancellationToken;
+
 use super::harness::{open_beside, Beside, Harness};
-use super::worker_support::fresh_queue;
+use super::worker_support::{fast, fresh_queue};
 use crate::schedule::{
     Cadence, CatchUp, PutOutcome, Schedule, ScheduleSpec, ScheduleStore, Scheduler, SLOT_HEADER,
 };
+use crate::worker::{handler_fn, JobContext, Worker};
 use crate::{Error, QueueName, Result, Transport, TransportExt};
 
 const S: i64 = 1_000_000;
@@ -247,6 +251,34 @@ pub async fn schedules_are_applied_paused_triggered_and_removed(h: Arc<dyn Harne
     assert!(store.remove(&name).await?);
     assert!(!store.remove(&name).await?);
     assert!(cursor(store.list().await?).is_none());
+    Ok(())
+}
+
+/// A worker's run whose future is dropped (a timeout around it, a `select!` that took
+/// another branch) stops everything it started: its schedule fires while it runs and
+/// never after.
+pub async fn a_dropped_worker_run_fires_no_more_slots(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, status, _schedules)) = open_scheduled(&h).await? else {
+        return Ok(());
+    };
+    let (q, ticks) = (fresh_queue(), fresh_queue());
+    let schedule = per_second(&format!("dropped-{ticks}"), &ticks, CatchUp::Latest);
+    let options = fast().with_drain(false).with_schedules([schedule]);
+    let worker = Worker::new(t.clone(), q, options)
+        .with_status(status)
+        .handle("job", handler_fn(|_ctx: JobContext| async { Ok(()) }));
+    // Never cancelled: only the drop ends the run.
+    let stop = CancellationToken::new();
+    let ran = tokio::time::timeout(Duration::from_millis(2_500), worker.run(stop.clone())).await;
+    assert!(ran.is_err(), "the run ended by itself: {ran:?}");
+    // A slot being stored as the run was dropped may still land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fired: u32 = take_all(t.as_ref(), &ticks).await?.values().sum();
+    assert!(fired >= 1, "the schedule never fired while the worker ran");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let after: u32 = take_all(t.as_ref(), &ticks).await?.values().sum();
+    assert_eq!(after, 0, "slots fired after the run was dropped");
+    assert!(!stop.is_cancelled(), "the caller's token is the caller's");
     Ok(())
 }
 

@@ -21,15 +21,16 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
+    /// Starts the heartbeat, which also ends once `stop` is cancelled.
     pub(crate) fn start(
         store: Arc<dyn StatusStore>,
         queue: &str,
         concurrency: usize,
         counters: Arc<WorkerCounters>,
+        stop: CancellationToken,
     ) -> Self {
         let info = WorkerInfo::this_process(queue, concurrency);
         let id = info.id;
-        let stop = CancellationToken::new();
         let task = tokio::spawn(beat(store.clone(), info, counters, stop.clone()));
         Registration {
             store,

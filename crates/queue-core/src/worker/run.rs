@@ -23,7 +23,8 @@ impl Worker {
     /// flushes pending acks.
     ///
     /// Backend errors while reserving are logged and retried with backoff; they never
-    /// stop the worker.
+    /// stop the worker. Dropping the future stops everything the run started, without
+    /// the grace period: what it held comes back when its lease runs out.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport> {
         self.run_until(shutdown, CancellationToken::new()).await
     }
@@ -39,7 +40,12 @@ impl Worker {
         let mut this = self;
         this.claim_as()?;
         this.check_limits()?;
-        let scheduling = this.start_schedules(shutdown.child_token()).await?;
+        // Everything the run starts stops with `scope`, and so with the run's future: a
+        // caller that drops it (a timeout around it, a `select!` that took another
+        // branch) must not leave its schedules firing or its heartbeat beating.
+        let scope = shutdown.child_token();
+        let _stop_when_dropped = scope.clone().drop_guard();
+        let scheduling = this.start_schedules(scope.child_token()).await?;
         this.controls = this
             .status
             .as_ref()
@@ -50,17 +56,17 @@ impl Worker {
         let refreshing = match &this.controls {
             Some(view) => {
                 view.refresh().await;
-                Some(view.spawn_refresh(shutdown.child_token()))
+                Some(view.spawn_refresh(scope.child_token()))
             }
             None => None,
         };
         let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
-        let services = Services::start(&worker, concurrency);
-        let waking = worker.spawn_wake_parked(shutdown.child_token());
+        let services = Services::start(&worker, concurrency, &scope);
+        let waking = worker.spawn_wake_parked(scope.child_token());
         // Its own token, cancelled as the worker winds down: a draining worker stops
         // without `shutdown`.
-        let upkeep_stop = shutdown.child_token();
+        let upkeep_stop = scope.child_token();
         let upkeep = worker.spawn_upkeep(upkeep_stop.clone());
         // Claims come in batches of at least `concurrency` into a buffer of twice that,
         // so a handler that finishes finds its next message waiting and one commit
@@ -68,7 +74,7 @@ impl Worker {
         let (tx, rx) = mpsc::channel::<Claimed>(concurrency + worker.options.prefetch);
         let links = Links {
             worker: worker.clone(),
-            shutdown,
+            shutdown: scope,
             slots: Arc::new(Semaphore::new(concurrency)),
             acker: services.acker.clone(),
             finished: Arc::new(tokio::sync::Notify::new()),
@@ -147,7 +153,7 @@ struct Services {
 }
 
 impl Services {
-    fn start(worker: &Arc<Worker>, concurrency: usize) -> Self {
+    fn start(worker: &Arc<Worker>, concurrency: usize, scope: &CancellationToken) -> Self {
         let status = worker.status.clone();
         let label = crate::status::worker_label();
         let registration = status.clone().map(|store| {
@@ -156,6 +162,7 @@ impl Services {
                 worker.queue.as_str(),
                 concurrency,
                 worker.counters.clone(),
+                scope.child_token(),
             )
         });
         let status_flusher = status.map(|store| {
