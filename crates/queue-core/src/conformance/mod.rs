@@ -153,6 +153,7 @@ macro_rules! conformance_tests {
             handler_panic_is_isolated_and_recorded,
             shutdown_finishes_quick_jobs_and_releases_the_rest,
             shutdown_is_prompt_at_any_moment,
+            a_dropped_run_stops_its_handlers,
             idle_worker_wakes_on_publish,
             a_suspect_runs_alone_after_every_finished_ack_has_committed,
             worker_with_labels_handles_only_those

@@ -1,6 +1,7 @@
-//! The worker's shutdown: quick jobs finish, the rest go back, and it is prompt.
+//! The worker's shutdown: quick jobs finish, the rest go back, and it is prompt; a run
+//! whose future is dropped stops its handlers.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,5 +94,56 @@ pub async fn shutdown_is_prompt_at_any_moment(h: Arc<dyn Harness>) -> Result<()>
         .handle_any(handler_fn(|_ctx: JobContext| async { Ok(()) }));
     drain(worker).await?;
     assert_nothing_left(t.as_ref(), &q).await?;
+    Ok(())
+}
+
+/// A worker's run whose future is dropped (a timeout around it, a `select!` that took
+/// another branch) takes its handlers with it: nothing would renew their leases, so
+/// another worker could start the same jobs while they ran on.
+pub async fn a_dropped_run_stops_its_handlers(h: Arc<dyn Harness>) -> Result<()> {
+    let (_store, t) = open(&h, Duration::from_secs(60)).await?;
+    let q = fresh_queue();
+    t.publish(job(&q, "endless")).await?;
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let counted = ticks.clone();
+    let worker = Worker::new(t.clone(), q, fast().with_drain(false)).handle(
+        "endless",
+        handler_fn(move |ctx: JobContext| {
+            let ticks = counted.clone();
+            async move {
+                // Deaf to shutdown: only a cancel or an abort ends it.
+                while !ctx.cancel.is_cancelled() {
+                    ticks.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Ok(())
+            }
+        }),
+    );
+    let stop = CancellationToken::new();
+    // Boxed, so that dropping it drops the run itself.
+    let mut run = Box::pin(worker.run(stop.clone()));
+    let started = Instant::now();
+    while ticks.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the handler never started"
+        );
+        tokio::select! {
+            ended = &mut run => panic!("the run ended by itself: {ended:?}"),
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    drop(run);
+    // An abort lands at the handler's next await.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let after_drop = ticks.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        after_drop,
+        "the handler ran on after its run was dropped"
+    );
+    assert!(!stop.is_cancelled(), "the caller's token is the caller's");
     Ok(())
 }

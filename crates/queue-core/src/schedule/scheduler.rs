@@ -326,7 +326,7 @@ impl Scheduler {
     /// Fires due slots until `shutdown`, looking again at the next slot or within a
     /// second.
     pub async fn run(self, shutdown: CancellationToken) {
-        loop {
+        while !shutdown.is_cancelled() {
             let wait = match self.fire_due(now_us()).await {
                 Ok(report) => report.next.map_or(LOOK_EVERY, |next| {
                     let until = next.saturating_sub(now_us()).max(0);
@@ -338,6 +338,7 @@ impl Scheduler {
                 }
             };
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }

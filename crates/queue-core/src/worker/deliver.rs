@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use super::acker::{Acker, Left};
@@ -175,10 +176,11 @@ impl Worker {
             return;
         }
         let started = std::time::Instant::now();
-        // Its own task, so that a panic is caught as a JoinError.
-        let job = tokio::spawn(
+        // Its own task, so that a panic is caught as a JoinError; aborted if this run is
+        // dropped, since nothing would renew its lease or settle it any more.
+        let job = AbortOnDropHandle::new(tokio::spawn(
             async move { handler.handle(ctx).await }.instrument(tracing::Span::current()),
-        );
+        ));
         let ending = self
             .watch(&r, held.as_mut(), &freshness, job, &cancel, &hard_stop)
             .await;
@@ -231,7 +233,7 @@ impl Worker {
         r: &Reservation,
         mut held: Option<&mut HeldLease>,
         freshness: &Freshness,
-        mut job: tokio::task::JoinHandle<JobResult>,
+        mut job: AbortOnDropHandle<JobResult>,
         cancel: &CancellationToken,
         hard_stop: &CancellationToken,
     ) -> Ending {

@@ -23,8 +23,9 @@ impl Worker {
     /// flushes pending acks.
     ///
     /// Backend errors while reserving are logged and retried with backoff; they never
-    /// stop the worker. Dropping the future stops everything the run started, without
-    /// the grace period: what it held comes back when its lease runs out.
+    /// stop the worker. Dropping the future stops everything the run started, its
+    /// handlers included, without the grace period: what it held comes back as after a
+    /// crash (see the worker's shutdown in `docs/jobs.md`).
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport> {
         self.run_until(shutdown, CancellationToken::new()).await
     }
@@ -40,11 +41,14 @@ impl Worker {
         let mut this = self;
         this.claim_as()?;
         this.check_limits()?;
-        // Everything the run starts stops with `scope`, and so with the run's future: a
-        // caller that drops it (a timeout around it, a `select!` that took another
-        // branch) must not leave its schedules firing or its heartbeat beating.
+        // What the run starts stops with `scope`, cancelled by `shutdown` and by a drop
+        // of the run's future: a caller that drops it (a timeout around it, a `select!`
+        // that took another branch) must not leave its schedules firing. The heartbeat
+        // beats on through the grace period, so it stops only at the end or on a drop.
         let scope = shutdown.child_token();
         let _stop_when_dropped = scope.clone().drop_guard();
+        let dropped = CancellationToken::new();
+        let _beat_until_dropped = dropped.clone().drop_guard();
         let scheduling = this.start_schedules(scope.child_token()).await?;
         this.controls = this
             .status
@@ -62,7 +66,7 @@ impl Worker {
         };
         let worker = Arc::new(this);
         let concurrency = worker.options.concurrency.max(1);
-        let services = Services::start(&worker, concurrency, &scope);
+        let services = Services::start(&worker, concurrency, &dropped);
         let waking = worker.spawn_wake_parked(scope.child_token());
         // Its own token, cancelled as the worker winds down: a draining worker stops
         // without `shutdown`.
@@ -153,7 +157,7 @@ struct Services {
 }
 
 impl Services {
-    fn start(worker: &Arc<Worker>, concurrency: usize, scope: &CancellationToken) -> Self {
+    fn start(worker: &Arc<Worker>, concurrency: usize, dropped: &CancellationToken) -> Self {
         let status = worker.status.clone();
         let label = crate::status::worker_label();
         let registration = status.clone().map(|store| {
@@ -162,7 +166,7 @@ impl Services {
                 worker.queue.as_str(),
                 concurrency,
                 worker.counters.clone(),
-                scope.child_token(),
+                dropped.child_token(),
             )
         });
         let status_flusher = status.map(|store| {
