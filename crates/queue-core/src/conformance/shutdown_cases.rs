@@ -105,12 +105,16 @@ pub async fn a_dropped_run_stops_its_handlers(h: Arc<dyn Harness>) -> Result<()>
     let q = fresh_queue();
     t.publish(job(&q, "endless")).await?;
     let ticks = Arc::new(AtomicUsize::new(0));
-    let counted = ticks.clone();
+    let gone = CancellationToken::new();
+    let (counted, dropped) = (ticks.clone(), gone.clone());
     let worker = Worker::new(t.clone(), q, fast().with_drain(false)).handle(
         "endless",
         handler_fn(move |ctx: JobContext| {
             let ticks = counted.clone();
+            // Cancelled as the handler's future is dropped: its task was aborted.
+            let aborted = dropped.clone().drop_guard();
             async move {
+                let _aborted = aborted;
                 // Deaf to shutdown: only a cancel or an abort ends it.
                 while !ctx.cancel.is_cancelled() {
                     ticks.fetch_add(1, Ordering::SeqCst);
@@ -135,14 +139,17 @@ pub async fn a_dropped_run_stops_its_handlers(h: Arc<dyn Harness>) -> Result<()>
         }
     }
     drop(run);
-    // An abort lands at the handler's next await.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let aborted = tokio::time::timeout(Duration::from_secs(5), gone.cancelled()).await;
+    assert!(
+        aborted.is_ok(),
+        "the handler ran on after its run was dropped"
+    );
     let after_drop = ticks.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         ticks.load(Ordering::SeqCst),
         after_drop,
-        "the handler ran on after its run was dropped"
+        "the handler's loop went on after its future was dropped"
     );
     assert!(!stop.is_cancelled(), "the caller's token is the caller's");
     Ok(())

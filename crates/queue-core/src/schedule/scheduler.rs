@@ -326,8 +326,13 @@ impl Scheduler {
     /// Fires due slots until `shutdown`, looking again at the next slot or within a
     /// second.
     pub async fn run(self, shutdown: CancellationToken) {
-        while !shutdown.is_cancelled() {
-            let wait = match self.fire_due(now_us()).await {
+        loop {
+            // The time first: a round that starts after the stop fires nothing later.
+            let now = now_us();
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let wait = match self.fire_due(now).await {
                 Ok(report) => report.next.map_or(LOOK_EVERY, |next| {
                     let until = next.saturating_sub(now_us()).max(0);
                     Duration::from_micros(until.unsigned_abs()).min(LOOK_EVERY)
