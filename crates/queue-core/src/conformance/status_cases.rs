@@ -577,7 +577,8 @@ macro_rules! status_tests {
             status_keeps_payload_worker_and_failed_attempts,
             a_reset_job_forgets_its_failed_attempts,
             jobs_are_listed_by_queue_state_and_search_with_counts,
-            workers_report_themselves_and_leave
+            workers_report_themselves_and_leave,
+            a_worker_beats_through_its_grace_period
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -283,3 +283,75 @@ pub async fn workers_report_themselves_and_leave(h: Arc<dyn Harness>) -> Result<
     );
     Ok(())
 }
+
+/// A worker still finishing its jobs after shutdown was asked for keeps beating, so that
+/// it stays listed through its grace period instead of looking gone.
+pub async fn a_worker_beats_through_its_grace_period(h: Arc<dyn Harness>) -> Result<()> {
+    use crate::status::HEARTBEAT_EVERY;
+    use crate::TransportExt;
+    let o = open(&h).await?;
+    let q = fresh_queue();
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let slow = HEARTBEAT_EVERY + Duration::from_secs(2);
+    let worker = Worker::new(
+        o.transport.clone(),
+        q.clone(),
+        options(1).with_grace_period(slow + Duration::from_secs(10)),
+    )
+    .with_status(o.status.clone())
+    .handle_any(handler_fn(move |_ctx: JobContext| {
+        let started = started_tx.clone();
+        async move {
+            let _ = started.send(());
+            // Deaf to shutdown: it ends in its own time, inside the grace period.
+            tokio::time::sleep(slow).await;
+            Ok(())
+        }
+    }));
+    o.transport.publish(job(&q, "slow")).await?;
+    let stop = CancellationToken::new();
+    let running = spawn(worker, &stop);
+    tokio::time::timeout(Duration::from_secs(10), started_rx.recv())
+        .await
+        .map_err(|_| crate::Error::InvalidInput("the job never started".into()))?;
+    let listed = |workers: Vec<crate::status::WorkerInfo>| {
+        workers.into_iter().find(|w| w.queue == q.as_str())
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        if let Some(w) = listed(o.status.workers().await?) {
+            break w;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the running worker was never listed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    stop.cancel();
+    let deadline = tokio::time::Instant::now() + HEARTBEAT_EVERY + Duration::from_millis(1500);
+    let later = loop {
+        let now = listed(o.status.workers().await?);
+        if let Some(w) = now.as_ref().filter(|w| w.heartbeat_at > first.heartbeat_at) {
+            break w.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no heartbeat since shutdown began: first {first:?}, now {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(later.id, first.id);
+    assert!(
+        !running.is_finished(),
+        "the run ended before its handler did"
+    );
+    running
+        .await
+        .map_err(|e| crate::Error::InvalidInput(format!("the worker panicked: {e}")))?;
+    assert!(
+        listed(o.status.workers().await?).is_none(),
+        "a stopped worker is still listed"
+    );
+    Ok(())
+}

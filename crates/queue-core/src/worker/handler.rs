@@ -32,7 +32,8 @@ pub struct JobContext {
     /// later the handler is aborted.
     pub cancel: CancellationToken,
     /// Fires when the worker starts shutting down: finish or checkpoint within the grace
-    /// period.
+    /// period. It is the run's own child of the token given to `run`: a handler that
+    /// cancels it stops this run only, never the caller's token or other workers on it.
     pub shutdown: CancellationToken,
     pub(crate) report: Report,
     pub(crate) tenant: Option<Arc<str>>,
