@@ -35,11 +35,16 @@ pub(crate) fn source_text(err: &Error) -> String {
 pub(crate) fn broker(err: lapin::Error) -> Error {
     // A closed channel or connection may recover; a refused declaration will not. The
     // broker's INTERNAL_ERROR closes the connection over a fault of its own (such as a
-    // consume of a quorum queue whose leader is not elected yet): it may recover too.
+    // consume of a quorum queue whose leader is not elected yet), and CONNECTION_FORCED
+    // as its node stops (a rolling restart) or an operator closes it: the next
+    // connection may work, so a publish cut off by either is made again.
     let transient = match err.kind() {
         lapin::ErrorKind::ProtocolError(e) => matches!(
             e.kind(),
-            lapin::protocol::AMQPErrorKind::Hard(lapin::protocol::AMQPHardError::INTERNALERROR)
+            lapin::protocol::AMQPErrorKind::Hard(
+                lapin::protocol::AMQPHardError::INTERNALERROR
+                    | lapin::protocol::AMQPHardError::CONNECTIONFORCED
+            )
         ),
         _ => true,
     };

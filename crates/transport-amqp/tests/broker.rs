@@ -1,10 +1,12 @@
 //! The broker stops under the transport: `rabbitmqctl stop_app` / `start_app` in the
-//! middle of a drain of 10,000 messages, and the broker's own consumer timeout.
+//! middle of a drain of 10,000 messages, the broker's own consumer timeout, and
+//! `close_all_connections` while batches are being published.
 //!
-//! Both disturb every other AMQP test running at the same time (the first stops the
-//! broker, the second changes a broker-wide setting), so they are `#[ignore]`d in the
-//! parallel suite and `scripts/test` runs them as a step of their own afterwards:
-//! `cargo nextest run -p transport-amqp --test broker --run-ignored only`.
+//! All disturb every other AMQP test running at the same time (the first stops the
+//! broker, the second changes a broker-wide setting, the third closes every connection),
+//! so they are `#[ignore]`d in the parallel suite and `scripts/test` runs them as a step
+//! of their own afterwards: `cargo nextest run -p transport-amqp --test broker
+//! --run-ignored only`.
 
 mod support;
 
@@ -284,5 +286,80 @@ fn the_brokers_consumer_timeout_loses_the_lease_and_the_message_returns() {
         t.ack(&again).await.expect("ack");
         t.delete_queue(&q).await.expect("delete");
         t.close().await;
+    });
+}
+
+#[test]
+#[ignore = "closes every connection to the broker: run alone, after the parallel suite (scripts/test does)"]
+fn a_publish_cut_off_by_a_forced_close_is_published_again() {
+    if skip() {
+        return;
+    }
+    runtime().block_on(async {
+        broker_up().await;
+        let publisher = Arc::new(AmqpTransport::connect(options()).await.expect("connect"));
+        let q = QueueName::new(format!("forced.{}", Uuid::new_v4().simple())).expect("name");
+        // Batches go out back to back, so the close most likely finds one in flight:
+        // RabbitMQ closes with 320 CONNECTION_FORCED, as on a node's stop or a rolling
+        // restart, and the publish must be made again on the next connection, not
+        // reported as failed for good.
+        let closed = CancellationToken::new();
+        let publishing = tokio::spawn({
+            let (publisher, q, closed) = (publisher.clone(), q.clone(), closed.clone());
+            async move {
+                let mut ids = Vec::new();
+                let mut after_close = 0;
+                while after_close < 3 {
+                    let batch: Vec<Envelope> = (0..500)
+                        .map(|_| Envelope::builder(q.as_str(), "job").build())
+                        .collect::<Result<_, _>>()?;
+                    let batch_ids: Vec<Uuid> = batch.iter().map(|e| e.id).collect();
+                    publisher.publish_batch(batch).await?;
+                    ids.extend(batch_ids);
+                    if closed.is_cancelled() {
+                        after_close += 1;
+                    }
+                }
+                Ok::<_, Error>(ids)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::spawn_blocking(|| {
+            rabbitmqctl(&["close_all_connections", "switchyard forced-close test"])
+        })
+        .await
+        .expect("close_all_connections");
+        closed.cancel();
+        let ids = publishing
+            .await
+            .expect("the publishing task")
+            .expect("every publish cut off by the close went through on the next connection");
+
+        // Every id acknowledged to the publisher is in the queue (some maybe twice).
+        let consumer = AmqpTransport::connect(options()).await.expect("connect");
+        let mut seen = std::collections::HashSet::new();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while seen.len() < ids.len() {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} published messages found",
+                seen.len(),
+                ids.len()
+            );
+            let batch = consumer.reserve_batch(&q, 100).await.expect("reserve");
+            if batch.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            for r in &batch {
+                seen.insert(r.id());
+            }
+            consumer.ack_batch(&batch).await.expect("ack");
+        }
+        let missing = ids.iter().filter(|id| !seen.contains(id)).count();
+        assert_eq!(missing, 0, "published messages lost to the forced close");
+        eprintln!("{} published across a forced close, none lost", ids.len());
+        consumer.delete_queue(&q).await.expect("delete");
+        consumer.close().await;
     });
 }
