@@ -197,7 +197,8 @@ impl Node {
         };
         let runtime =
             lapin::runtime::default_runtime().map_err(|e| Error::backend(TRANSPORT, false, e))?;
-        let attempt = Connection::connect_with_config(self.uri.expose(), props, tls, runtime);
+        let uri = self.lapin_uri()?;
+        let attempt = Connection::connect_uri_with_config(uri, props, tls, runtime);
         match tokio::time::timeout(timeout, attempt).await {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(err)) => Err(self.describe(&err)),
@@ -207,6 +208,29 @@ impl Node {
                 self.endpoint.no_answer(timeout),
             )),
         }
+    }
+
+    /// The node's URL as lapin takes it. Parsed here, not by lapin from text: its parse
+    /// takes the host from `Url::domain`, which has none for an IPv6 literal, and falls
+    /// back to localhost. Its error would quote the URL, password and all, so it is not
+    /// passed on.
+    fn lapin_uri(&self) -> Result<lapin::uri::AMQPUri> {
+        let mut uri: lapin::uri::AMQPUri = self.uri.expose().parse().map_err(|_| {
+            Error::backend(
+                TRANSPORT,
+                false,
+                format!("the URL of {} did not parse as AMQP", self.endpoint),
+            )
+        })?;
+        if let Some(ip) = self
+            .endpoint
+            .host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+        {
+            uri.authority.host = ip.to_owned();
+        }
+        Ok(uri)
     }
 
     /// A failed connection attempt as one line: the node, then what went wrong.
@@ -235,5 +259,40 @@ impl Node {
             _ => (true, err.to_string()),
         };
         Error::backend(TRANSPORT, transient, format!("{}: {cause}", self.endpoint))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(url: &str) -> Node {
+        let mut nodes = nodes(&SecretUrl::new(url)).expect("a valid URL");
+        assert_eq!(nodes.len(), 1);
+        nodes.remove(0)
+    }
+
+    #[test]
+    fn an_ipv6_literal_host_is_the_host_lapin_connects_to() {
+        let uri = node("amqp://u:p@[2001:db8::1]:5673/v")
+            .lapin_uri()
+            .expect("a lapin URI");
+        assert_eq!(
+            (uri.authority.host.as_str(), uri.authority.port),
+            ("2001:db8::1", 5673)
+        );
+        assert_eq!(uri.vhost, "v");
+    }
+
+    #[test]
+    fn named_and_ipv4_hosts_pass_through() {
+        for (url, host) in [
+            ("amqp://u:p@rabbit.internal/%2f", "rabbit.internal"),
+            ("amqp://u:p@127.0.0.1:5672/%2f", "127.0.0.1"),
+        ] {
+            let uri = node(url).lapin_uri().expect("a lapin URI");
+            assert_eq!(uri.authority.host, host);
+            assert_eq!(uri.authority.userinfo.password, "p");
+        }
     }
 }
