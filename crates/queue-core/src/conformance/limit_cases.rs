@@ -380,6 +380,67 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
     Ok(())
 }
 
+/// A woken job goes back in line as of when it first parked: a job of its key published
+/// after it parked, and ready all along, is claimed after it, not before (else a busy
+/// key's freed slots could go to newcomers while an old job parks again and again).
+pub async fn a_woken_job_goes_before_its_keys_later_jobs(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, _status, limits)) = open_limited(&h).await? else {
+        return Ok(());
+    };
+    if !t.capabilities().limit_parking {
+        eprintln!(
+            "not applicable to {}: it cannot set a queued job aside",
+            t.name()
+        );
+        return Ok(());
+    }
+    let q = fresh_queue();
+    let old = keyed(&q, "a", 0);
+    t.publish(old.clone()).await?;
+    let want = [Limit::per_field("/k").concurrency(1).want("a".to_owned())];
+    let backstop = Duration::from_secs(300);
+    let limits = limits.as_ref();
+    let holder = LimitLease {
+        queue: q.as_str(),
+        id: "holder",
+        token: "h1",
+    };
+    assert_eq!(
+        limits.acquire(holder, backstop, &want).await?,
+        Acquired::Granted
+    );
+    park_each(
+        t.as_ref(),
+        limits,
+        &q,
+        std::slice::from_ref(&old),
+        &want,
+        backstop,
+    )
+    .await?;
+    // Clocks apart: the newcomer is stored well after the park.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let newcomer = keyed(&q, "a", 1);
+    t.publish(newcomer.clone()).await?;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(limits.release(holder).await?, 1, "the release woke no job");
+    let first = reserve_soon(t.as_ref(), &q)
+        .await?
+        .expect("a job is claimable");
+    assert_eq!(
+        first.id(),
+        old.id,
+        "the key's newcomer was claimed before the job woken for its slot"
+    );
+    let second = reserve_soon(t.as_ref(), &q)
+        .await?
+        .expect("the newcomer is claimable");
+    assert_eq!(second.id(), newcomer.id);
+    t.ack(&first).await?;
+    t.ack(&second).await?;
+    Ok(())
+}
+
 /// Jobs that take their limits in one batch are booked as if one after another: a rate
 /// of 50 a second with a burst of 5 lets 5 of 40 start and books the rest 20 ms apart.
 pub async fn a_batch_books_each_job_its_own_start(h: Arc<dyn Harness>) -> Result<()> {

@@ -74,6 +74,7 @@ macro_rules! conformance_tests {
             a_stale_lease_frees_no_slot,
             a_rate_limit_spaces_starts_without_counting_attempts,
             a_saturated_key_parks_its_jobs_until_a_slot_frees,
+            a_woken_job_goes_before_its_keys_later_jobs,
             a_batch_books_each_job_its_own_start
         );
         $crate::conformance_tests!(@controls $harness;

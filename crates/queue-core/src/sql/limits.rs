@@ -428,9 +428,12 @@ const WAITING_KEYS: &str = "SELECT DISTINCT w.queue, w.limit_key FROM \"switchya
                          WHERE h.queue = w.queue AND h.limit_key = w.limit_key
                            AND h.token IS NOT NULL AND h.held_until > {NOW})
  LIMIT 64";
-/// The jobs table keeps its own clock and parking mark, filled in per dialect.
+/// The jobs table keeps its own clock and parking mark, filled in per dialect. The job
+/// goes back in line as of `since` in the column its claim orders by: `visible_at` on
+/// MySQL and SQLite, `available_at` on PostgreSQL (which keeps both at `since` there,
+/// from `{SINCE_FROM}`, as the parameter is bound once).
 const WAKE: &str =
-    "UPDATE \"switchyard_jobs\" SET available_at = {JOB_NOW}, visible_at = {JOB_SINCE}
+    "UPDATE \"switchyard_jobs\" SET available_at = {JOB_AVAILABLE}, visible_at = {JOB_SINCE}{SINCE_FROM}
  WHERE id = ? AND queue = ? AND token IS NULL AND {NOT_READY}
    AND visible_at > {JOB_NOW} AND visible_at <> {JOB_PARKED}";
 const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_second, l.tokens,
@@ -444,23 +447,36 @@ impl LimitStatements {
     /// The statements in `dialect`.
     pub fn new(dialect: Dialect) -> Self {
         let s = |sql: &str| dialect.write(sql);
-        let (job_now, job_since, not_ready, job_parked) = match dialect {
+        let (job_now, job_available, job_since, since_from, not_ready, job_parked) = match dialect {
             Dialect::Postgres => (
                 "now()",
-                "LEAST(now(), to_timestamp(?::double precision / 1000000))",
+                "w.since",
+                "w.since",
+                "\n  FROM (SELECT LEAST(now(), to_timestamp(?::double precision / 1000000)) AS since) AS w",
                 "NOT ready",
                 "'infinity'",
             ),
             Dialect::MySql => (
                 "{NOW}",
+                "{NOW}",
                 "LEAST({NOW}, ?)",
+                "",
                 "ready = 0",
                 "9223372036854775807",
             ),
-            Dialect::Sqlite => ("{NOW}", "MIN({NOW}, ?)", "ready = 0", "9223372036854775807"),
+            Dialect::Sqlite => (
+                "{NOW}",
+                "{NOW}",
+                "MIN({NOW}, ?)",
+                "",
+                "ready = 0",
+                "9223372036854775807",
+            ),
         };
         let wake = WAKE
+            .replace("{JOB_AVAILABLE}", job_available)
             .replace("{JOB_SINCE}", job_since)
+            .replace("{SINCE_FROM}", since_from)
             .replace("{JOB_NOW}", job_now)
             .replace("{NOT_READY}", not_ready)
             .replace("{JOB_PARKED}", job_parked);
