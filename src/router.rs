@@ -186,6 +186,28 @@ pub fn canary_side(id: &Uuid, percent: u8) -> bool {
 }
 
 /// Adds `from`'s acked and lost ids to `into`'s.
+/// How many more times [`ack_again`] tries a side's acks, backing off from 50 ms.
+const ACK_AGAIN_TRIES: u32 = 4;
+
+/// Tries `part`'s acks on `side` again, after `err`; what never commits is reported lost.
+async fn ack_again(side: &dyn Transport, part: &[Reservation], mut err: Error) -> AckReport {
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..ACK_AGAIN_TRIES {
+        tracing::warn!(error = %err, side = side.name(), size = part.len(), "acks on one side of the router failed; trying again");
+        tokio::time::sleep(delay).await;
+        delay *= 2;
+        match side.ack_batch(part).await {
+            Ok(report) => return report,
+            Err(e) => err = e,
+        }
+    }
+    tracing::error!(error = %err, side = side.name(), size = part.len(), "giving up on one side's acks; its messages will be delivered again");
+    AckReport {
+        acked: Vec::new(),
+        lost: part.iter().map(Reservation::id).collect(),
+    }
+}
+
 fn merge_reports(into: &mut AckReport, from: AckReport) {
     into.acked.extend(from.acked);
     into.lost.extend(from.lost);
@@ -321,14 +343,38 @@ impl Transport for Router {
     }
 
     async fn ack_batch(&self, reservations: &[Reservation]) -> Result<AckReport> {
+        // Each side is acked whatever the other does: one side's outage must not hold
+        // back acks the other can commit.
         let mut report = AckReport::default();
+        let mut failed = Vec::new();
+        let mut committed = false;
         for (t, part) in [&self.primary, &self.other]
             .into_iter()
             .zip(self.split(reservations))
         {
-            if !part.is_empty() {
-                merge_reports(&mut report, t.ack_batch(&part).await?);
+            if part.is_empty() {
+                continue;
             }
+            match t.ack_batch(&part).await {
+                Ok(r) => {
+                    merge_reports(&mut report, r);
+                    committed = true;
+                }
+                Err(err) => failed.push((t, part, err)),
+            }
+        }
+        if !committed {
+            // Nothing committed: the caller may try the whole batch again.
+            return match failed.into_iter().next() {
+                Some((_, _, err)) => Err(err),
+                None => Ok(report),
+            };
+        }
+        // One side committed, so the batch cannot be tried again whole (its acks would
+        // come back as lost leases): the side that failed is tried again here, and what
+        // it still cannot ack is reported lost, to come back as after a lost lease.
+        for (t, part, err) in failed {
+            merge_reports(&mut report, ack_again(t.as_ref(), &part, err).await);
         }
         Ok(report)
     }

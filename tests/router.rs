@@ -214,3 +214,62 @@ async fn a_backend_that_is_down_does_not_stop_the_other() -> Result<()> {
     assert_eq!(router.ack_batch(&got).await?.acked.len(), 4);
     Ok(())
 }
+
+/// A side whose acks fail does not hold back the other's: the other side's acks commit
+/// and are reported acked, the failing side's are reported lost (after tries of their
+/// own) and come back as after a lost lease.
+#[tokio::test]
+async fn one_sides_failing_acks_do_not_hold_back_the_others() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::backend("sqlite", false, e))?;
+    let url = |name: &str| format!("sqlite://{}", dir.path().join(name).display());
+    let primary = Arc::new(SqliteTransport::connect(SqliteOptions::new(url("p.db"))).await?);
+    let other = Arc::new(SqliteTransport::connect(SqliteOptions::new(url("o.db"))).await?);
+    let router = Router::new(primary.clone(), BackendKind::Exec, other.clone(), 50);
+    let q = queue_core::QueueName::new("q")?;
+    let jobs = 20;
+    router
+        .publish_batch(
+            (0..jobs)
+                .map(|_| {
+                    queue_core::Envelope::builder("q", "k")
+                        .build()
+                        .expect("an envelope")
+                })
+                .collect(),
+        )
+        .await?;
+    let mut got = Vec::new();
+    while got.len() < jobs {
+        let more = router.reserve_batch(&q, jobs).await?;
+        assert!(!more.is_empty(), "{} of {jobs} reserved", got.len());
+        got.extend(more);
+    }
+    // The side acked first is the one that fails.
+    primary.close().await;
+    let report = router.ack_batch(&got).await?;
+    assert!(
+        !report.acked.is_empty() && !report.lost.is_empty(),
+        "a 50% canary put all {jobs} jobs on one side: {report:?}"
+    );
+    assert_eq!(report.acked.len() + report.lost.len(), jobs);
+    let left = |stats: Vec<queue_core::QueueStats>| {
+        stats
+            .into_iter()
+            .map(|s| s.ready + s.reserved + s.delayed)
+            .sum::<u64>()
+    };
+    assert_eq!(
+        left(other.stats(Some(&q)).await?),
+        0,
+        "the healthy side kept acked jobs"
+    );
+    let reopened = SqliteTransport::connect(SqliteOptions::new(url("p.db"))).await?;
+    assert_eq!(
+        left(reopened.stats(Some(&q)).await?),
+        report.lost.len() as u64,
+        "the failing side's jobs are not all still there"
+    );
+    reopened.close().await;
+    other.close().await;
+    Ok(())
+}
