@@ -503,6 +503,7 @@ fn move_round_trip(mut sb: Sandbox) {
         "{v}"
     );
     assert_eq!(v["dead_letters"], 2, "{v}");
+    assert_eq!(v["left"], 0, "{v}");
     assert!(
         v["differences"].as_array().is_some_and(|d| !d.is_empty()),
         "no capability differences reported: {v}"
@@ -538,6 +539,7 @@ fn move_round_trip(mut sb: Sandbox) {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("move JSON");
     assert_eq!(v["moved"], 13, "{v}");
     assert_eq!(v["dead_letters"], 2, "{v}");
+    assert_eq!(v["left"], 0, "{v}");
     assert_eq!(sb.ready(&q), 0, "left on RabbitMQ");
     assert!(sb.dead(&q).is_empty(), "dead letters left on RabbitMQ");
     sb.set_env("QUEUE_BACKEND", "exec");
@@ -547,6 +549,53 @@ fn move_round_trip(mut sb: Sandbox) {
         dead_before,
         "the dead letters back on exec"
     );
+    delete_broker_queue(&q);
+}
+
+/// A message held under a lease (a worker's, or a failed move's) cannot be moved: `move`
+/// says how many are still on the source, instead of reporting the queue moved.
+#[test]
+fn move_reports_what_it_left_held_on_the_source() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_DRAIN", "none");
+    sb.set_env("QUEUE_BACKEND", "exec");
+    let q = fresh_queue("move-held");
+    publish(&sb, &q, 2);
+    let rt = runtime();
+    let config = sb.config();
+    let (source, held) = rt.block_on(async {
+        let source = switchyard::connect_backend(&config, switchyard::BackendKind::Exec, false)
+            .await
+            .expect("the exec backend");
+        let queue = QueueName::new(q.clone()).expect("a queue name");
+        let held = source
+            .reserve(&queue)
+            .await
+            .expect("reserve")
+            .expect("a message to hold");
+        (source, held)
+    });
+    let out = sb.run(&[
+        "move", "--from", "exec", "--to", "rabbitmq", "--queue", &q, "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("move JSON");
+    assert_eq!(
+        (v["moved"].as_u64(), v["left"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    assert!(
+        v["notes"].as_array().is_some_and(|n| n.iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("1 messages") && n.contains("still on exec")))),
+        "no note of the message left: {v}"
+    );
+    rt.block_on(async {
+        source.ack(&held).await.expect("ack the held message");
+    });
     delete_broker_queue(&q);
 }
 

@@ -64,8 +64,22 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
     }
 
     let dead = move_dead(source.as_ref(), dest.as_ref(), &queue, batch).await?;
+    // What no claim here could take: held by a worker, or by the lease of an earlier
+    // move that failed between its copy and its removal. The source is not empty until
+    // they are gone, which an operator about to stop draining it must know.
+    let left: u64 = source
+        .stats(Some(&queue))
+        .await?
+        .iter()
+        .map(|s| s.ready + s.delayed + s.reserved)
+        .sum();
 
     let mut notes = Vec::new();
+    if left > 0 {
+        notes.push(format!(
+            "{left} messages of {queue} are still on {from}, held by a worker or by the lease of an earlier move that failed: keep draining {from}, or run this move again once their leases have run out"
+        ));
+    }
     if prioritised > 0 && !dest.capabilities().priorities {
         notes.push(format!(
             "{prioritised} moved messages carry a priority, which {to} does not order by"
@@ -89,6 +103,7 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
             "moved": moved,
             "delayed": delayed,
             "dead_letters": dead,
+            "left": left,
             "differences": differences,
             "notes": notes,
         }));
