@@ -599,6 +599,68 @@ fn move_reports_what_it_left_held_on_the_source() {
     delete_broker_queue(&q);
 }
 
+/// Dead letters without an id stay on the source, and a batch of them ahead of the
+/// others (they died first) does not end the move of the letters behind them.
+#[cfg(feature = "sqlite")]
+#[test]
+fn move_takes_dead_letters_behind_ones_without_an_id() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_DRAIN", "none");
+    sb.set_env("QUEUE_BACKEND", "exec");
+    let q = fresh_queue("move-idless");
+    publish(&sb, &q, 2);
+    let out = sb.run(&[
+        "work",
+        "--queue",
+        &q,
+        "--exec",
+        "cat >/dev/null; exit 1",
+        "--max-attempts",
+        "1",
+        "--drain",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dead_before = dead_of(&sb, &q);
+    assert_eq!(dead_before.len(), 2);
+    // A letter as another program might leave it: no id, and dead before the others.
+    let url = format!("sqlite://{}", sb.db().display());
+    let queue = q.clone();
+    runtime().block_on(async move {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&url)
+            .await
+            .expect("the sandbox's database");
+        sqlx::query(
+            "INSERT INTO switchyard_jobs_dead (id, queue, kind, reason, dead_at, envelope) \
+             VALUES ('', ?1, 'job', 'malformed', 0, 'not an envelope')",
+        )
+        .bind(queue)
+        .execute(&mut conn)
+        .await
+        .expect("a dead letter without an id");
+    });
+    let out = sb.run(&[
+        "move", "--from", "exec", "--to", "rabbitmq", "--queue", &q, "--batch", "1", "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("move JSON");
+    assert_eq!(v["dead_letters"], 2, "{v}");
+    assert_eq!(
+        sb.dead(&q).len(),
+        1,
+        "the letter without an id stays on exec"
+    );
+    sb.set_env("QUEUE_BACKEND", "rabbitmq");
+    assert_eq!(
+        dead_of(&sb, &q),
+        dead_before,
+        "the dead letters on RabbitMQ"
+    );
+    delete_broker_queue(&q);
+}
+
 /// `stats` during a canary names the canary side `canary N%` (never `draining`, which is
 /// for a backend being left), whichever way the canary points, in text and JSON.
 #[test]

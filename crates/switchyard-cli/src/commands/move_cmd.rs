@@ -205,13 +205,23 @@ async fn move_dead(
 ) -> Result<u64> {
     let mut moved = 0u64;
     let mut seen: HashSet<String> = HashSet::new();
+    // Letters without an id stay on the source and keep their place in its list, so
+    // each listing asks for that many more: a batch of them must not end the move.
+    let mut id_less = 0usize;
     loop {
-        let mut letters = source.dead_list(Some(queue), batch).await?;
+        let limit = batch.saturating_add(id_less);
+        let mut letters = source.dead_list(Some(queue), limit).await?;
+        let listed = letters.len();
         // A letter without an id (a malformed message that carried none) cannot be
         // purged alone: it stays on the source, for `dead purge` or `dead replay` there.
         let without_id = letters.iter().filter(|l| l.id.is_empty()).count();
         letters.retain(|l| !l.id.is_empty());
         if letters.is_empty() {
+            // A full list of them may hide letters with ids behind it.
+            if listed == limit && without_id > id_less {
+                id_less = without_id;
+                continue;
+            }
             if without_id > 0 {
                 tracing::warn!(
                     count = without_id,
@@ -226,6 +236,7 @@ async fn move_dead(
                 letters.len()
             )));
         }
+        id_less = without_id;
         dest.dead_insert(&letters).await?;
         for l in &letters {
             match source
