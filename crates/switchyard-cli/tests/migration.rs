@@ -308,6 +308,66 @@ fn a_relay_killed_mid_run_loses_nothing() {
     eprintln!("relay killed with {left} left; {duplicates} forwarded twice, same ids");
 }
 
+/// A message the outbox accepted is forwarded even when the broker finds its unique key
+/// held by another job: a key held only while pending is freed by the relay's first
+/// claim, another job of the key is published meanwhile, and the first claim's lease
+/// runs out; the relay's next try must not drop the first job as a duplicate.
+#[test]
+fn the_relay_forwards_a_job_whose_key_another_job_took_meanwhile() {
+    let Some(mut sb) = both() else {
+        return;
+    };
+    sb.set_env("QUEUE_BACKEND", "exec");
+    sb.set_env("QUEUE_DRAIN", "none");
+    sb.set_env("QUEUE_VISIBILITY_TIMEOUT", "1s");
+    let q = fresh_queue("relay-unique");
+    let config = sb.config();
+    let key = || switchyard::Unique::new("invoice-7").while_pending();
+    let (first, second) = runtime().block_on(async {
+        let outbox = switchyard::connect_backend(&config, switchyard::BackendKind::Exec, true)
+            .await
+            .expect("the outbox");
+        let queue = QueueName::new(q.clone()).expect("a queue name");
+        let job = || {
+            switchyard::Envelope::builder(q.as_str(), "job")
+                .unique(key())
+                .build()
+                .expect("an envelope")
+        };
+        let first = job();
+        outbox
+            .publish(first.clone())
+            .await
+            .expect("publish the first");
+        // A relay that claims it and dies: the claim frees the key.
+        let claimed = outbox
+            .reserve(&queue)
+            .await
+            .expect("reserve")
+            .expect("the first job");
+        assert_eq!(claimed.id(), first.id);
+        let second = job();
+        let published = outbox
+            .publish(second.clone())
+            .await
+            .expect("publish the second");
+        assert!(
+            published.duplicate_of(second.id).is_none(),
+            "the key was not freed by the claim"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        (first.id, second.id)
+    });
+    let out = sb.run(&["relay", "--queue", &q, "--drain", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let seen = runtime().block_on(consume_all(&q, Duration::from_secs(2)));
+    assert!(
+        seen.contains_key(&first),
+        "the first job was dropped on its way to RabbitMQ: {seen:?}"
+    );
+    assert!(seen.contains_key(&second), "the second job: {seen:?}");
+}
+
 /// Keyed messages in the outbox are relayed in order to their key's partition on
 /// RabbitMQ, beside unkeyed ones, and come out of it one at a time in that order.
 #[test]

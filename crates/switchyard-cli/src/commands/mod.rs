@@ -5,6 +5,7 @@ mod common;
 mod control;
 mod dead;
 mod demo;
+mod forward;
 mod job;
 mod migrate;
 mod move_cmd;

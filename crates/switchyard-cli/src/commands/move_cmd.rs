@@ -8,10 +8,11 @@
 use std::collections::HashSet;
 
 use switchyard::{
-    BackendKind, Capabilities, ConfigError, DeadSelection, Envelope, Error, QueueName, Result,
-    Transport, TransportExt,
+    BackendKind, Capabilities, ConfigError, DeadSelection, Error, QueueName, Result, Transport,
+    TransportExt,
 };
 
+use super::forward::publish_forwarded;
 use crate::cli::MoveArgs;
 
 pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool) -> Result<()> {
@@ -51,9 +52,10 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
         prioritised += taken.iter().filter(|r| r.envelope.priority != 0).count() as u64;
         // On failure the batch is not given back: its move leases return the rows at the
         // later of their due time and the lease's end, so no delay is cut short.
-        store_moved(
+        publish_forwarded(
             dest.as_ref(),
             taken.iter().map(|r| r.envelope.clone()).collect(),
+            "move",
         )
         .await?;
         let report = source.ack_batch(&taken).await?;
@@ -111,31 +113,6 @@ pub(crate) async fn run(config: &switchyard::Config, args: MoveArgs, json: bool)
     outln!("moved {moved} messages ({delayed} delayed) and {dead} dead letters of {queue} from {from} to {to}");
     for n in notes {
         outln!("note: {n}");
-    }
-    Ok(())
-}
-
-/// Publishes a moved batch to the destination. A unique key the destination cannot keep,
-/// or that it holds for another job, is left behind; the message never is.
-async fn store_moved(dest: &dyn Transport, mut envelopes: Vec<Envelope>) -> Result<()> {
-    let caps = dest.capabilities();
-    for env in &mut envelopes {
-        if env.unique.as_ref().is_some_and(|u| !caps.keeps_unique(u)) {
-            env.unique = None;
-        }
-    }
-    let published = dest.publish_batch(envelopes.clone()).await?;
-    if !published.duplicates.is_empty() {
-        let again: Vec<Envelope> = envelopes
-            .into_iter()
-            .filter(|e| published.duplicate_of(e.id).is_some())
-            .map(|mut e| {
-                e.unique = None;
-                e
-            })
-            .collect();
-        tracing::warn!(count = again.len(), "move: the destination holds these messages' unique keys for other jobs; they move without their keys");
-        dest.publish_batch(again).await?;
     }
     Ok(())
 }

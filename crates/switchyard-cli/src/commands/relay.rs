@@ -10,6 +10,7 @@ use switchyard::{
     BackendKind, CancellationToken, Config, QueueName, Result, Transport, TransportExt,
 };
 
+use super::forward::publish_forwarded;
 use crate::cli::RelayArgs;
 
 /// The longest pause between looks at an empty outbox.
@@ -98,19 +99,10 @@ async fn relay(
         }
         // The envelopes as stored: same ids, attempts, due times, headers. A unique key
         // held while the message waited in the outbox; the broker keeps it further only
-        // where it can (with its control store, and never a debounce).
-        let caps = broker.capabilities();
-        let envelopes = taken
-            .iter()
-            .map(|r| {
-                let mut env = r.envelope.clone();
-                if env.unique.as_ref().is_some_and(|u| !caps.keeps_unique(u)) {
-                    env.unique = None;
-                }
-                env
-            })
-            .collect();
-        if let Err(err) = broker.publish_batch(envelopes).await {
+        // where it can (with its control store, and never a debounce), and one it holds
+        // for another job is left behind: the message was accepted, and is forwarded.
+        let envelopes = taken.iter().map(|r| r.envelope.clone()).collect();
+        if let Err(err) = publish_forwarded(broker, envelopes, "relay").await {
             // Not all confirmed: give them back for the next try (those the broker did
             // confirm are then forwarded twice, with the same ids).
             tracing::warn!(error = %err, "relay: publishing to RabbitMQ failed; retrying");
