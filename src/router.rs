@@ -185,7 +185,6 @@ pub fn canary_side(id: &Uuid, percent: u8) -> bool {
     queue_core::stable_hash::fnv1a(id.as_bytes()) % 100 < u64::from(percent)
 }
 
-/// Adds `from`'s acked and lost ids to `into`'s.
 /// How many more times [`ack_again`] tries a side's acks, backing off from 50 ms.
 const ACK_AGAIN_TRIES: u32 = 4;
 
@@ -208,6 +207,7 @@ async fn ack_again(side: &dyn Transport, part: &[Reservation], mut err: Error) -
     }
 }
 
+/// Adds `from`'s acked and lost ids to `into`'s.
 fn merge_reports(into: &mut AckReport, from: AckReport) {
     into.acked.extend(from.acked);
     into.lost.extend(from.lost);

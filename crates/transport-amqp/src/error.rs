@@ -51,6 +51,19 @@ pub(crate) fn broker(err: lapin::Error) -> Error {
     Error::backend(TRANSPORT, transient, err)
 }
 
+/// Whether the broker answered NOT_FOUND (a passive declaration of a queue that does not
+/// exist): any other error, a connection the broker closed included, is not an answer
+/// about the queue.
+pub(crate) fn not_found(err: &lapin::Error) -> bool {
+    matches!(
+        err.kind(),
+        lapin::ErrorKind::ProtocolError(e) if matches!(
+            e.kind(),
+            lapin::protocol::AMQPErrorKind::Soft(lapin::protocol::AMQPSoftError::NOTFOUND)
+        )
+    )
+}
+
 pub(crate) fn lost(r: &Reservation) -> Error {
     Error::LeaseLost { message_id: r.id() }
 }

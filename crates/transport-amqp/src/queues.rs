@@ -200,7 +200,7 @@ pub(crate) async fn queue_exists(connector: &Connector, name: &str) -> Result<bo
             Ok(true)
         }
         // NOT_FOUND closes the channel.
-        Err(err) if matches!(err.kind(), lapin::ErrorKind::ProtocolError(_)) => Ok(false),
+        Err(err) if crate::error::not_found(&err) => Ok(false),
         Err(err) => Err(broker(err)),
     }
 }

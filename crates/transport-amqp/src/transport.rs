@@ -626,7 +626,7 @@ impl Transport for AmqpTransport {
             {
                 Ok(main) => main,
                 // A queue never declared has nothing in it (NOT_FOUND).
-                Err(err) if matches!(err.kind(), lapin::ErrorKind::ProtocolError(_)) => continue,
+                Err(err) if crate::error::not_found(&err) => continue,
                 Err(err) => return Err(broker(err)),
             };
             let dead = ch

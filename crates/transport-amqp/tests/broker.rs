@@ -325,7 +325,11 @@ fn a_publish_cut_off_by_a_forced_close_is_published_again() {
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         tokio::task::spawn_blocking(|| {
-            rabbitmqctl(&["close_all_connections", "switchyard forced-close test"])
+            rabbitmqctl(&[
+                "close_all_connections",
+                "--global",
+                "switchyard forced-close test",
+            ])
         })
         .await
         .expect("close_all_connections");
@@ -361,5 +365,6 @@ fn a_publish_cut_off_by_a_forced_close_is_published_again() {
         eprintln!("{} published across a forced close, none lost", ids.len());
         consumer.delete_queue(&q).await.expect("delete");
         consumer.close().await;
+        publisher.close().await;
     });
 }

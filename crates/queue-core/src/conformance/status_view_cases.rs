@@ -317,6 +317,8 @@ pub async fn a_worker_beats_through_its_grace_period(h: Arc<dyn Harness>) -> Res
     let listed = |workers: Vec<crate::status::WorkerInfo>| {
         workers.into_iter().find(|w| w.queue == q.as_str())
     };
+    // Taken after the stop: a beat between this and a stop would prove nothing.
+    stop.cancel();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let first = loop {
         if let Some(w) = listed(o.status.workers().await?) {
@@ -328,7 +330,6 @@ pub async fn a_worker_beats_through_its_grace_period(h: Arc<dyn Harness>) -> Res
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    stop.cancel();
     let deadline = tokio::time::Instant::now() + HEARTBEAT_EVERY + Duration::from_millis(1500);
     let later = loop {
         let now = listed(o.status.workers().await?);

@@ -431,9 +431,11 @@ const WAITING_KEYS: &str = "SELECT DISTINCT w.queue, w.limit_key FROM \"switchya
 /// The jobs table keeps its own clock and parking mark, filled in per dialect. The job
 /// goes back in line as of `since` in the column its claim orders by: `visible_at` on
 /// MySQL and SQLite, `available_at` on PostgreSQL (which keeps both at `since` there,
-/// from `{SINCE_FROM}`, as the parameter is bound once).
+/// from `{SINCE_FROM}`, as the parameter is bound once). It is made ready at once, as a
+/// give-back is: left to the next promotion of due rows, which a busy claimer skips for
+/// a while, it would lose the freed slot to the key's jobs that were ready all along.
 const WAKE: &str =
-    "UPDATE \"switchyard_jobs\" SET available_at = {JOB_AVAILABLE}, visible_at = {JOB_SINCE}{SINCE_FROM}
+    "UPDATE \"switchyard_jobs\" SET available_at = {JOB_AVAILABLE}, visible_at = {JOB_SINCE}, ready = {READY}{SINCE_FROM}
  WHERE id = ? AND queue = ? AND token IS NULL AND {NOT_READY}
    AND visible_at > {JOB_NOW} AND visible_at <> {JOB_PARKED}";
 const USAGE: &str = "SELECT l.queue, l.limit_key, l.concurrency, l.rate_per_second, l.tokens,
@@ -473,7 +475,12 @@ impl LimitStatements {
                 "9223372036854775807",
             ),
         };
+        let ready = match dialect {
+            Dialect::Postgres => "true",
+            Dialect::MySql | Dialect::Sqlite => "1",
+        };
         let wake = WAKE
+            .replace("{READY}", ready)
             .replace("{JOB_AVAILABLE}", job_available)
             .replace("{JOB_SINCE}", job_since)
             .replace("{SINCE_FROM}", since_from)
