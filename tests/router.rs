@@ -186,6 +186,17 @@ fn down() -> Error {
     Error::backend("down", true, "unreachable")
 }
 
+/// `n` jobs of kind `k` on the queue `q`.
+fn jobs_of_q(n: usize) -> Vec<queue_core::Envelope> {
+    (0..n)
+        .map(|_| {
+            queue_core::Envelope::builder("q", "k")
+                .build()
+                .expect("an envelope")
+        })
+        .collect()
+}
+
 /// While the backend being drained is down, the configured one is still served, and
 /// what it hands out is never dropped because the other failed.
 #[tokio::test]
@@ -196,17 +207,7 @@ async fn a_backend_that_is_down_does_not_stop_the_other() -> Result<()> {
         Arc::new(SqliteTransport::connect(SqliteOptions::new(url)).await?);
     let router = Router::new(primary, BackendKind::Exec, Arc::new(Down), 0);
     let q = queue_core::QueueName::new("q")?;
-    router
-        .publish_batch(
-            (0..4)
-                .map(|_| {
-                    queue_core::Envelope::builder("q", "k")
-                        .build()
-                        .expect("an envelope")
-                })
-                .collect(),
-        )
-        .await?;
+    router.publish_batch(jobs_of_q(4)).await?;
     // Both orders of asking (the first side alternates).
     let mut got = router.reserve_batch(&q, 2).await?;
     got.extend(router.reserve_batch(&q, 2).await?);
@@ -227,17 +228,7 @@ async fn one_sides_failing_acks_do_not_hold_back_the_others() -> Result<()> {
     let router = Router::new(primary.clone(), BackendKind::Exec, other.clone(), 50);
     let q = queue_core::QueueName::new("q")?;
     let jobs = 20;
-    router
-        .publish_batch(
-            (0..jobs)
-                .map(|_| {
-                    queue_core::Envelope::builder("q", "k")
-                        .build()
-                        .expect("an envelope")
-                })
-                .collect(),
-        )
-        .await?;
+    router.publish_batch(jobs_of_q(jobs)).await?;
     let mut got = Vec::new();
     while got.len() < jobs {
         let more = router.reserve_batch(&q, jobs).await?;

@@ -30,6 +30,21 @@ async fn open_limited(h: &Arc<dyn Harness>) -> Result<Option<Beside<dyn LimitSto
     open_beside(h, limits, "no store beside it keeps limits").await
 }
 
+/// As [`open_limited`], where the store can also park a queued job (said why not).
+async fn open_parking(h: &Arc<dyn Harness>) -> Result<Option<Beside<dyn LimitStore>>> {
+    let Some(opened) = open_limited(h).await? else {
+        return Ok(None);
+    };
+    if !opened.1.capabilities().limit_parking {
+        eprintln!(
+            "not applicable to {}: it cannot set a queued job aside",
+            opened.1.name()
+        );
+        return Ok(None);
+    }
+    Ok(Some(opened))
+}
+
 fn keyed(q: &QueueName, key: &str, n: usize) -> Envelope {
     Envelope::builder(q.as_str(), "call")
         .payload(&serde_json::json!({ "k": key, "n": n }))
@@ -283,27 +298,14 @@ async fn park_each(
     Ok(())
 }
 
-/// Where the store sits beside the jobs, a job that finds its key's only slot taken is
-/// parked: no claim sees it again until the slot is released (which wakes the oldest
-/// parked job, and only one) or runs out (which the workers' wake-up finds); a park that
-/// finds the slot free, or a job not in the store's table, parks nothing.
-pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harness>) -> Result<()> {
-    let Some((_store, t, _status, limits)) = open_limited(&h).await? else {
-        return Ok(());
-    };
-    if !t.capabilities().limit_parking {
-        eprintln!(
-            "not applicable to {}: it cannot set a queued job aside",
-            t.name()
-        );
-        return Ok(());
-    }
-    let q = fresh_queue();
-    let envs: Vec<Envelope> = (0..3).map(|n| keyed(&q, "a", n)).collect();
-    t.publish_batch(envs.clone()).await?;
+/// Takes key `a`'s only slot (a limit of 1 per `/k`) for a holder that is no job: the
+/// limit's want, the holder's lease, and the backstop of parks.
+async fn take_the_only_slot<'a>(
+    limits: &dyn LimitStore,
+    q: &'a QueueName,
+) -> Result<([Want; 1], LimitLease<'a>, Duration)> {
     let want = [Limit::per_field("/k").concurrency(1).want("a".to_owned())];
     let backstop = Duration::from_secs(300);
-    let limits = limits.as_ref();
     let holder = LimitLease {
         queue: q.as_str(),
         id: "holder",
@@ -313,6 +315,22 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
         limits.acquire(holder, backstop, &want).await?,
         Acquired::Granted
     );
+    Ok((want, holder, backstop))
+}
+
+/// Where the store sits beside the jobs, a job that finds its key's only slot taken is
+/// parked: no claim sees it again until the slot is released (which wakes the oldest
+/// parked job, and only one) or runs out (which the workers' wake-up finds); a park that
+/// finds the slot free, or a job not in the store's table, parks nothing.
+pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, _status, limits)) = open_parking(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let envs: Vec<Envelope> = (0..3).map(|n| keyed(&q, "a", n)).collect();
+    t.publish_batch(envs.clone()).await?;
+    let limits = limits.as_ref();
+    let (want, holder, backstop) = take_the_only_slot(limits, &q).await?;
     park_each(t.as_ref(), limits, &q, &envs, &want, backstop).await?;
     assert!(t.reserve(&q).await?.is_none(), "a parked job was claimable");
     // The release wakes the oldest parked job, and only it.
@@ -384,31 +402,14 @@ pub async fn a_saturated_key_parks_its_jobs_until_a_slot_frees(h: Arc<dyn Harnes
 /// after it parked, and ready all along, is claimed after it, not before (else a busy
 /// key's freed slots could go to newcomers while an old job parks again and again).
 pub async fn a_woken_job_goes_before_its_keys_later_jobs(h: Arc<dyn Harness>) -> Result<()> {
-    let Some((_store, t, _status, limits)) = open_limited(&h).await? else {
+    let Some((_store, t, _status, limits)) = open_parking(&h).await? else {
         return Ok(());
     };
-    if !t.capabilities().limit_parking {
-        eprintln!(
-            "not applicable to {}: it cannot set a queued job aside",
-            t.name()
-        );
-        return Ok(());
-    }
     let q = fresh_queue();
     let old = keyed(&q, "a", 0);
     t.publish(old.clone()).await?;
-    let want = [Limit::per_field("/k").concurrency(1).want("a".to_owned())];
-    let backstop = Duration::from_secs(300);
     let limits = limits.as_ref();
-    let holder = LimitLease {
-        queue: q.as_str(),
-        id: "holder",
-        token: "h1",
-    };
-    assert_eq!(
-        limits.acquire(holder, backstop, &want).await?,
-        Acquired::Granted
-    );
+    let (want, holder, backstop) = take_the_only_slot(limits, &q).await?;
     park_each(
         t.as_ref(),
         limits,
