@@ -9,11 +9,11 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::harness::{open_beside, Beside, Harness};
-use super::worker_support::{fast, fresh_queue};
+use super::worker_support::{drain, fast, fresh_queue};
 use crate::controls::Controls;
-use crate::status::JobState;
-use crate::worker::{handler_fn, JobContext, Worker};
-use crate::{Envelope, Error, QueueName, Result, TransportExt};
+use crate::status::{JobState, Jobs};
+use crate::worker::{handler_fn, JobContext, JobError, Worker};
+use crate::{DeadSelection, Envelope, Error, QueueName, Result, TransportExt};
 
 /// A fresh store's transport, status store and controls, or `None` (said why) where the
 /// backend keeps no controls (RabbitMQ without a control store).
@@ -191,6 +191,79 @@ pub async fn cancelled_jobs_never_run_or_are_stopped(h: Arc<dyn Harness>) -> Res
     assert!(
         !marks.contains(&waiting.id) && !marks.contains(&long.id),
         "an ended job's cancellation mark stayed"
+    );
+    Ok(())
+}
+
+/// A cancellation made as a job ended (its worker never saw it) cancels no later run of
+/// the job: a replay by id, a bulk replay and a publish under its id each run it, and
+/// the marks are forgotten.
+pub async fn a_mark_left_by_an_ended_run_cancels_no_later_run(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t, status, controls)) = open_controlled(&h).await? else {
+        return Ok(());
+    };
+    let q = fresh_queue();
+    let jobs = Jobs::new(t.clone(), Some(status.clone()));
+    let (by_id, in_bulk, again) = (job(&q, "doomed"), job(&q, "doomed"), job(&q, "done"));
+    let ids = [by_id.id, in_bulk.id, again.id];
+    jobs.publish_batch(vec![by_id.clone(), in_bulk.clone(), again.clone()])
+        .await?;
+    let first = Worker::new(t.clone(), q.clone(), fast())
+        .with_status(status.clone())
+        .handle_any(handler_fn(|ctx: JobContext| async move {
+            match ctx.envelope.kind.as_str() {
+                "doomed" => Err(JobError::fail("doomed on its first run")),
+                _ => Ok(()),
+            }
+        }));
+    drain(first).await?;
+    for id in ids {
+        let recorded = status.get(id).await?.map(|s| s.state);
+        assert!(
+            recorded.is_some_and(JobState::is_final),
+            "the first run of {id}: {recorded:?}"
+        );
+    }
+    // Marked just as they ended: no worker saw the marks.
+    controls.cancel(&ids).await?;
+    let replayed = jobs
+        .replay_dead(Some(&q), &DeadSelection::Id(by_id.id.to_string()))
+        .await?;
+    assert_eq!(replayed, 1);
+    assert_eq!(jobs.replay_dead(Some(&q), &DeadSelection::All).await?, 1);
+    jobs.publish(again.clone()).await?;
+    let ran: Arc<Mutex<Vec<Uuid>>> = Arc::default();
+    let r = ran.clone();
+    let second = Worker::new(t.clone(), q.clone(), fast())
+        .with_status(status.clone())
+        .handle_any(handler_fn(move |ctx: JobContext| {
+            if let Ok(mut r) = r.lock() {
+                r.push(ctx.envelope.id);
+            }
+            async { Ok(()) }
+        }));
+    drain(second).await?;
+    let mut ran = ran.lock().expect("the runs").clone();
+    ran.sort();
+    let mut all = ids.to_vec();
+    all.sort();
+    assert_eq!(
+        ran, all,
+        "a stale mark cancelled a later run (by id {}, in bulk {}, again {})",
+        by_id.id, in_bulk.id, again.id
+    );
+    for id in ids {
+        let recorded = status.get(id).await?.map(|s| s.state);
+        assert_eq!(
+            recorded,
+            Some(JobState::Completed),
+            "the second run of {id}"
+        );
+    }
+    let marks = controls.cancelled().await?;
+    assert!(
+        ids.iter().all(|id| !marks.contains(id)),
+        "a stale mark stayed: {marks:?}"
     );
     Ok(())
 }

@@ -79,7 +79,8 @@ macro_rules! conformance_tests {
         );
         $crate::conformance_tests!(@controls $harness;
             pausing_stops_starts_until_resumed,
-            cancelled_jobs_never_run_or_are_stopped
+            cancelled_jobs_never_run_or_are_stopped,
+            a_mark_left_by_an_ended_run_cancels_no_later_run
         );
         $crate::conformance_tests!(@schedules $harness;
             racing_schedulers_fire_each_slot_once,

@@ -131,13 +131,21 @@ impl Jobs {
 
     /// Replays the selected dead letters (see
     /// [`DeadLetters::dead_replay`](crate::DeadLetters::dead_replay)); a job replayed by
-    /// id is `pending` again in the status store (its status said `dead`). A failed
-    /// status write is logged: the message is back on its queue either way.
+    /// id is `pending` again in the status store (its status said `dead`), and its
+    /// cancellation mark, if one was left, is deleted first. A failed status write is
+    /// logged: the message is back on its queue either way.
     pub async fn replay_dead(
         &self,
         queue: Option<&crate::names::QueueName>,
         selection: &crate::DeadSelection,
     ) -> Result<u64> {
+        if let (crate::DeadSelection::Id(id), Some(store)) = (selection, &self.store) {
+            if let (Ok(id), Some(controls)) = (Uuid::parse_str(id), store.controls()) {
+                // A cancellation made as the job died (its worker never saw it) would
+                // end the replay unrun: its status is `pending` again once replayed.
+                controls.forget(&[id]).await?;
+            }
+        }
         let replayed = self.transport.dead_replay(queue, selection).await?;
         if let (crate::DeadSelection::Id(id), Some(store), true) =
             (selection, &self.store, replayed > 0)

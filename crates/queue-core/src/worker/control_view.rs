@@ -3,9 +3,9 @@
 //! its own, so that the fetch loop and running jobs read it without waiting on the
 //! store. The marks are read again only when their count or newest time changed.
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -14,6 +14,9 @@ use crate::controls::{Controls, Paused};
 
 /// How often the view is read from the store.
 pub(super) const REFRESH: Duration = Duration::from_millis(250);
+/// How long a mark this worker found stale is ignored: long enough for a read of the
+/// marks that began before it was forgotten to be replaced by one after.
+const FORGIVEN_FOR: Duration = Duration::from_secs(2);
 
 /// What the view last read.
 #[derive(Debug, Default)]
@@ -29,6 +32,9 @@ struct Seen {
 pub(super) struct ControlView {
     store: Arc<dyn Controls>,
     seen: RwLock<Arc<Seen>>,
+    /// Marks found stale (made for a run that had ended) and being forgotten, until
+    /// when they are ignored.
+    forgiven: Mutex<HashMap<Uuid, Instant>>,
 }
 
 impl ControlView {
@@ -36,6 +42,7 @@ impl ControlView {
         ControlView {
             store,
             seen: RwLock::default(),
+            forgiven: Mutex::default(),
         }
     }
 
@@ -114,6 +121,22 @@ impl ControlView {
 
     /// Whether job `id` is marked cancelled.
     pub(super) fn is_cancelled(&self, id: Uuid) -> bool {
-        self.snapshot().cancelled.contains(&id)
+        if !self.snapshot().cancelled.contains(&id) {
+            return false;
+        }
+        let now = Instant::now();
+        let Ok(mut forgiven) = self.forgiven.lock() else {
+            return true;
+        };
+        forgiven.retain(|_, until| *until > now);
+        !forgiven.contains_key(&id)
+    }
+
+    /// Ignores the mark of job `id` for a while, as its store forgets it: it was made for
+    /// a run that had ended.
+    pub(super) fn forgive(&self, id: Uuid) {
+        if let Ok(mut forgiven) = self.forgiven.lock() {
+            forgiven.insert(id, Instant::now() + FORGIVEN_FOR);
+        }
     }
 }

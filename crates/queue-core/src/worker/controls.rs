@@ -47,6 +47,34 @@ impl Worker {
         false
     }
 
+    /// Forgets the cancellation mark of `r`'s job where its status says the job ended (a
+    /// replay, or a publish under its id, runs it again): a mark made as the run ended,
+    /// which its worker never saw. Called as the message arrives, before its start is
+    /// recorded (RabbitMQ's control store records it in the job's status, which would
+    /// then say `running`). A status that cannot be read leaves the mark standing.
+    pub(super) async fn forgive_stale_mark(&self, r: &Reservation) {
+        let (Some(view), Some(store)) = (&self.controls, &self.status) else {
+            return;
+        };
+        let id = r.envelope.id;
+        if !view.is_cancelled(id) {
+            return;
+        }
+        match store.get(id).await {
+            Ok(Some(status)) if status.state.is_final() => {
+                view.forgive(id);
+                tracing::info!(state = %status.state, "a cancellation mark left from a run that ended; running this one");
+                if let Err(err) = view.store().forget(&[id]).await {
+                    tracing::warn!(error = %err, "forgetting a stale cancellation failed; its mark stays");
+                }
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "reading a cancelled job's status failed; it stays cancelled");
+            }
+        }
+    }
+
     /// Whether the running job `id` has been cancelled.
     pub(super) fn is_cancelled(&self, id: Uuid) -> bool {
         self.controls

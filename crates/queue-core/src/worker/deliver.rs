@@ -74,6 +74,7 @@ impl Worker {
     /// Settles a message that must not run: expired (where the transport does not
     /// filter expiry itself), out of attempts, or of an unknown kind. `true` when settled.
     pub(super) async fn settle_on_arrival(&self, r: &Reservation) -> bool {
+        self.forgive_stale_mark(r).await;
         let env = &r.envelope;
         let max_attempts = self.options.retry.max_attempts_for(env);
         if !self.transport.capabilities().expiry && env.is_expired_at(chrono::Utc::now()) {
