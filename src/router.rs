@@ -420,30 +420,10 @@ impl Transport for Router {
     /// failure is logged with its side; the first is returned.
     async fn maintain(&self) -> Result<()> {
         let (a, b) = tokio::join!(self.primary.maintain(), self.other.maintain());
-        self.first_failure("upkeep", a, b)
-    }
-
-    /// Both sides give back what they hold ahead, as [`maintain`](Self::maintain) does
-    /// its upkeep.
-    async fn return_prefetched(&self, queue: &QueueName) -> Result<()> {
-        let (a, b) = tokio::join!(
-            self.primary.return_prefetched(queue),
-            self.other.return_prefetched(queue)
-        );
-        self.first_failure("return of prefetched messages", a, b)
-    }
-}
-
-impl Router {
-    /// Logs each side's failure of `what` with its side; the first is returned.
-    fn first_failure(&self, what: &str, primary: Result<()>, other: Result<()>) -> Result<()> {
         let mut first = None;
-        for (which, side, done) in [
-            ("primary", &self.primary, primary),
-            ("other", &self.other, other),
-        ] {
+        for (which, side, done) in [("primary", &self.primary, a), ("other", &self.other, b)] {
             if let Err(err) = done {
-                tracing::warn!(side = which, backend = side.name(), error = %err, "router: a backend's {what} failed");
+                tracing::warn!(side = which, backend = side.name(), error = %err, "router: a backend's upkeep failed");
                 first.get_or_insert(err);
             }
         }

@@ -255,14 +255,4 @@ pub trait Transport: DeadLetters + Holdings + Send + Sync + fmt::Debug {
     async fn maintain(&self) -> Result<()> {
         Ok(())
     }
-
-    /// A worker of `queue` stopped cleanly and settled everything it claimed: what the
-    /// transport still holds of `queue` ahead of any claim (a broker's prefetched
-    /// deliveries) goes back now, uncharged, instead of coming back charged when the
-    /// connection closes. A later claim starts afresh. Nothing by default: a store
-    /// holds nothing ahead of a claim; a wrapper forwards it.
-    async fn return_prefetched(&self, queue: &QueueName) -> Result<()> {
-        let _ = queue;
-        Ok(())
-    }
 }

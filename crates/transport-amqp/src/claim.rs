@@ -14,7 +14,7 @@ use queue_core::{
 use uuid::Uuid;
 
 use crate::codec::{dead_headers, delivery_count, long_string, H_ERROR};
-use crate::consumer::{ack_one, stop_and_take, QueueConsumer};
+use crate::consumer::{ack_one, QueueConsumer};
 use crate::gate::KeyGate;
 use crate::link::Connector;
 use crate::marks;
@@ -229,39 +229,6 @@ impl Claimer<'_> {
         )
         .await?;
         ack_one(self.consumer, tag).await;
-        Ok(())
-    }
-
-    /// Gives back what the consumer received and no reserve took, its worker having
-    /// stopped: each message published again to its queue with the attempts its earlier
-    /// returns cost, then the delivery acked, so that this return charges nothing (a
-    /// quorum queue would count it, a classic one mark it redelivered). A malformed
-    /// delivery, or one of another queue, goes back as it is when the caller retires the
-    /// consumer, for the next consumer to quarantine.
-    pub(crate) async fn give_back_received(&self, queue: &str) -> Result<()> {
-        let deliveries = stop_and_take(self.consumer).await?;
-        let mut copies = Vec::with_capacity(deliveries.len());
-        let mut tags = Vec::with_capacity(deliveries.len());
-        for d in deliveries {
-            let Ok(mut env) = Envelope::from_json(&String::from_utf8_lossy(&d.data)) else {
-                continue;
-            };
-            if physical_queue(&env) != queue {
-                continue;
-            }
-            env.attempts += self.deliveries_charged(&d, &env).await;
-            tags.push(d.delivery_tag);
-            copies.push((env, None, Target::Queue));
-        }
-        if copies.is_empty() {
-            return Ok(());
-        }
-        let given = copies.len();
-        self.publisher.send(self.connector, copies).await?;
-        for tag in tags {
-            ack_one(self.consumer, tag).await;
-        }
-        tracing::debug!(queue, given, "prefetched messages given back uncharged");
         Ok(())
     }
 

@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 
 use futures_lite::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions,
-};
-use lapin::types::{FieldTable, ShortString};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions};
+use lapin::types::FieldTable;
 use lapin::Channel;
 use queue_core::sql::Wakers;
 use queue_core::{AckReport, Result};
@@ -58,11 +56,6 @@ pub(crate) struct QueueConsumer {
     /// no `multiple` ack may be sent meanwhile.
     getting: AtomicUsize,
     closed: AtomicBool,
-    /// Its consumer tag, to cancel it.
-    tag: ShortString,
-    /// Its pushes were cancelled to give back what it received ([`stop_and_take`]):
-    /// [`receive`] leaves the channel open to whoever does.
-    returning: AtomicBool,
     /// A partition's consumer (a single active consumer): its key gate. `basic.get`
     /// would bypass the single active consumer, so it only takes what is pushed.
     pub(crate) gate: Option<KeyGate>,
@@ -118,8 +111,6 @@ impl QueueConsumer {
             acking: tokio::sync::Mutex::default(),
             getting: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
-            tag: stream.tag(),
-            returning: AtomicBool::new(false),
             gate: (queue != logical).then(KeyGate::default),
             claiming: tokio::sync::Mutex::default(),
             prefetch,
@@ -378,10 +369,6 @@ async fn receive(
         c.arrived.notify_waiters();
         wakers.wake(&logical);
     }
-    if c.returning.load(Ordering::SeqCst) {
-        // Cancelled by `stop_and_take`, which settles what was received and retires it.
-        return;
-    }
     // The channel closed, or the broker cancelled the consumer (its queue was deleted,
     // its leader moved): close the channel, so that every delivery it holds goes back
     // to the queue, and declare the queue again before the next consumer starts. The
@@ -412,20 +399,6 @@ pub(crate) async fn ack_one(c: &QueueConsumer, tag: u64) -> bool {
             .basic_ack(tag, BasicAckOptions::default())
             .await
             .is_ok()
-}
-
-/// Cancels the broker's pushes to `c` and takes every delivery it pushed that no
-/// reserve took, held unstarted: the caller acks those it sent elsewhere, then retires
-/// `c` (what it did not ack goes back to the queue then).
-pub(crate) async fn stop_and_take(c: &QueueConsumer) -> Result<Vec<Delivery>> {
-    c.returning.store(true, Ordering::SeqCst);
-    c.channel
-        .basic_cancel(c.tag.clone(), BasicCancelOptions::default())
-        .await
-        .map_err(broker)?;
-    // lapin hands the consumer every delivery that came before the broker's
-    // `cancel-ok`, then the end of its stream: `take` reads them all.
-    Ok(c.take(usize::MAX))
 }
 
 /// Stops a consumer and closes its channel, so that every delivery it holds returns to

@@ -70,22 +70,6 @@ impl Consumers {
         lock(&self.map).get(queue).filter(|c| c.live()).cloned()
     }
 
-    /// Takes the live consumer of the broker queue `queue` out of the transport, if it
-    /// holds no delivery: to give back what it received. The next claim starts another.
-    /// One that holds deliveries stays, as their leases (another worker of the queue on
-    /// the same transport).
-    pub(crate) fn take_idle(&self, queue: &str) -> Option<Arc<QueueConsumer>> {
-        let mut map = lock(&self.map);
-        let idle = map
-            .get(queue)
-            .is_some_and(|c| c.live() && c.counts().1 == 0);
-        if idle {
-            map.remove(queue)
-        } else {
-            None
-        }
-    }
-
     /// The consumer that handed out `r`, if it still holds it: the lease.
     pub(crate) fn holder(&self, r: &Reservation) -> Option<Arc<QueueConsumer>> {
         let (generation, tag) = r.token().0.as_u64_pair();

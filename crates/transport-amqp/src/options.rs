@@ -28,8 +28,7 @@ pub struct AmqpOptions {
     /// handled awaiting their coalesced ack), so its reserves are served from what the
     /// broker pushed rather than one `basic.get` round trip at a time. The cost: should
     /// the process die, every delivery it held returns to the queue, and a quorum queue
-    /// counts each return as an attempt. A worker that stops cleanly gives back what it
-    /// did not start uncharged, except a keyed partition's.
+    /// counts each return as an attempt.
     pub prefetch: u16,
     /// How long a publish waits for the broker's confirm before it fails.
     pub confirm_timeout: Duration,

@@ -494,23 +494,6 @@ impl Transport for AmqpTransport {
         Ok(report)
     }
 
-    /// A partition's deliveries stay (they come back charged as the connection closes):
-    /// a keyed message published again would go behind its key's later messages.
-    async fn return_prefetched(&self, queue: &QueueName) -> Result<()> {
-        let Some(c) = self.consumers.take_idle(queue.as_str()) else {
-            return Ok(());
-        };
-        let claimer = Claimer {
-            connector: &self.connector,
-            publisher: &self.publisher,
-            consumer: &c,
-            prefetch: true,
-        };
-        let given = claimer.give_back_received(queue.as_str()).await;
-        retire(&c).await;
-        given
-    }
-
     async fn give_back(&self, reservation: &Reservation, how: GiveBack<'_>) -> Result<()> {
         match how {
             GiveBack::Retry { delay, error } => self.comes_back(reservation, delay, 1, error).await,

@@ -659,65 +659,6 @@ fn a_message_that_kills_its_consumer_every_time_ends_dead() {
     }
 }
 
-/// A worker that stops cleanly gives back what the broker pushed ahead of its claims
-/// uncharged: when the messages come back to the next process, only the job it started
-/// and released at the end of its grace period counts an attempt. Before, every
-/// prefetched message came back charged (a quorum queue counts a return from a closed
-/// channel, a classic one marks it redelivered), so three restarts during a backlog
-/// dead-lettered up to a prefetch of messages that never ran.
-#[test]
-fn a_clean_stop_charges_only_what_it_started() {
-    for kind in [QueueKind::Quorum, QueueKind::Classic] {
-        with_broker(|| async {
-            let q = queue();
-            let first = Arc::new(open(kind).await?);
-            let n = 40;
-            first
-                .publish_batch((0..n).map(|_| job(&q, "slow")).collect())
-                .await?;
-            let options = WorkerOptions::default()
-                .with_concurrency(1)
-                .with_grace_period(Duration::from_millis(200));
-            let t: Arc<dyn Transport> = first.clone();
-            let worker = Worker::new(t, q.clone(), options).handle_any(handler_fn(
-                |_ctx: JobContext| async {
-                    tokio::time::sleep(Duration::from_secs(30)).await;
-                    Ok(())
-                },
-            ));
-            let counters = worker.counters();
-            let stop = CancellationToken::new();
-            let run = tokio::spawn(worker.run(stop.clone()));
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while counters.in_flight.load(Ordering::SeqCst) < 1 {
-                assert!(Instant::now() < deadline, "{kind:?}: no job started");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            stop.cancel();
-            let report = run
-                .await
-                .map_err(|e| Error::InvalidInput(e.to_string()))??;
-            assert_eq!(report.released_on_shutdown, 1, "{kind:?}: {report:?}");
-            // The process exits.
-            first.close().await;
-
-            let second = open(kind).await?;
-            let again = reserve_n(&second, &q, n, Duration::from_secs(10)).await?;
-            assert_eq!(again.len(), n, "{kind:?}: every message back");
-            let charged: Vec<u32> = again
-                .iter()
-                .map(|r| r.envelope.attempts)
-                .filter(|&a| a > 0)
-                .collect();
-            assert_eq!(charged, [1], "{kind:?}: only the started job charged");
-            second.ack_batch(&again).await?;
-            second.delete_queue(&q).await?;
-            second.close().await;
-            Ok(())
-        });
-    }
-}
-
 /// Below the worker's limit, a quorum queue's own delivery limit moves a message that
 /// keeps coming back to `<queue>.dead` (reason `delivery_limit`), never dropping it.
 #[test]

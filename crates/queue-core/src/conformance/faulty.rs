@@ -107,9 +107,6 @@ impl Transport for Faulty {
     async fn maintain(&self) -> Result<()> {
         self.inner.maintain().await
     }
-    async fn return_prefetched(&self, queue: &QueueName) -> Result<()> {
-        self.inner.return_prefetched(queue).await
-    }
 }
 
 #[async_trait]

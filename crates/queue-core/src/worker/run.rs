@@ -103,11 +103,6 @@ impl Worker {
             super::upkeep::finish(upkeep).await;
         }
         services.finish().await;
-        // Every claim is settled now: what a broker pushed ahead goes back uncharged,
-        // where the process's exit would return it charged an attempt each.
-        if let Err(err) = worker.transport.return_prefetched(&worker.queue).await {
-            tracing::warn!(queue = %worker.queue, error = %err, "giving back prefetched messages failed; they come back when the connection closes, charged an attempt each");
-        }
         let report = worker.counters.snapshot();
         tracing::info!(queue = %worker.queue, ?report, "worker stopped");
         Ok(report)
