@@ -33,7 +33,9 @@ pub trait Controls: Send + Sync + fmt::Debug {
     async fn paused(&self) -> Result<Vec<Paused>>;
 
     /// Marks `ids` cancelled: a worker that has not started one never runs it, and one
-    /// running it cancels its handler; either ends the job `cancelled`.
+    /// running it cancels its handler; either ends the job `cancelled`. A job whose
+    /// status says it completed or died is not cancelled: its mark is taken for one
+    /// left from that run and forgotten when the job runs again.
     async fn cancel(&self, ids: &[Uuid]) -> Result<()>;
 
     /// The jobs marked cancelled and not ended yet (100,000 at most).
@@ -42,6 +44,12 @@ pub trait Controls: Send + Sync + fmt::Debug {
     /// How many jobs are marked, and when the newest mark was made (µs): a reader that
     /// saw the same reads the marks again only when these change.
     async fn marks(&self) -> Result<(u64, i64)>;
+
+    /// Whether job `id` is marked now, read from the store: a worker's view may be a
+    /// poll old.
+    async fn is_marked(&self, id: Uuid) -> Result<bool> {
+        Ok(self.cancelled().await?.contains(&id))
+    }
 
     /// Forgets the marks of `ids` (their jobs ended cancelled).
     async fn forget(&self, ids: &[Uuid]) -> Result<()>;

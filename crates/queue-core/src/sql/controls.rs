@@ -29,6 +29,8 @@ pub struct ControlStatements {
     pub marks: String,
     /// Deletes a mark (id).
     pub forget: String,
+    /// Whether a job is marked (id).
+    pub marked: String,
 }
 
 const PAUSE: &str = "INSERT {IGNORE}INTO \"switchyard_jobs_paused\" (queue, kind, paused_at)
@@ -40,6 +42,7 @@ const CANCEL: &str = "INSERT {IGNORE}INTO \"switchyard_jobs_cancel\" (id, marked
 const CANCELLED: &str = "SELECT id FROM \"switchyard_jobs_cancel\" LIMIT 100000";
 const MARKS: &str = "SELECT COUNT(*), COALESCE(MAX(marked_at), 0) FROM \"switchyard_jobs_cancel\"";
 const FORGET: &str = "DELETE FROM \"switchyard_jobs_cancel\" WHERE id = ?";
+const MARKED: &str = "SELECT id FROM \"switchyard_jobs_cancel\" WHERE id = ?";
 
 impl ControlStatements {
     /// The statements in `dialect`.
@@ -53,6 +56,7 @@ impl ControlStatements {
             cancelled: s(CANCELLED),
             marks: s(MARKS),
             forget: s(FORGET),
+            marked: s(MARKED),
         }
     }
 
@@ -66,6 +70,7 @@ impl ControlStatements {
             cancelled: f(&self.cancelled),
             marks: f(&self.marks),
             forget: f(&self.forget),
+            marked: f(&self.marked),
         }
     }
 }
@@ -152,6 +157,15 @@ impl<R: SqlRunner> Controls for SqlControls<R> {
         let count = cell(row, 0, "COUNT(*)")?.int("COUNT(*)")?;
         let newest = cell(row, 1, "marked_at")?.int("marked_at")?;
         Ok((u64::try_from(count).unwrap_or(0), newest))
+    }
+
+    async fn is_marked(&self, id: Uuid) -> Result<bool> {
+        let id = id.to_string();
+        let rows = self
+            .runner
+            .fetch(&self.sql.marked, &[Bind::Text(&id)], &[Kind::Text])
+            .await?;
+        Ok(!rows.is_empty())
     }
 
     async fn forget(&self, ids: &[Uuid]) -> Result<()> {

@@ -143,7 +143,14 @@ impl Jobs {
             if let (Ok(id), Some(controls)) = (Uuid::parse_str(id), store.controls()) {
                 // A cancellation made as the job died (its worker never saw it) would
                 // end the replay unrun: its status is `pending` again once replayed.
-                controls.forget(&[id]).await?;
+                // Only a dead job's: a live job's mark is an operator's cancel.
+                let dead = store
+                    .get(id)
+                    .await?
+                    .is_some_and(|s| matches!(s.state, JobState::Dead | JobState::Failed));
+                if dead {
+                    controls.forget(&[id]).await?;
+                }
             }
         }
         let replayed = self.transport.dead_replay(queue, selection).await?;

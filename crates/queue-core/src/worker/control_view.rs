@@ -3,9 +3,9 @@
 //! its own, so that the fetch loop and running jobs read it without waiting on the
 //! store. The marks are read again only when their count or newest time changed.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -14,9 +14,6 @@ use crate::controls::{Controls, Paused};
 
 /// How often the view is read from the store.
 pub(super) const REFRESH: Duration = Duration::from_millis(250);
-/// How long a mark this worker found stale is ignored: long enough for a read of the
-/// marks that began before it was forgotten to be replaced by one after.
-const FORGIVEN_FOR: Duration = Duration::from_secs(2);
 
 /// What the view last read.
 #[derive(Debug, Default)]
@@ -32,9 +29,6 @@ struct Seen {
 pub(super) struct ControlView {
     store: Arc<dyn Controls>,
     seen: RwLock<Arc<Seen>>,
-    /// Marks found stale (made for a run that had ended) and being forgotten, until
-    /// when they are ignored.
-    forgiven: Mutex<HashMap<Uuid, Instant>>,
 }
 
 impl ControlView {
@@ -42,7 +36,6 @@ impl ControlView {
         ControlView {
             store,
             seen: RwLock::default(),
-            forgiven: Mutex::default(),
         }
     }
 
@@ -119,24 +112,9 @@ impl ControlView {
             .any(|p| p.queue == queue && p.kind.as_deref().is_none_or(|k| k == kind))
     }
 
-    /// Whether job `id` is marked cancelled.
+    /// Whether job `id` is marked cancelled, as last read: a mark forgotten since may
+    /// still show; [`Controls::is_marked`] tells for sure.
     pub(super) fn is_cancelled(&self, id: Uuid) -> bool {
-        if !self.snapshot().cancelled.contains(&id) {
-            return false;
-        }
-        let now = Instant::now();
-        let Ok(mut forgiven) = self.forgiven.lock() else {
-            return true;
-        };
-        forgiven.retain(|_, until| *until > now);
-        !forgiven.contains_key(&id)
-    }
-
-    /// Ignores the mark of job `id` for a while, as its store forgets it: it was made for
-    /// a run that had ended.
-    pub(super) fn forgive(&self, id: Uuid) {
-        if let Ok(mut forgiven) = self.forgiven.lock() {
-            forgiven.insert(id, Instant::now() + FORGIVEN_FOR);
-        }
+        self.snapshot().cancelled.contains(&id)
     }
 }

@@ -31,7 +31,8 @@ impl Worker {
             return false;
         };
         let env = &r.envelope;
-        let cancelled = view.is_cancelled(env.id);
+        // A store that cannot tell leaves the mark as last read standing.
+        let cancelled = view.is_cancelled(env.id) && self.marked_now(env.id).await.unwrap_or(true);
         let paused = view.start_paused(env.queue.as_str(), &env.kind);
         if cancelled {
             self.end_cancelled(r, false).await;
@@ -47,12 +48,13 @@ impl Worker {
         false
     }
 
-    /// Forgets the cancellation mark of `r`'s job where its status says the job ended (a
-    /// replay, or a publish under its id, runs it again): a mark made as the run ended,
-    /// which its worker never saw. Called as the message arrives, before its start is
-    /// recorded (RabbitMQ's control store records it in the job's status, which would
-    /// then say `running`). A status that cannot be read leaves the mark standing.
-    pub(super) async fn forgive_stale_mark(&self, r: &Reservation) {
+    /// Forgets the cancellation mark of `r`'s job where its status says the job
+    /// completed or died (a bulk replay, or a publish under its id, runs it again): a
+    /// mark made as that run ended, which its worker never saw. Called as the message
+    /// arrives, before its start is recorded (RabbitMQ's control store records it in the
+    /// job's status, which would then say `running`). A mark that cannot be forgotten,
+    /// or a status that cannot be read, leaves the job cancelled.
+    pub(super) async fn forget_stale_mark(&self, r: &Reservation) {
         let (Some(view), Some(store)) = (&self.controls, &self.status) else {
             return;
         };
@@ -61,11 +63,21 @@ impl Worker {
             return;
         }
         match store.get(id).await {
-            Ok(Some(status)) if status.state.is_final() => {
-                view.forgive(id);
-                tracing::info!(state = %status.state, "a cancellation mark left from a run that ended; running this one");
-                if let Err(err) = view.store().forget(&[id]).await {
-                    tracing::warn!(error = %err, "forgetting a stale cancellation failed; its mark stays");
+            // Not `cancelled`: a redelivered copy of a job ended cancelled (its ack lost)
+            // stays cancelled.
+            Ok(Some(status))
+                if matches!(
+                    status.state,
+                    JobState::Completed | JobState::Failed | JobState::Dead
+                ) =>
+            {
+                match view.store().forget(&[id]).await {
+                    Ok(()) => {
+                        tracing::info!(state = %status.state, "a cancellation mark left from a run that ended, forgotten; this run goes ahead")
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "forgetting a cancellation mark left from a run that ended failed; the job is cancelled")
+                    }
                 }
             }
             Ok(_) => {}
@@ -75,11 +87,28 @@ impl Worker {
         }
     }
 
-    /// Whether the running job `id` has been cancelled.
-    pub(super) fn is_cancelled(&self, id: Uuid) -> bool {
-        self.controls
+    /// Whether the running job `id` has been cancelled. A store that cannot tell lets
+    /// it run on; the next check asks again.
+    pub(super) async fn is_cancelled(&self, id: Uuid) -> bool {
+        let marked = self
+            .controls
             .as_ref()
-            .is_some_and(|view| view.is_cancelled(id))
+            .is_some_and(|view| view.is_cancelled(id));
+        marked && self.marked_now(id).await.unwrap_or(false)
+    }
+
+    /// Whether job `id` is marked in the store now. The view may be a poll old: a mark
+    /// forgotten since (a replay, a stale mark) must neither keep its job from starting
+    /// nor cancel it running.
+    async fn marked_now(&self, id: Uuid) -> Option<bool> {
+        let view = self.controls.as_ref()?;
+        match view.store().is_marked(id).await {
+            Ok(marked) => Some(marked),
+            Err(err) => {
+                tracing::warn!(error = %err, "reading a cancellation mark failed");
+                None
+            }
+        }
     }
 
     /// Ends `r` cancelled: its message acked, its status `cancelled`, its mark forgotten.

@@ -74,7 +74,7 @@ impl Worker {
     /// Settles a message that must not run: expired (where the transport does not
     /// filter expiry itself), out of attempts, or of an unknown kind. `true` when settled.
     pub(super) async fn settle_on_arrival(&self, r: &Reservation) -> bool {
-        self.forgive_stale_mark(r).await;
+        self.forget_stale_mark(r).await;
         let env = &r.envelope;
         let max_attempts = self.options.retry.max_attempts_for(env);
         if !self.transport.capabilities().expiry && env.is_expired_at(chrono::Utc::now()) {
@@ -269,7 +269,7 @@ impl Worker {
                 _ = sleep_until(deadline) => break Ending::TimedOut(self.options.timeout.unwrap_or_default()),
                 _ = cancel.cancelled() => break Ending::ShutDown,
                 _ = cancel_check.tick(), if self.controls.is_some() => {
-                    if self.is_cancelled(id) {
+                    if self.is_cancelled(id).await {
                         tracing::info!("cancelled by an operator; cancelling the handler");
                         break Ending::Cancelled;
                     }
