@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use switchyard::{Config, Error, Result};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use switchyard::Config;
+use switchyard::{Error, Result};
 
 use super::err;
 
