@@ -32,7 +32,7 @@ impl Worker {
         };
         let env = &r.envelope;
         // A store that cannot tell leaves the mark as last read standing.
-        let cancelled = view.is_cancelled(env.id) && self.marked_now(env.id).await.unwrap_or(true);
+        let cancelled = self.marked(env.id, true).await;
         let paused = view.start_paused(env.queue.as_str(), &env.kind);
         if cancelled {
             self.end_cancelled(r, false).await;
@@ -90,23 +90,22 @@ impl Worker {
     /// Whether the running job `id` has been cancelled. A store that cannot tell lets
     /// it run on; the next check asks again.
     pub(super) async fn is_cancelled(&self, id: Uuid) -> bool {
-        let marked = self
-            .controls
-            .as_ref()
-            .is_some_and(|view| view.is_cancelled(id));
-        marked && self.marked_now(id).await.unwrap_or(false)
+        self.marked(id, false).await
     }
 
-    /// Whether job `id` is marked in the store now. The view may be a poll old: a mark
-    /// forgotten since (a replay, a stale mark) must neither keep its job from starting
-    /// nor cancel it running.
-    async fn marked_now(&self, id: Uuid) -> Option<bool> {
-        let view = self.controls.as_ref()?;
+    /// Whether job `id` is marked: in the view, then confirmed by the store, since the
+    /// view may be a poll old and a mark forgotten since (a replay, a stale mark) must
+    /// neither keep its job from starting nor cancel it running. `unknown` when the
+    /// store cannot tell.
+    async fn marked(&self, id: Uuid, unknown: bool) -> bool {
+        let Some(view) = self.controls.as_ref().filter(|v| v.is_cancelled(id)) else {
+            return false;
+        };
         match view.store().is_marked(id).await {
-            Ok(marked) => Some(marked),
+            Ok(marked) => marked,
             Err(err) => {
                 tracing::warn!(error = %err, "reading a cancellation mark failed");
-                None
+                unknown
             }
         }
     }
