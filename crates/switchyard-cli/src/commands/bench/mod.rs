@@ -152,15 +152,11 @@ async fn measure_run(
     opened: &Jobs,
     args: &BenchArgs,
     claim: ClaimStrategy,
-    mut bare: Option<&mut Bare>,
+    bare: Option<&mut Bare>,
     singles: &[String],
     runs: &mut Runs,
 ) -> Result<()> {
-    // Just before the queue's single publishes, both into empty tables.
-    if let Some(b) = bare.as_deref_mut() {
-        b.insert_singles(singles).await?;
-    }
-    let (sample, plan) = measure::measure(target, opened, args, bare).await?;
+    let (sample, plan) = measure::measure(target, opened, args, bare, singles).await?;
     runs.claim_plan = plan.or(runs.claim_plan.take());
     runs.samples.push(sample);
     if claim == ClaimStrategy::Optimistic {

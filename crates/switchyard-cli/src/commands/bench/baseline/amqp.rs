@@ -7,7 +7,7 @@ use std::time::Instant;
 use futures_lite::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    QueueDeleteOptions, QueuePurgeOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, PublisherConfirm};
@@ -89,6 +89,15 @@ impl Bare {
         for confirm in confirms {
             confirm.await.map_err(err)?;
         }
+        Ok(())
+    }
+
+    /// Removes every message from the queue (the warm-up's, before anything is timed).
+    pub(super) async fn purge(&self) -> Result<()> {
+        self.ch
+            .queue_purge(self.queue.as_str().into(), QueuePurgeOptions::default())
+            .await
+            .map_err(err)?;
         Ok(())
     }
 

@@ -58,6 +58,14 @@ where
         Ok(self)
     }
 
+    /// Deletes the rows of `queue` (a name of the bench's own, written into the
+    /// statement: the pool's databases differ in their placeholders).
+    pub(super) async fn delete_queue(&self, queue: &'static str) -> Result<()> {
+        let sql = format!("DELETE FROM {} WHERE queue = '{queue}'", self.table);
+        sqlx::query(&sql).execute(&self.pool).await.map_err(err)?;
+        Ok(())
+    }
+
     /// Drops the table and closes the pool.
     pub(super) async fn close(self) -> Result<()> {
         let dropped = sqlx::query(&format!("DROP TABLE IF EXISTS {}", self.table))
