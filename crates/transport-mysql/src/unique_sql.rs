@@ -2,16 +2,42 @@
 //! job state a key's holder is read from (the job's row). Shared by the transport's own publishes and by the key store this database
 //! keeps for RabbitMQ as its control store.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+
 use queue_core::sql::lossy;
 use queue_core::sql::unique::{KeyRow, TakeKey};
 use queue_core::Result;
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::error::SqlxResultExt;
+use crate::sql::{padded, with_list};
+
+/// Ids or keys in one statement's list; an insert of key rows takes half as many rows.
+const LIST: usize = 1_000;
 
 /// Whether a job with the id is stored, live, dead (a tombstone) or moved in dead.
 const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM `switchyard_jobs` WHERE id = ?)
     OR EXISTS (SELECT 1 FROM `switchyard_jobs_dead` WHERE id = ?)";
+
+/// Which of the ids `{IN}` are stored, live, dead (a tombstone) or moved in dead (bind
+/// the list twice).
+const IDS_STORED: &str = "SELECT id FROM `switchyard_jobs` WHERE id IN ({IN})
+    UNION ALL SELECT id FROM `switchyard_jobs_dead` WHERE id IN ({IN})";
+
+/// Creates the key rows `{ROWS}` (each a [`NEW_KEY_ROW`]) that do not exist, and locks
+/// those that do, unchanged, in the order given (the keys' order: two batches then wait
+/// for each other's keys in one order, never in a cycle).
+const INSERT_NEW_KEYS: &str = "INSERT INTO `switchyard_jobs_unique`
+    (queue, unique_key, id, scope, hold_until, first_at, gone_after) VALUES {ROWS}
+    ON DUPLICATE KEY UPDATE id = id";
+
+/// The jobs the keys `{IN}` of a queue name and when they took them: read before
+/// [`INSERT_NEW_KEYS`] (not locked), and again after it has locked them.
+const KEY_HOLDERS: &str = "SELECT unique_key, id, first_at FROM `switchyard_jobs_unique`
+ WHERE queue = ? AND unique_key IN ({IN})";
+
+/// One row of [`INSERT_NEW_KEYS`].
+const NEW_KEY_ROW: &str = "(?, ?, ?, ?, {NOW} + ?, {NOW}, {NOW} + ?)";
 
 /// The key's row, locked: its job, scope, whether its hold lasts, its age in µs, and
 /// whether a broker's job counts as gone.
@@ -91,6 +117,10 @@ type LockedKey = (Vec<u8>, Vec<u8>, i64, i64, i64);
 #[derive(Debug)]
 pub(crate) struct KeySql {
     pub(crate) id_stored: String,
+    ids_stored: String,
+    key_holders: String,
+    insert_new_keys: String,
+    new_key_row: String,
     lock_key: String,
     insert_key: String,
     move_key: String,
@@ -109,6 +139,10 @@ impl KeySql {
         let s = |sql: &str| crate::sql::specialise(sql, schema, table);
         KeySql {
             id_stored: s(ID_STORED),
+            ids_stored: s(IDS_STORED),
+            key_holders: s(KEY_HOLDERS),
+            insert_new_keys: s(INSERT_NEW_KEYS),
+            new_key_row: s(NEW_KEY_ROW),
             lock_key: s(LOCK_KEY),
             insert_key: s(INSERT_KEY),
             move_key: s(MOVE_KEY),
@@ -172,6 +206,103 @@ impl KeySql {
         }
         tx.commit().await?;
         Ok(deleted)
+    }
+
+    /// Which of `ids` are stored, live or dead.
+    pub(crate) async fn ids_stored(
+        &self,
+        conn: &mut MySqlConnection,
+        ids: &[&str],
+    ) -> Result<HashSet<String>> {
+        let mut stored = HashSet::new();
+        for chunk in ids.chunks(LIST) {
+            let sql = with_list(&self.ids_stored, chunk.len());
+            let mut query = sqlx::query_scalar::<_, Vec<u8>>(&sql);
+            for id in padded(chunk).chain(padded(chunk)) {
+                query = query.bind(id);
+            }
+            stored.extend(
+                query
+                    .fetch_all(&mut *conn)
+                    .await
+                    .backend()?
+                    .into_iter()
+                    .map(lossy),
+            );
+        }
+        Ok(stored)
+    }
+
+    /// Creates the rows of `takes`' keys that have none and locks the others, in the
+    /// order of the keys (see [`INSERT_NEW_KEYS`]); the ids of the jobs whose rows it
+    /// created. MySQL has no `RETURNING`, and its affected-rows count does not tell an
+    /// insert from a row left as it was: the key rows are read before and, once all are
+    /// locked, after; a row that names this batch's job and was not there before (or was
+    /// another row: a prune can delete an unlocked row in between) was created here. A
+    /// row another transaction created in between names its own job.
+    pub(crate) async fn insert_new_keys(
+        &self,
+        conn: &mut MySqlConnection,
+        takes: &[TakeKey<'_>],
+    ) -> Result<HashSet<String>> {
+        let before = self.key_rows(conn, takes).await?;
+        let mut sorted: Vec<&TakeKey<'_>> = takes.iter().collect();
+        sorted.sort_by_key(|t| (t.queue, t.key));
+        for chunk in sorted.chunks(LIST / 2) {
+            // Padded with the last row (which then meets its own row and leaves it), so
+            // that a connection prepares a handful of statements, not one per size.
+            let n = chunk.len().next_power_of_two();
+            let rows = vec![self.new_key_row.as_str(); n].join(", ");
+            let sql = self.insert_new_keys.replace("{ROWS}", &rows);
+            let mut query = sqlx::query(&sql);
+            for take in padded(chunk) {
+                query = query
+                    .bind(take.queue)
+                    .bind(take.key)
+                    .bind(take.id)
+                    .bind(take.scope)
+                    .bind(take.hold_us)
+                    .bind(take.gone_after_us);
+            }
+            query.execute(&mut *conn).await.backend()?;
+        }
+        let after = self.key_rows(conn, takes).await?;
+        Ok(takes
+            .iter()
+            .filter(|t| {
+                let key = (t.queue.to_owned(), t.key.to_owned());
+                let now = after.get(&key);
+                now.is_some_and(|(id, _)| id == t.id) && before.get(&key) != now
+            })
+            .map(|t| t.id.to_owned())
+            .collect())
+    }
+
+    /// The jobs `takes`' keys name and when they took them, by queue and key, where
+    /// they have rows.
+    async fn key_rows(
+        &self,
+        conn: &mut MySqlConnection,
+        takes: &[TakeKey<'_>],
+    ) -> Result<HashMap<(String, String), (String, i64)>> {
+        let mut by_queue: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for take in takes {
+            by_queue.entry(take.queue).or_default().push(take.key);
+        }
+        let mut rows = HashMap::new();
+        for (queue, keys) in by_queue {
+            for chunk in keys.chunks(LIST) {
+                let sql = with_list(&self.key_holders, chunk.len());
+                let mut query = sqlx::query_as::<_, (Vec<u8>, Vec<u8>, i64)>(&sql).bind(queue);
+                for key in padded(chunk) {
+                    query = query.bind(key);
+                }
+                for (key, id, at) in query.fetch_all(&mut *conn).await.backend()? {
+                    rows.insert((queue.to_owned(), lossy(key)), (lossy(id), at));
+                }
+            }
+        }
+        Ok(rows)
     }
 
     /// Creates the key's row (`move_to` false) or points it at a new job; whether it

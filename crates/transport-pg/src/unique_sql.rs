@@ -2,6 +2,8 @@
 //! the job state a key's holder is read from (the job's row). Shared by the transport's own publishes and by the key store this
 //! database keeps for RabbitMQ as its control store.
 
+use std::collections::HashSet;
+
 use queue_core::sql::unique::{KeyRow, TakeKey};
 use queue_core::Result;
 use sqlx::{PgConnection, PgPool};
@@ -11,6 +13,23 @@ use crate::error::SqlxResultExt;
 /// Whether a job with the id is stored, live or dead.
 const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE id = $1)
     OR EXISTS (SELECT 1 FROM \"switchyard_jobs_dead\" WHERE id = $1)";
+
+/// Which of the ids $1 are stored, live or dead.
+const IDS_STORED: &str = "SELECT id FROM \"switchyard_jobs\" WHERE id = ANY($1::text[])
+    UNION ALL SELECT id FROM \"switchyard_jobs_dead\" WHERE id = ANY($1::text[])";
+
+/// Creates the rows of keys that have none and locks those that have one, unchanged
+/// (`DO UPDATE … WHERE false` locks the row it does not update), in the order of their
+/// keys: two batches then wait for each other's keys in one order, never in a cycle.
+/// Returns the ids of the jobs whose rows it created.
+const INSERT_NEW_KEYS: &str = "INSERT INTO \"switchyard_jobs_unique\"
+    (queue, unique_key, id, scope, hold_until, first_at, gone_after)
+    SELECT q, k, i, s, now() + h {US}, now(), now() + g {US}
+      FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::int8[])
+           AS t(q, k, i, s, h, g)
+     ORDER BY q COLLATE \"C\", k COLLATE \"C\"
+    ON CONFLICT (queue, unique_key) DO UPDATE SET id = EXCLUDED.id WHERE false
+    RETURNING id";
 
 /// The key's row, locked: its job, scope, whether its hold lasts, its age in µs, and
 /// whether a broker's job counts as gone.
@@ -88,6 +107,8 @@ const PRUNABLE: &str = "u.first_at <= now() - $1 {US}
 #[derive(Debug)]
 pub(crate) struct KeySql {
     pub(crate) id_stored: String,
+    pub(crate) ids_stored: String,
+    insert_new_keys: String,
     lock_key: String,
     insert_key: String,
     move_key: String,
@@ -106,6 +127,8 @@ impl KeySql {
         let s = |sql: &str| crate::sql::specialise(sql, schema, table);
         KeySql {
             id_stored: s(ID_STORED),
+            ids_stored: s(IDS_STORED),
+            insert_new_keys: s(INSERT_NEW_KEYS),
             lock_key: s(LOCK_KEY),
             insert_key: s(INSERT_KEY),
             move_key: s(MOVE_KEY),
@@ -165,6 +188,30 @@ impl KeySql {
             .rows_affected();
         tx.commit().await.backend()?;
         Ok(deleted)
+    }
+
+    /// Creates the rows of `takes`' keys that have none; the ids of the jobs whose rows
+    /// it created.
+    pub(crate) async fn insert_new_keys(
+        &self,
+        conn: &mut PgConnection,
+        takes: &[TakeKey<'_>],
+    ) -> Result<HashSet<String>> {
+        let queues: Vec<&str> = takes.iter().map(|t| t.queue).collect();
+        let keys: Vec<&str> = takes.iter().map(|t| t.key).collect();
+        let ids: Vec<&str> = takes.iter().map(|t| t.id).collect();
+        let scopes: Vec<&str> = takes.iter().map(|t| t.scope).collect();
+        let created: Vec<String> = sqlx::query_scalar(&self.insert_new_keys)
+            .bind(queues)
+            .bind(keys)
+            .bind(ids)
+            .bind(scopes)
+            .bind(takes.iter().map(|t| t.hold_us).collect::<Vec<_>>())
+            .bind(takes.iter().map(|t| t.gone_after_us).collect::<Vec<_>>())
+            .fetch_all(conn)
+            .await
+            .backend()?;
+        Ok(created.into_iter().collect())
     }
 
     /// Creates the key's row (`move_to` false) or points it at a new job; whether it

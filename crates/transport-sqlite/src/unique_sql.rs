@@ -2,11 +2,28 @@
 //! job state a key's holder is read from (the job's row). Shared by the transport's own publishes and by the key store this database
 //! keeps for RabbitMQ as its control store.
 
+use std::collections::HashSet;
+
 use queue_core::sql::unique::{KeyRow, TakeKey};
 use queue_core::Result;
 use sqlx::{SqliteConnection, SqlitePool};
 
 use crate::error::SqlxResultExt;
+
+/// Which of the ids in the JSON array ?1 are stored, live or dead.
+const IDS_STORED: &str = "SELECT id FROM \"switchyard_jobs\" WHERE id IN (SELECT value FROM json_each(?1))
+    UNION ALL SELECT id FROM \"switchyard_jobs_dead\" WHERE id IN (SELECT value FROM json_each(?1))";
+
+/// Creates the rows of keys that have none, from the JSON array ?1 of [queue, key, id,
+/// scope, hold µs, gone-after µs]; the ids of the jobs whose rows it created. (`WHERE
+/// true` tells SQLite's parser the `ON CONFLICT` is the insert's, not a join's.)
+const INSERT_NEW_KEYS: &str = "INSERT INTO \"switchyard_jobs_unique\"
+    (queue, unique_key, id, scope, hold_until, first_at, gone_after)
+    SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3,
+           {NOW} + (value ->> 4), {NOW}, {NOW} + (value ->> 5)
+      FROM json_each(?1) WHERE true
+    ON CONFLICT (queue, unique_key) DO NOTHING
+    RETURNING id";
 
 /// Whether a job with the id is stored, live or dead.
 const ID_STORED: &str = "SELECT EXISTS (SELECT 1 FROM \"switchyard_jobs\" WHERE id = ?1)
@@ -78,6 +95,8 @@ const PRUNE_KEYS: &str = "DELETE FROM \"switchyard_jobs_unique\" WHERE (queue, u
 #[derive(Debug)]
 pub(crate) struct KeySql {
     pub(crate) id_stored: String,
+    pub(crate) ids_stored: String,
+    insert_new_keys: String,
     lock_key: String,
     insert_key: String,
     move_key: String,
@@ -95,6 +114,8 @@ impl KeySql {
         let s = |sql: &str| crate::sql::specialise(sql, table);
         KeySql {
             id_stored: s(ID_STORED),
+            ids_stored: s(IDS_STORED),
+            insert_new_keys: s(INSERT_NEW_KEYS),
             lock_key: s(LOCK_KEY),
             insert_key: s(INSERT_KEY),
             move_key: s(MOVE_KEY),
@@ -139,6 +160,27 @@ impl KeySql {
             .await
             .backend()?
             .rows_affected())
+    }
+
+    /// Creates the rows of `takes`' keys that have none; the ids of the jobs whose rows
+    /// it created.
+    pub(crate) async fn insert_new_keys(
+        &self,
+        conn: &mut SqliteConnection,
+        takes: &[TakeKey<'_>],
+    ) -> Result<HashSet<String>> {
+        let rows: Vec<_> = takes
+            .iter()
+            .map(|t| (t.queue, t.key, t.id, t.scope, t.hold_us, t.gone_after_us))
+            .collect();
+        let rows = serde_json::to_string(&rows)
+            .map_err(|e| queue_core::Error::backend(crate::error::TRANSPORT, false, e))?;
+        let created: Vec<String> = sqlx::query_scalar(&self.insert_new_keys)
+            .bind(rows)
+            .fetch_all(conn)
+            .await
+            .backend()?;
+        Ok(created.into_iter().collect())
     }
 
     /// Creates the key's row (`move_to` false) or points it at a new job; whether it

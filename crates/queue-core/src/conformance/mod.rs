@@ -60,6 +60,8 @@ macro_rules! conformance_tests {
             a_done_hold_is_set_only_under_the_jobs_lease,
             debounce_moves_a_waiting_job_no_later_than_max_wait,
             racing_publishers_leave_one_job_per_key,
+            a_batch_takes_its_keys_as_one_by_one_publishes_would,
+            racing_batches_leave_one_job_per_key,
             invalid_unique_keys_are_refused,
             a_brokers_keys_are_taken_held_and_freed,
             an_unconfirmed_brokers_key_is_held_for_its_window

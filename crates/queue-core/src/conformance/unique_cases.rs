@@ -435,6 +435,200 @@ pub async fn racing_publishers_leave_one_job_per_key(h: Arc<dyn Harness>) -> Res
     Ok(())
 }
 
+/// A batch that mixes fresh keys, a key held before it, a key twice, an id twice, a
+/// throttle and messages without keys comes out as the same messages published one at a
+/// time would: the same duplicates, naming the same jobs, in the same order; keys whose
+/// jobs are gone are taken over by a later batch, and a throttle's hold taken in a batch
+/// holds.
+pub async fn a_batch_takes_its_keys_as_one_by_one_publishes_would(
+    h: Arc<dyn Harness>,
+) -> Result<()> {
+    let (_store, t) = open(&h).await?;
+    let q = fresh_queue();
+    if !unique_keys_apply(t.as_ref(), &q).await? {
+        return Ok(());
+    }
+    let held = keyed(&q, "held", Unique::new("h"));
+    assert!(t.publish(held.clone()).await?.duplicates.is_empty());
+    let a = keyed(&q, "a", Unique::new("a"));
+    let b = keyed(&q, "b", Unique::new("h"));
+    let plain = super::case_support::message(&q, "plain");
+    let c = keyed(&q, "c", Unique::new("c"));
+    let a2 = keyed(&q, "a2", Unique::new("a"));
+    let throttled = keyed(&q, "d", Unique::throttle("d", Duration::from_secs(3600)));
+    let batch = vec![
+        a.clone(),
+        b.clone(),
+        plain.clone(),
+        c.clone(),
+        a2.clone(),
+        c.clone(),
+        throttled.clone(),
+    ];
+    let out = t.publish_batch(batch).await?;
+    let dups: Vec<_> = out
+        .duplicates
+        .iter()
+        .map(|d| (d.id, d.existing, d.replaced))
+        .collect();
+    assert_eq!(
+        dups,
+        [(b.id, held.id, false), (a2.id, a.id, false)],
+        "a batch's duplicates differ from one-by-one publishes'"
+    );
+    let got = t.reserve_batch(&q, 20).await?;
+    let mut kinds: Vec<_> = got.iter().map(|r| r.envelope.kind.as_str()).collect();
+    // Where publishing an id twice stores it twice (RabbitMQ), `c` goes out again.
+    let mut expected = vec!["held", "a", "plain", "c", "d"];
+    if !t.capabilities().idempotent_publish {
+        expected.insert(4, "c");
+    }
+    if !t.capabilities().exact_fifo {
+        kinds.sort_unstable();
+        expected.sort_unstable();
+    }
+    assert_eq!(
+        kinds, expected,
+        "a batch stored other jobs, or reordered them"
+    );
+    t.ack_batch(&got).await?;
+
+    // The jobs are gone: their keys are free, but the throttle's is held for its ttl.
+    let (a3, c3, e) = (
+        keyed(&q, "a3", Unique::new("a")),
+        keyed(&q, "c3", Unique::new("c")),
+        keyed(&q, "e", Unique::new("e")),
+    );
+    let d2 = keyed(&q, "d2", Unique::throttle("d", Duration::from_secs(3600)));
+    let out = t
+        .publish_batch(vec![a3.clone(), d2.clone(), c3.clone(), e.clone()])
+        .await?;
+    let dups: Vec<_> = out.duplicates.iter().map(|d| (d.id, d.existing)).collect();
+    assert_eq!(dups, [(d2.id, throttled.id)], "{out:?}");
+    let got = t.reserve_batch(&q, 20).await?;
+    let mut ids: Vec<_> = got.iter().map(|r| r.id()).collect();
+    let mut expected = vec![a3.id, c3.id, e.id];
+    if !t.capabilities().exact_fifo {
+        ids.sort_unstable();
+        expected.sort_unstable();
+    }
+    assert_eq!(ids, expected, "a key whose job was gone was not taken over");
+    t.ack_batch(&got).await?;
+
+    // A message under the id of a job that is gone, whose key's row still names that
+    // job, takes the key afresh, beside a fresh key.
+    let plain = super::case_support::message(&q, "plain2");
+    let mut acked_id = keyed(&q, "acked-id", Unique::new("a"));
+    acked_id.id = a3.id;
+    let z = keyed(&q, "z", Unique::new("z"));
+    let out = t
+        .publish_batch(vec![plain.clone(), acked_id.clone(), z.clone()])
+        .await?;
+    assert!(out.duplicates.is_empty(), "{out:?}");
+    let got = t.reserve_batch(&q, 20).await?;
+    let mut kinds: Vec<_> = got.iter().map(|r| r.envelope.kind.as_str()).collect();
+    let mut expected = vec!["plain2", "acked-id", "z"];
+    if !t.capabilities().exact_fifo {
+        kinds.sort_unstable();
+        expected.sort_unstable();
+    }
+    assert_eq!(
+        kinds, expected,
+        "a gone job's id did not take its key afresh"
+    );
+    t.ack_batch(&got).await?;
+    Ok(())
+}
+
+/// Four publishers racing batches over the same 200 keys, each batch's keys in another
+/// order and some twice, leave exactly one job per key, and every duplicate names the
+/// job that is stored.
+pub async fn racing_batches_leave_one_job_per_key(h: Arc<dyn Harness>) -> Result<()> {
+    let store = h.store().await?;
+    let q = fresh_queue();
+    let first = store.open(super::harness::OpenOptions::default()).await?;
+    if !unique_keys_apply(first.as_ref(), &q).await? {
+        return Ok(());
+    }
+    const PUBLISHERS: usize = 4;
+    const BATCHES: usize = 20;
+    const BATCH: usize = 40;
+    const KEYS: usize = 200;
+    let mut tasks = Vec::new();
+    for p in 0..PUBLISHERS {
+        let t = store.open(super::harness::OpenOptions::default()).await?;
+        let q = q.clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut stored, mut dups) = (Vec::new(), Vec::new());
+            for n in 0..BATCHES {
+                // Publishers walk the keys from other starting points, two of them
+                // backwards, and repeat each batch's first key at its end.
+                let mut keys: Vec<String> = (0..BATCH - 1)
+                    .map(|i| {
+                        let k = (n * 37 + p * 53 + i * 7) % KEYS;
+                        format!("key-{}", if p % 2 == 0 { k } else { KEYS - 1 - k })
+                    })
+                    .collect();
+                keys.push(keys[0].clone());
+                let batch: Vec<Envelope> = keys
+                    .iter()
+                    .map(|k| keyed(&q, "k", Unique::new(k.clone())))
+                    .collect();
+                let out = t.publish_batch(batch.clone()).await?;
+                for (env, key) in batch.iter().zip(keys) {
+                    match out.duplicate_of(env.id) {
+                        None => stored.push((key, env.id)),
+                        Some(d) => dups.push((key, d.existing)),
+                    }
+                }
+            }
+            Ok::<_, Error>((stored, dups))
+        }));
+    }
+    let (mut stored, mut dups) = (Vec::new(), Vec::new());
+    for task in tasks {
+        let (s, d) = task.await.expect("a publisher panicked")?;
+        stored.extend(s);
+        dups.extend(d);
+    }
+    let by_key: std::collections::HashMap<_, _> = stored.iter().cloned().collect();
+    assert_eq!(
+        by_key.len(),
+        stored.len(),
+        "two publishes of one key were stored"
+    );
+    assert_eq!(stored.len() + dups.len(), PUBLISHERS * BATCHES * BATCH);
+    for (key, existing) in &dups {
+        assert_eq!(
+            by_key.get(key),
+            Some(existing),
+            "a duplicate of {key} named another job"
+        );
+    }
+    let s = stats_of(first.as_ref(), &q).await?;
+    assert_eq!(
+        s.ready + s.delayed + s.reserved,
+        stored.len() as u64,
+        "{s:?}"
+    );
+    let stored_ids: HashSet<_> = stored.iter().map(|(_, id)| *id).collect();
+    let mut seen = HashSet::new();
+    loop {
+        let got = first.reserve_batch(&q, 200).await?;
+        if got.is_empty() {
+            break;
+        }
+        for r in &got {
+            let key = r.envelope.unique.as_ref().map(|u| u.key.clone());
+            assert!(seen.insert(key), "two jobs of one key were stored");
+            assert!(stored_ids.contains(&r.id()), "a duplicate was stored");
+        }
+        first.ack_batch(&got).await?;
+    }
+    assert_eq!(seen.len(), by_key.len(), "a stored publish was lost");
+    Ok(())
+}
+
 /// A key that breaks the rules is refused with what is accepted, and nothing is
 /// stored; so is a debounce of a message with an ordering key.
 pub async fn invalid_unique_keys_are_refused(h: Arc<dyn Harness>) -> Result<()> {

@@ -13,6 +13,8 @@
 //! moved). Nothing has to clear a key when its job ends, so a crash cannot leave a key
 //! held: a key row whose job is gone and whose hold has run out is simply taken over.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use chrono::Utc;
 use uuid::Uuid;
@@ -118,6 +120,26 @@ pub trait KeyStatements: Send {
     /// Replaces the stored envelope of the job `id` and makes it due `due_us` from now,
     /// if no worker has claimed it; whether it did.
     async fn replace_job(&mut self, id: &str, envelope: &str, due_us: i64) -> Result<bool>;
+
+    /// Which of `ids` are stored, live or dead; by default one
+    /// [`id_stored`](Self::id_stored) each.
+    async fn ids_stored(&mut self, ids: &[&str]) -> Result<HashSet<String>> {
+        let mut stored = HashSet::new();
+        for id in ids {
+            if self.id_stored(id).await? {
+                stored.insert((*id).to_owned());
+            }
+        }
+        Ok(stored)
+    }
+
+    /// Creates the rows of `takes`' keys where no row exists, in a few statements for
+    /// them all; the ids of the jobs whose rows it created, which then hold their keys
+    /// as [`insert_key`](Self::insert_key) would have made them. It may create fewer,
+    /// down to none (the default): the others are taken one at a time.
+    async fn insert_new_keys(&mut self, _takes: &[TakeKey<'_>]) -> Result<HashSet<String>> {
+        Ok(HashSet::new())
+    }
 }
 
 /// The stored name of a scope.
@@ -255,16 +277,18 @@ pub async fn publish_unique<S: KeyStatements + ?Sized>(
 }
 
 /// Publishes `envelopes`, some with unique keys, on `s`'s transaction, in their order:
-/// each run of messages without keys as one batch, each message with a key through
-/// [`publish_unique`] (so a batch keeps its publish order, which ordering keys rely on).
+/// each run of messages without keys, or whose keys [`take_new_keys`] took, as one
+/// batch, each other message with a key through [`publish_unique`] (so a batch keeps
+/// its publish order, which ordering keys rely on).
 pub async fn publish_in_order<S: KeyStatements + ?Sized>(
     s: &mut S,
     envelopes: Vec<Envelope>,
 ) -> Result<Published> {
+    let taken = take_new_keys(s, &envelopes).await?;
     let mut published = Published::all_stored();
     let mut plain = Vec::new();
-    for env in envelopes {
-        if env.unique.is_none() {
+    for (env, taken) in envelopes.into_iter().zip(taken) {
+        if env.unique.is_none() || taken {
             plain.push(env);
             continue;
         }
@@ -279,6 +303,70 @@ pub async fn publish_in_order<S: KeyStatements + ?Sized>(
         s.insert_jobs(plain).await?;
     }
     Ok(published)
+}
+
+/// Takes, a few statements for the whole batch, the keys of `envelopes` that no row
+/// holds yet; for each message, whether its key was taken so (its job is then stored as
+/// any job without a key).
+///
+/// What [`publish_unique`] would have found at the message's turn is what the batch
+/// started with, so the outcome is the same: only the first message of a key in the
+/// batch is taken so, and only where no earlier message has its id; its id is not
+/// stored and its key has no row, as its first round would have needed. Everything else
+/// (held keys, a key's later messages, a key another transaction created meanwhile)
+/// takes its turn through [`publish_unique`]. Batches of fewer than two such messages
+/// go that way whole: for one message the extra statements would gain nothing.
+pub async fn take_new_keys<S: KeyStatements + ?Sized>(
+    s: &mut S,
+    envelopes: &[Envelope],
+) -> Result<Vec<bool>> {
+    let mut taken = vec![false; envelopes.len()];
+    let (mut keys, mut ids) = (HashSet::new(), HashSet::new());
+    let mut candidates = Vec::new();
+    for (i, env) in envelopes.iter().enumerate() {
+        let first_of_id = ids.insert(env.id);
+        let Some(unique) = &env.unique else {
+            continue;
+        };
+        // Every key seen counts, whatever became of its message.
+        let first_of_key = keys.insert((env.queue.as_str(), unique.key.as_str()));
+        if first_of_id && first_of_key {
+            candidates.push((i, unique));
+        }
+    }
+    if candidates.len() < 2 {
+        return Ok(taken);
+    }
+    let id_texts: Vec<String> = candidates
+        .iter()
+        .map(|&(i, _)| envelopes[i].id.to_string())
+        .collect();
+    let refs: Vec<&str> = id_texts.iter().map(String::as_str).collect();
+    let stored = s.ids_stored(&refs).await?;
+    let mut takes = Vec::with_capacity(candidates.len());
+    let mut at = Vec::with_capacity(candidates.len());
+    for (&(i, unique), id) in candidates.iter().zip(&id_texts) {
+        if stored.contains(id) {
+            continue;
+        }
+        takes.push(TakeKey {
+            queue: envelopes[i].queue.as_str(),
+            key: &unique.key,
+            id,
+            scope: scope_name(unique.scope),
+            hold_us: unique.ttl().map(micros),
+            gone_after_us: None,
+        });
+        at.push(i);
+    }
+    if takes.is_empty() {
+        return Ok(taken);
+    }
+    let created = s.insert_new_keys(&takes).await?;
+    for (take, i) in takes.iter().zip(at) {
+        taken[i] = created.contains(take.id);
+    }
+    Ok(taken)
 }
 
 /// The waiting job's envelope with `env`'s payload, headers and due time, the due time

@@ -1,6 +1,8 @@
 //! Unique keys on MySQL: the key table's statements, run by the shared algorithm
 //! ([`queue_core::sql::unique`]) inside the publish's transaction.
 
+use std::collections::HashSet;
+
 use queue_core::sql::unique::{
     publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
 };
@@ -66,6 +68,14 @@ impl KeyStatements for MySqlKeys<'_> {
     async fn insert_jobs(&mut self, envelopes: Vec<Envelope>) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.t.options.max_payload_bytes)?;
         self.t.insert_keyed(self.conn, &rows).await.backend()
+    }
+
+    async fn ids_stored(&mut self, ids: &[&str]) -> Result<HashSet<String>> {
+        self.t.keys.ids_stored(self.conn, ids).await
+    }
+
+    async fn insert_new_keys(&mut self, takes: &[TakeKey<'_>]) -> Result<HashSet<String>> {
+        self.t.keys.insert_new_keys(self.conn, takes).await
     }
 
     async fn replace_job(&mut self, id: &str, envelope: &str, due_us: i64) -> Result<bool> {

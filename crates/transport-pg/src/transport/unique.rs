@@ -1,6 +1,8 @@
 //! Unique keys on PostgreSQL: the key table's statements, run by the shared algorithm
 //! ([`queue_core::sql::unique`]) inside the publish's transaction.
 
+use std::collections::HashSet;
+
 use queue_core::sql::unique::{
     publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
 };
@@ -73,6 +75,19 @@ impl KeyStatements for PgKeys<'_> {
             .await
             .backend()?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn ids_stored(&mut self, ids: &[&str]) -> Result<HashSet<String>> {
+        let stored: Vec<String> = sqlx::query_scalar(&self.t.keys.ids_stored)
+            .bind(ids)
+            .fetch_all(&mut *self.conn)
+            .await
+            .backend()?;
+        Ok(stored.into_iter().collect())
+    }
+
+    async fn insert_new_keys(&mut self, takes: &[TakeKey<'_>]) -> Result<HashSet<String>> {
+        self.t.keys.insert_new_keys(self.conn, takes).await
     }
 }
 

@@ -3,6 +3,8 @@
 //! SQLite's write lock from its first statement (`BEGIN IMMEDIATE`), so publishers of a
 //! key never race here; the algorithm's lost-race paths are for the server backends.
 
+use std::collections::HashSet;
+
 use queue_core::sql::unique::{
     publish_in_order, KeyHold, KeyHolder, KeyRow, KeyStatements, TakeKey,
 };
@@ -61,6 +63,21 @@ impl KeyStatements for SqliteKeys<'_> {
     async fn insert_jobs(&mut self, envelopes: Vec<Envelope>) -> Result<()> {
         let rows = queue_core::sql::encoded(envelopes, self.t.options.max_payload_bytes)?;
         self.t.insert_keyed(self.conn, &rows).await
+    }
+
+    async fn ids_stored(&mut self, ids: &[&str]) -> Result<HashSet<String>> {
+        let ids = serde_json::to_string(ids)
+            .map_err(|e| queue_core::Error::backend(crate::error::TRANSPORT, false, e))?;
+        let stored: Vec<String> = sqlx::query_scalar(&self.t.keys.ids_stored)
+            .bind(ids)
+            .fetch_all(&mut *self.conn)
+            .await
+            .backend()?;
+        Ok(stored.into_iter().collect())
+    }
+
+    async fn insert_new_keys(&mut self, takes: &[TakeKey<'_>]) -> Result<HashSet<String>> {
+        self.t.keys.insert_new_keys(self.conn, takes).await
     }
 
     async fn replace_job(&mut self, id: &str, envelope: &str, due_us: i64) -> Result<bool> {
