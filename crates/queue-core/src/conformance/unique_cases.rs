@@ -395,21 +395,40 @@ pub async fn racing_publishers_leave_one_job_per_key(h: Arc<dyn Harness>) -> Res
         }));
     }
     let started = Instant::now();
-    let mut stored = Vec::new();
-    let mut dups = Vec::new();
+    let (stored, dups) = one_job_per_key(first.as_ref(), &q, tasks).await?;
+    eprintln!(
+        "{PUBLISHES} racing publishes over {KEYS} keys in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(stored, KEYS, "exactly one stored publish per key");
+    assert_eq!(dups, PUBLISHES - KEYS);
+    Ok(())
+}
+
+/// The publishes of a race that stored their message, and those that were duplicates
+/// (of which job), each with its key.
+type Outcomes = (Vec<(String, uuid::Uuid)>, Vec<(String, uuid::Uuid)>);
+
+/// Waits for racing publishers and checks that they left one job per key: no key stored
+/// twice, every duplicate naming the job stored, and the queue holding exactly those
+/// jobs (drained here). How many publishes stored, and how many were duplicates.
+async fn one_job_per_key(
+    t: &dyn Transport,
+    q: &QueueName,
+    tasks: Vec<tokio::task::JoinHandle<Result<Outcomes>>>,
+) -> Result<(usize, usize)> {
+    let (mut stored, mut dups) = (Vec::new(), Vec::new());
     for task in tasks {
         let (s, d) = task.await.expect("a publisher panicked")?;
         stored.extend(s);
         dups.extend(d);
     }
-    eprintln!(
-        "{PUBLISHES} racing publishes over {KEYS} keys in {:?}",
-        started.elapsed()
-    );
-    assert_eq!(stored.len(), KEYS, "exactly one stored publish per key");
-    assert_eq!(dups.len(), PUBLISHES - KEYS);
     let by_key: std::collections::HashMap<_, _> = stored.iter().cloned().collect();
-    assert_eq!(by_key.len(), KEYS, "two publishes of one key were stored");
+    assert_eq!(
+        by_key.len(),
+        stored.len(),
+        "two publishes of one key were stored"
+    );
     for (key, existing) in &dups {
         assert_eq!(
             by_key.get(key),
@@ -417,22 +436,28 @@ pub async fn racing_publishers_leave_one_job_per_key(h: Arc<dyn Harness>) -> Res
             "a duplicate of {key} named another job"
         );
     }
-    let s = stats_of(first.as_ref(), &q).await?;
-    assert_eq!(s.ready + s.delayed + s.reserved, KEYS as u64, "{s:?}");
+    let s = stats_of(t, q).await?;
+    assert_eq!(
+        s.ready + s.delayed + s.reserved,
+        stored.len() as u64,
+        "{s:?}"
+    );
+    let stored_ids: HashSet<_> = stored.iter().map(|(_, id)| *id).collect();
     let mut seen = HashSet::new();
     loop {
-        let got = first.reserve_batch(&q, 200).await?;
+        let got = t.reserve_batch(q, 200).await?;
         if got.is_empty() {
             break;
         }
         for r in &got {
             let key = r.envelope.unique.as_ref().map(|u| u.key.clone());
             assert!(seen.insert(key), "two jobs of one key were stored");
+            assert!(stored_ids.contains(&r.id()), "a duplicate was stored");
         }
-        first.ack_batch(&got).await?;
+        t.ack_batch(&got).await?;
     }
-    assert_eq!(seen.len(), KEYS);
-    Ok(())
+    assert_eq!(seen.len(), stored.len(), "a stored publish was lost");
+    Ok((stored.len(), dups.len()))
 }
 
 /// A batch that mixes fresh keys, a key held before it, a key twice, an id twice, a
@@ -585,47 +610,8 @@ pub async fn racing_batches_leave_one_job_per_key(h: Arc<dyn Harness>) -> Result
             Ok::<_, Error>((stored, dups))
         }));
     }
-    let (mut stored, mut dups) = (Vec::new(), Vec::new());
-    for task in tasks {
-        let (s, d) = task.await.expect("a publisher panicked")?;
-        stored.extend(s);
-        dups.extend(d);
-    }
-    let by_key: std::collections::HashMap<_, _> = stored.iter().cloned().collect();
-    assert_eq!(
-        by_key.len(),
-        stored.len(),
-        "two publishes of one key were stored"
-    );
-    assert_eq!(stored.len() + dups.len(), PUBLISHERS * BATCHES * BATCH);
-    for (key, existing) in &dups {
-        assert_eq!(
-            by_key.get(key),
-            Some(existing),
-            "a duplicate of {key} named another job"
-        );
-    }
-    let s = stats_of(first.as_ref(), &q).await?;
-    assert_eq!(
-        s.ready + s.delayed + s.reserved,
-        stored.len() as u64,
-        "{s:?}"
-    );
-    let stored_ids: HashSet<_> = stored.iter().map(|(_, id)| *id).collect();
-    let mut seen = HashSet::new();
-    loop {
-        let got = first.reserve_batch(&q, 200).await?;
-        if got.is_empty() {
-            break;
-        }
-        for r in &got {
-            let key = r.envelope.unique.as_ref().map(|u| u.key.clone());
-            assert!(seen.insert(key), "two jobs of one key were stored");
-            assert!(stored_ids.contains(&r.id()), "a duplicate was stored");
-        }
-        first.ack_batch(&got).await?;
-    }
-    assert_eq!(seen.len(), by_key.len(), "a stored publish was lost");
+    let (stored, dups) = one_job_per_key(first.as_ref(), &q, tasks).await?;
+    assert_eq!(stored + dups, PUBLISHERS * BATCHES * BATCH);
     Ok(())
 }
 
