@@ -305,7 +305,7 @@ pub async fn publish_in_order<S: KeyStatements + ?Sized>(
     Ok(published)
 }
 
-/// Takes, a few statements for the whole batch, the keys of `envelopes` that no row
+/// Takes, in a few statements for the whole batch, the keys of `envelopes` that no row
 /// holds yet; for each message, whether its key was taken so (its job is then stored as
 /// any job without a key).
 ///

@@ -12,8 +12,9 @@ use queue_core::sql::broker_keys::again_while_transient;
 
 use super::*;
 
-/// How many times a publish with unique keys runs again after losing a deadlock (two
-/// batches taking the same keys in different orders) or a lock wait.
+/// How many times a publish with unique keys runs again after losing a deadlock or a
+/// lock wait: a batch locks the keys it takes at once in the keys' order, but the keys
+/// it takes one at a time (see `take_new_keys`) in its own.
 const DEADLOCK_TRIES: usize = 5;
 
 pub(crate) use crate::unique_sql::KeySql;

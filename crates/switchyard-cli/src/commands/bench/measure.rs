@@ -201,11 +201,11 @@ impl Drains<'_> {
 
     /// Publishes and drains `envs` on `q` untimed, first in the run: on PostgreSQL a
     /// transport's first drain ran slower than later ones, and every drain after it looked
-    /// faster beside it. Run just before the timed plain drain, as it once was, it slowed
-    /// that drain on MariaDB instead (InnoDB purging the drained rows, presumably), by
-    /// 0.03-0.08 of it (`docs/benchmarks.md`, 2026-11-28); first in the run, the work that
-    /// follows is timed on both sides, the queue's and the baseline's, which warms up
-    /// alike ([`Bare::warm_up`]).
+    /// faster beside it. Run right before the timed plain drain, as it once was, it slowed
+    /// that drain on MariaDB (InnoDB purging the drained rows, presumably), and the status
+    /// shares read high (`docs/benchmarks.md`, 2026-11-28 and 2026-11-29). First in the
+    /// run, beside the baseline's own warm-up ([`Bare::warm_up`]), it leaves every timed
+    /// step after the same untimed work on both sides.
     async fn warm_up(&mut self, q: &QueueName, envs: Vec<Envelope>) -> Result<()> {
         self.publish_and_drain(q, envs).await?;
         Ok(())

@@ -118,8 +118,8 @@ async fn one_run(
         );
     }
     // On the target's server or file (on SQLite the bench's own temporary file, so the
-    // user's database is never touched), open before the queue's batched publish, whose
-    // batches its inserts take turns with.
+    // user's database is never touched), open before the run's warm-up, which it takes
+    // part in, and the queue's batched publish, whose batches its inserts take turns with.
     let bare = match args.baseline {
         true => Bare::open(target.config(), args.concurrency).await,
         false => Ok(None),

@@ -9,8 +9,9 @@
 //! `UPDATE … RETURNING`, in WAL mode with `FULL` syncs (the transport's defaults).
 //!
 //! The baseline is opened at the start of a run. Before anything is timed, the queue
-//! publishes and drains 5,000 jobs and the baseline inserts and deletes as many rows
-//! (`warm_up`). Its single inserts then run just before the queue's single publishes.
+//! publishes and drains up to 5,000 jobs and the baseline inserts and deletes as many
+//! rows, or on RabbitMQ publishes and purges them (`warm_up`). Its single inserts then
+//! run just before the queue's single publishes.
 //! Its batched inserts take turns with the queue's batched publish, batch by batch (the
 //! first of each pair alternating), and insert the same rows: each published batch's
 //! envelope JSON as payload, serialised before either clock starts, and its queue name.
