@@ -181,7 +181,7 @@ SELECT u.*, total.seen FROM u RIGHT JOIN total ON true";
 /// Publishes a batch given as parallel arrays, in their order. An id already stored, live
 /// or dead, stores nothing new. One `NOTIFY` per queue that got a ready message ($10:
 /// the channel); PostgreSQL delivers it at commit, so a rolled-back outbox publish wakes
-/// nobody.
+/// nobody. Returns how many queues were notified and how many rows were stored.
 pub(crate) const PUBLISH: &str = "
 WITH v AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
@@ -200,7 +200,8 @@ ins AS (
      ORDER BY v.ord
         {ON_CONFLICT}
     RETURNING queue, ready)
-SELECT count(*) FROM (SELECT queue, pg_notify($10, queue) FROM ins WHERE ready AND $11 GROUP BY queue) n";
+SELECT (SELECT count(*) FROM (SELECT queue, pg_notify($10, queue) FROM ins WHERE ready AND $11 GROUP BY queue) n),
+       (SELECT count(*) FROM ins)";
 
 /// What [`PUBLISH`] writes for messages without ordering keys.
 const UNKEYED: [(&str, &str); 6] = [
@@ -348,6 +349,18 @@ WITH gone AS (
     RETURNING j.id, j.token, j.seq, j.queue, j.ordering_key),
 {HAND_ON}
 SELECT g.id, g.token FROM gone g, woken";
+
+/// Hands each key of $1/$2 (queues, keys) whose oldest message is parked to that
+/// message ($3: the wake-up channel): run after a publish in which a message stored
+/// nothing (its id was stored already, live or dead), so held no key, while a later
+/// message of its key in the batch was parked behind it. A head that is gone at seq 0
+/// makes [`HAND_ON`]'s next message the key's oldest.
+pub(crate) const HAND_ON_SKIPPED: &str = "
+WITH gone AS (
+    SELECT DISTINCT g.queue, g.ordering_key, 0::bigint AS seq
+      FROM UNNEST($1::text[], $2::text[]) AS g(queue, ordering_key)),
+{HAND_ON}
+SELECT n FROM woken";
 
 /// Takes the transaction-scoped lock of each key ($1: `queue` U+001F `key`), in one
 /// order, so that two transactions never wait for each other's keys. Keys share 256
@@ -527,6 +540,7 @@ pub(crate) struct Statements {
     pub(crate) select_replayed: String,
     pub(crate) move_keyed_to_dead: String,
     pub(crate) ack_keyed: String,
+    pub(crate) hand_on_skipped: String,
     pub(crate) lock_keys: String,
     pub(crate) repair_keys: String,
     pub(crate) purge_dead: String,
@@ -618,6 +632,9 @@ impl Statements {
                 .replace("{HAND_ON}", HAND_ON)
                 .replace("{CHANNEL}", "$5")),
             ack_keyed: s(&ACK_KEYED
+                .replace("{HAND_ON}", HAND_ON)
+                .replace("{CHANNEL}", "$3")),
+            hand_on_skipped: s(&HAND_ON_SKIPPED
                 .replace("{HAND_ON}", HAND_ON)
                 .replace("{CHANNEL}", "$3")),
             lock_keys: s(LOCK_KEYS),

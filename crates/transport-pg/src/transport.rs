@@ -351,13 +351,14 @@ impl PgTransport {
     }
 
     /// Runs the publish statement for `rows` on `conn`: the plain insert when `fresh`
-    /// (an id already stored fails it), else the one that skips stored ids.
+    /// (an id already stored fails it), else the one that skips stored ids; how many
+    /// rows it stored.
     async fn insert_with(
         &self,
         fresh: bool,
         conn: &mut PgConnection,
         rows: &PublishArrays,
-    ) -> std::result::Result<(), sqlx::Error> {
+    ) -> std::result::Result<usize, sqlx::Error> {
         let sql = match (rows.keyed, fresh) {
             (false, true) => &self.sql.publish_fresh,
             (false, false) => &self.sql.publish,
@@ -380,7 +381,28 @@ impl PgTransport {
         if rows.keyed {
             query = query.bind(&rows.keys).bind(&rows.follows);
         }
-        query.execute(conn).await?;
+        let stored: i64 = query.fetch_one(conn).await?.try_get(1)?;
+        Ok(usize::try_from(stored).unwrap_or(0))
+    }
+
+    /// Stores every chunk of `batch` on `conn` (a transaction) under the locks of its
+    /// ordering keys. A message that stored nothing (its id was stored, live or dead)
+    /// holds no key, so a later message of its key parked behind it in the batch is
+    /// handed the key, as it would have found it free published alone.
+    async fn insert_chunks(
+        &self,
+        fresh: bool,
+        conn: &mut PgConnection,
+        batch: &Encoded,
+    ) -> std::result::Result<(), sqlx::Error> {
+        self.lock_keys(conn, &batch.locks).await?;
+        let mut skipped = false;
+        for chunk in &batch.chunks {
+            skipped |= self.insert_with(fresh, conn, chunk).await? < chunk.ids.len();
+        }
+        if skipped {
+            self.hand_on_skipped(conn, batch).await?;
+        }
         Ok(())
     }
 
@@ -394,10 +416,7 @@ impl PgTransport {
             self.kept.keep(conn);
         } else {
             let mut tx = self.pool.begin().await?;
-            self.lock_keys(&mut tx, &batch.locks).await?;
-            for chunk in &batch.chunks {
-                self.insert_with(fresh, &mut tx, chunk).await?;
-            }
+            self.insert_chunks(fresh, &mut tx, batch).await?;
             tx.commit().await?;
         }
         Ok(())

@@ -137,6 +137,7 @@ macro_rules! conformance_tests {
             replays_of_a_key_come_back_in_order,
             delays_and_lapsed_leases_hold_the_key,
             an_expired_head_hands_its_key_on,
+            a_skipped_message_in_a_batch_holds_no_key,
             concurrent_claimers_keep_every_key_in_order
         );
         $crate::conformance_tests!(unique_keys: $harness);

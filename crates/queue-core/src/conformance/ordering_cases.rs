@@ -190,6 +190,54 @@ pub async fn an_expired_head_hands_its_key_on(h: Arc<dyn Harness>) -> Result<()>
     t.ack(&next).await
 }
 
+/// A batch message whose id is already stored (live, or as a dead letter) stores
+/// nothing, so it holds no key: the next message of its key in the batch is claimable at
+/// once, as it would be published alone after it.
+pub async fn a_skipped_message_in_a_batch_holds_no_key(h: Arc<dyn Harness>) -> Result<()> {
+    let Some((_store, t)) = keyed_store(&h, Duration::from_secs(30)).await? else {
+        return Ok(());
+    };
+    if !applies(
+        t.as_ref(),
+        "idempotent_publish",
+        t.capabilities().idempotent_publish,
+    ) {
+        return Ok(());
+    }
+    let q = fresh_queue();
+    // A dead letter whose key was handed on when it died.
+    t.publish(keyed(&q, "died", "b")).await?;
+    let died = t.reserve(&q).await?.expect("the dead letter to be");
+    t.dead_letter(&died, "max_attempts", None).await?;
+    // A message stored under another key (a migration router sends every keyed message
+    // to the side that keeps keys, so its id is seen there).
+    let stored = keyed(&q, "stored", "c");
+    t.publish(stored.clone()).await?;
+    let mut again = keyed(&q, "stored again", "a");
+    again.id = stored.id;
+    let mut dead_again = keyed(&q, "died again", "b");
+    dead_again.id = died.envelope.id;
+    t.publish_batch(vec![
+        again,
+        keyed(&q, "a1", "a"),
+        keyed(&q, "a2", "a"),
+        dead_again,
+        keyed(&q, "b1", "b"),
+    ])
+    .await?;
+    let first = t.reserve_batch(&q, 10).await?;
+    assert_eq!(
+        kinds(&first),
+        ["a1", "b1", "stored"],
+        "a key's first stored message waited behind one that was never stored"
+    );
+    t.ack_batch(&first).await?;
+    let second = t.reserve_batch(&q, 10).await?;
+    assert_eq!(kinds(&second), ["a2"]);
+    t.ack_batch(&second).await?;
+    Ok(())
+}
+
 /// Eight claimers and a publisher at once, over 12 keys: for every key, handling starts
 /// in publish order and never while another message of the key is held.
 pub async fn concurrent_claimers_keep_every_key_in_order(h: Arc<dyn Harness>) -> Result<()> {

@@ -47,7 +47,11 @@ impl MySqlTransport {
 
     /// Stores `rows`, some with ordering keys, on the transaction `conn`: under the keys'
     /// locks, a message whose key has a live message stored (or one earlier in the batch)
-    /// is parked until the key is handed to it.
+    /// is parked until the key is handed to it. A message that stores nothing (its id is
+    /// stored, live or dead) holds no key, and which did cannot be told from the insert
+    /// (`CLIENT_FOUND_ROWS` counts a row found like a row inserted): so a key that had no
+    /// live message and has several in the batch is handed on once they are stored, to
+    /// the oldest of them, unless that one already holds it.
     pub(super) async fn insert_keyed(
         &self,
         conn: &mut MySqlConnection,
@@ -66,22 +70,36 @@ impl MySqlTransport {
                 taken.insert((lossy(queue), lossy(key)));
             }
         }
+        let in_use = taken.clone();
+        let mut followed: Vec<Key> = Vec::new();
         let parked: Vec<bool> = rows
             .iter()
-            .map(|r| match &r.env.ordering_key {
-                Some(key) => !taken.insert((r.env.queue.as_str().to_owned(), key.clone())),
-                None => false,
+            .map(|r| {
+                let key = (r.env.queue.as_str().to_owned(), r.env.ordering_key.clone()?);
+                if taken.insert(key.clone()) {
+                    return Some(false);
+                }
+                if !in_use.contains(&key) {
+                    followed.push(key);
+                }
+                Some(true)
             })
+            .map(|parked| parked.unwrap_or(false))
             .collect();
         for (chunk, parked) in rows.chunks(PUBLISH_CHUNK).zip(parked.chunks(PUBLISH_CHUNK)) {
             self.insert_rows(conn, chunk, Some(parked)).await?;
+        }
+        if !followed.is_empty() {
+            followed.sort();
+            followed.dedup();
+            self.hand_on(conn, &followed).await?;
         }
         Ok(())
     }
 
     /// Hands each of `keys`, whose heads just left, to its oldest live message if that
-    /// one is parked, and forgets the claim cursors of their queues (the caller wakes
-    /// their workers once it has committed).
+    /// one is parked, and then forgets the claim cursors of their queues (the caller
+    /// wakes their workers once it has committed).
     pub(super) async fn hand_on(
         &self,
         conn: &mut MySqlConnection,
@@ -96,9 +114,11 @@ impl MySqlTransport {
             }
             next.extend(q.fetch_all(&mut *conn).await?);
         }
-        self.unpark(conn, &next).await?;
-        for (queue, _) in keys {
-            self.cursors.forget(queue);
+        // A row handed the key may sit behind its queue's claim cursor.
+        if self.unpark(conn, &next).await? > 0 {
+            for (queue, _) in keys {
+                self.cursors.forget(queue);
+            }
         }
         Ok(())
     }

@@ -87,6 +87,35 @@ impl PgTransport {
             .rows_affected())
     }
 
+    /// Hands on the keys of `batch`'s messages that were parked behind an earlier one of
+    /// the batch (see [`HAND_ON_SKIPPED`](crate::sql::HAND_ON_SKIPPED)).
+    pub(super) async fn hand_on_skipped(
+        &self,
+        conn: &mut PgConnection,
+        batch: &Encoded,
+    ) -> std::result::Result<(), sqlx::Error> {
+        let (mut queues, mut keys) = (Vec::new(), Vec::new());
+        for chunk in &batch.chunks {
+            for ((queue, key), follows) in chunk.queues.iter().zip(&chunk.keys).zip(&chunk.follows)
+            {
+                if let (true, Some(key)) = (*follows, key) {
+                    queues.push(queue.as_str());
+                    keys.push(key.as_str());
+                }
+            }
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(&self.sql.hand_on_skipped)
+            .bind(&queues)
+            .bind(&keys)
+            .bind(self.wake_channel())
+            .execute(conn)
+            .await
+            .map(|_| ())
+    }
+
     /// The channel a hand-over notifies, or none when notifications are off.
     fn wake_channel(&self) -> Option<&str> {
         self.options.notify.then_some(self.channel.as_str())

@@ -101,11 +101,7 @@ impl PgTransport {
         envelopes: Vec<Envelope>,
     ) -> Result<()> {
         let batch = self.encode(envelopes)?;
-        self.lock_keys(conn, &batch.locks).await.backend()?;
-        for chunk in &batch.chunks {
-            self.insert_with(false, conn, chunk).await.backend()?;
-        }
-        Ok(())
+        self.insert_chunks(false, conn, &batch).await.backend()
     }
 
     /// Stores `envelopes`, some with unique keys, on `conn` (a transaction), in their
